@@ -1,0 +1,198 @@
+"""Clockwork as a baseline: greedy, work-conserving, earliest deadline first.
+
+This is Clockwork's scheduling *behaviour* as the papers we compare against
+describe and measure it, re-implemented on this project's sans-IO core:
+
+* symphony.txt §5.2.2 — "Clockwork's algorithm picks an execution candidate
+  merely based on the deadline, not taking batch size into account";
+* symphony.txt §5.3 — "picks the next batch merely based on the top result
+  ordered by a candidate's earliest execution time and often dispatches small
+  batches that are close to their deadlines"; its scheduler is
+  work-conserving (§1 and §4.4: "Clockwork's work-conserving scheduler
+  exhibits low GPU idle times even when the offered load is much lower");
+* shepherd-nsdi23.txt §7.1–7.2 — Clockwork "prioritizes requests based on
+  how close their deadline is" and "greedily schedules many small batches of
+  requests with tight deadlines"; it never preempts.
+
+Rules (all times in seconds, `now` from the driver):
+
+1. **Drop the hopeless.** A queued request that cannot finish even alone —
+   ``now + delay(1) + ℓ(1) > deadline`` with ℓ on the fastest device — is
+   dropped with ``DropReason.DEADLINE``; it is never dispatched late.
+2. **Work-conserving.** Whenever a device is idle (no batch of ours in
+   flight on it) and some queue is non-empty, a batch is dispatched at once.
+3. **EDF across models.** The model whose queue head has the earliest
+   deadline goes first (ties: lower request id).
+4. **Batch = head + followers while the head's deadline holds.** From the
+   deadline-ordered queue take the largest prefix k ≤ ``max_batch`` with
+   ``start + ℓ(k) ≤ head.deadline`` where ``start = now + delay(k)``. Every
+   follower has a deadline ≥ the head's, so the whole batch is on time.
+   Batch size is not otherwise optimised (no waiting for a fuller batch).
+5. **Device.** The idle device that has been free the longest (earliest
+   ``free_at``, ties by id) among those on which the head can still finish;
+   ``start_at = now + delay(k)`` as in Symphony App. C's ``exec_at``.
+6. **Drop timers.** Per model, a timer fires at the first instant the queue
+   head can no longer finish alone — the first float ``t`` with
+   ``t + delay(1) + ℓ(1) > deadline``, i.e. just after
+   ``deadline − delay(1) − ℓ(1)`` — so drops are answered promptly even
+   while every device is busy. A batch finishing exactly at its deadline is
+   within SLO.
+
+Simplified or left out, on purpose:
+
+* Clockwork's own controller (Gujarati et al., OSDI '20; not in papers/)
+  plans *actions* a few ms ahead — INFER and LOAD actions, each with an
+  [earliest, latest] window that workers enforce and cancel if missed.
+  Here decisions are made only when a device is idle, and the worker side
+  never cancels: the core's latency prediction is trusted.
+* Model loading/unloading (Clockwork's LOAD/UNLOAD and its cache of models
+  in GPU memory) is not modelled: every device holds every model, as in
+  Shepherd's evaluation setup (§7, models stay resident).
+* Clockwork supports only power-of-two batch sizes (TVM); Symphony's
+  evaluation added arbitrary sizes (§5, setup), and so do we.
+* Heterogeneous devices: rule 1 uses the fastest device; a head that fits
+  only on a faster, busy device waits for it (another model may use the
+  idle slower one meanwhile).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Hashable, Sequence
+
+from app.scheduling.base import Scheduler
+from app.scheduling.model import ModelInfo
+from app.scheduling.types import Batch, DeviceInfo, DropReason, Request
+
+_INF = math.inf
+
+
+class ClockworkScheduler(Scheduler):
+    """Clockwork baseline: greedy work-conserving EDF, batch size not optimised."""
+
+    name = "clockwork"
+
+    def __init__(
+        self,
+        models: Sequence[ModelInfo],
+        devices: Sequence[DeviceInfo],
+        **options: float,
+    ) -> None:
+        super().__init__(models, devices, **options)
+        # Predicted finish of the last batch dispatched to each device
+        # (corrected to the real finish when it ends); -inf = never used.
+        self.free_at: dict[int, float] = dict.fromkeys(self.devices, -_INF)
+        # Device → id of the batch running on it (at most one: we only
+        # dispatch to idle devices).
+        self.busy: dict[int, int] = {}
+        fastest = max(self.devices.values(), key=lambda d: d.speed).id
+        self._fastest = fastest
+
+    # ------------------------------------------------------------------ hooks
+
+    def _on_arrival(self, request: Request, model: ModelInfo, now: float) -> None:
+        self.queues[model.name].add(request)
+        self._schedule(now)
+
+    def _on_batch_finished(self, batch: Batch, now: float) -> None:
+        if self.busy.get(batch.device) == batch.id:
+            del self.busy[batch.device]
+            self.free_at[batch.device] = now
+        self._schedule(now)
+
+    def _on_timer(self, key: Hashable, now: float) -> None:
+        # ("drop", model): a head may have become hopeless. The pass below
+        # drops it and, with heterogeneous devices, may now fit the next head
+        # on an idle slower device.
+        self._schedule(now)
+
+    # ---------------------------------------------------------------- policy
+
+    def _schedule(self, now: float) -> None:
+        for name in self.models:
+            self._drop_hopeless(name, now)
+
+        idle = sorted(
+            (d for d in self.devices if d not in self.busy),
+            key=lambda d: (self.free_at[d], d),
+        )
+        while idle:
+            dispatched = False
+            for name in self._edf_order():
+                model = self.models[name]
+                queue = self.queues[name]
+                deadline = queue.deadline_at(0)
+                for device in idle:
+                    k = self._batch_size(model, len(queue), deadline, device, now)
+                    if k == 0:
+                        continue  # only a faster device can still serve the head
+                    requests = queue.pop_front(k)
+                    batch = self._dispatch(model, requests, device, now + self.delay(k))
+                    self.busy[device] = batch.id
+                    self.free_at[device] = batch.finish_at
+                    idle.remove(device)
+                    dispatched = True
+                    break
+                if dispatched:
+                    break
+            if not dispatched:
+                break
+
+        for name in self.models:
+            self._set_drop_timer(name)
+
+    def _edf_order(self) -> list[str]:
+        """Models with queued requests, earliest head deadline first."""
+        heads = [
+            (queue.deadline_at(0), queue.head().id, name)
+            for name, queue in self.queues.items()
+            if queue
+        ]
+        heads.sort()
+        return [name for _, _, name in heads]
+
+    def _batch_size(
+        self, model: ModelInfo, queued: int, deadline: float, device: int, now: float
+    ) -> int:
+        """Largest k ≤ min(queued, max_batch) with now + delay(k) + ℓ(k) ≤ deadline.
+
+        Both delay and ℓ are non-decreasing in k, so feasibility is monotone
+        and a bisection finds the boundary.
+        """
+        lo, hi = 0, min(queued, model.max_batch)  # invariant: lo feasible (0 trivially)
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            if now + self.delay(mid) + self.latency(model, mid, device) <= deadline:
+                lo = mid
+            else:
+                hi = mid - 1
+        return lo
+
+    def _alone_cost(self, model: ModelInfo) -> float:
+        return self.delay(1) + self.latency(model, 1, self._fastest)
+
+    def _drop_hopeless(self, name: str, now: float) -> None:
+        # deadline < now + cost  ⇔  now + cost > deadline (rule 1).
+        cutoff = now + self._alone_cost(self.models[name])
+        hopeless = self.queues[name].pop_expired(cutoff)
+        if hopeless:
+            self._drop(hopeless, DropReason.DEADLINE)
+
+    def _set_drop_timer(self, name: str) -> None:
+        key = ("drop", name)
+        queue = self.queues[name]
+        if not queue:
+            self.timers.cancel(key)
+            return
+        deadline = queue.deadline_at(0)
+        if deadline == _INF:
+            self.timers.cancel(key)
+            return
+        cost = self._alone_cost(self.models[name])
+        # First float t with t + cost > deadline (rule 1 evaluated exactly as
+        # _drop_hopeless does, so the timer never fires "too early" forever).
+        at = deadline - cost
+        while at + cost <= deadline:
+            at = math.nextafter(at, _INF)
+        if self.timers.when(key) != at:
+            self.timers.set(key, at)

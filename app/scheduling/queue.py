@@ -1,0 +1,72 @@
+"""Per-model request queue ordered by deadline (earliest first)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+
+from sortedcontainers import SortedList
+
+from app.scheduling.types import Request
+
+
+class DeadlineQueue:
+    """Requests of one model, earliest deadline first.
+
+    Entries are `(deadline, id, request)` tuples so that ordering is done by
+    C-level tuple comparison (ids are unique, the request is never compared).
+    """
+
+    __slots__ = ("_entries",)
+
+    def __init__(self, requests: Iterable[Request] = ()) -> None:
+        self._entries: SortedList = SortedList((r.deadline, r.id, r) for r in requests)
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def __bool__(self) -> bool:
+        return bool(self._entries)
+
+    def __iter__(self) -> Iterator[Request]:
+        for entry in self._entries:
+            yield entry[2]
+
+    def add(self, request: Request) -> None:
+        self._entries.add((request.deadline, request.id, request))
+
+    def remove(self, request: Request) -> None:
+        self._entries.remove((request.deadline, request.id, request))
+
+    def head(self) -> Request:
+        return self._entries[0][2]
+
+    def head_deadline(self) -> float:
+        """Deadline of the head; the hot path of every policy, so it reads
+        SortedList's first sublist directly instead of positional indexing."""
+        return self._entries._lists[0][0][0]
+
+    def deadline_at(self, index: int) -> float:
+        return self._entries[index][0]
+
+    def peek(self, start: int, stop: int) -> list[Request]:
+        return [entry[2] for entry in self._entries.islice(start, stop)]
+
+    def pop_range(self, start: int, stop: int) -> list[Request]:
+        """Remove and return the requests at positions [start, stop)."""
+        taken = [entry[2] for entry in self._entries.islice(start, stop)]
+        del self._entries[start:stop]
+        return taken
+
+    def pop_front(self, count: int) -> list[Request]:
+        return self.pop_range(0, count)
+
+    def pop_expired(self, cutoff: float) -> list[Request]:
+        """Remove requests whose deadline is < cutoff (they cannot make it)."""
+        index = self._entries.bisect_left((cutoff, -1))
+        if index == 0:
+            return []
+        return self.pop_front(index)
+
+    def count_before(self, deadline: float) -> int:
+        """How many queued requests have a deadline < `deadline`."""
+        return self._entries.bisect_left((deadline, -1))

@@ -1,0 +1,56 @@
+"""Sliding-window arrival-rate meter: λ for Symphony's βλ rule (§4.3)."""
+
+from __future__ import annotations
+
+from collections import deque
+
+
+class RateMeter:
+    """Arrivals per second over the last `window_s` seconds.
+
+    Before a full window has passed, the part of the window not yet observed
+    is taken to run at `prior_rate` (the model's expected rate, when it is
+    configured); without a prior the rate is taken over the time since the
+    first arrival, so that λ is usable from the first few requests on.
+    """
+
+    __slots__ = ("_arrivals", "_first", "prior_rate", "window_s")
+
+    def __init__(self, window_s: float = 1.0, prior_rate: float | None = None) -> None:
+        if window_s <= 0:
+            raise ValueError(f"window_s must be > 0, got {window_s}")
+        self.window_s = window_s
+        self.prior_rate = prior_rate
+        self._arrivals: deque[float] = deque()
+        self._first: float | None = None
+
+    def record(self, now: float) -> float:
+        """Count an arrival at `now`; return the rate including it."""
+        if self._first is None:
+            self._first = now
+        arrivals = self._arrivals
+        arrivals.append(now)
+        horizon = now - self.window_s
+        while arrivals[0] < horizon:
+            arrivals.popleft()
+        span = now - self._first
+        if span >= self.window_s:
+            return len(arrivals) / self.window_s
+        return self._partial(len(arrivals), span)
+
+    def rate(self, now: float) -> float:
+        arrivals = self._arrivals
+        horizon = now - self.window_s
+        while arrivals and arrivals[0] < horizon:
+            arrivals.popleft()
+        if self._first is None:
+            return self.prior_rate or 0.0
+        span = now - self._first
+        if span >= self.window_s:
+            return len(arrivals) / self.window_s
+        return self._partial(len(arrivals), span)
+
+    def _partial(self, count: int, span: float) -> float:
+        if self.prior_rate is not None:
+            return (count + self.prior_rate * (self.window_s - span)) / self.window_s
+        return count / span if span > 0 else 0.0

@@ -1,0 +1,54 @@
+"""Policies by name: `make_scheduler("symphony", models, devices, **params)`."""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Sequence
+from typing import Any
+
+from app.scheduling.base import Scheduler
+from app.scheduling.model import ModelInfo
+from app.scheduling.types import DeviceInfo
+
+# name → (module, class name, fixed keyword arguments)
+_POLICIES: dict[str, tuple[str, str, dict[str, Any]]] = {
+    "symphony": ("app.scheduling.symphony", "SymphonyScheduler", {}),
+    "symphony-wc": ("app.scheduling.symphony", "SymphonyScheduler", {"work_conserving": True}),
+    "flex": ("app.scheduling.flex", "FlexScheduler", {}),
+    "flex-np": ("app.scheduling.flex", "FlexScheduler", {"preemption": False}),
+    "clockwork": ("app.scheduling.clockwork", "ClockworkScheduler", {}),
+    "nexus": ("app.scheduling.nexus", "NexusScheduler", {}),
+    "triton": ("app.scheduling.triton", "TritonScheduler", {}),
+}
+
+
+def policy_names() -> list[str]:
+    return list(_POLICIES)
+
+
+def scheduler_class(name: str) -> type[Scheduler]:
+    try:
+        module_name, class_name, _ = _POLICIES[name]
+    except KeyError:
+        raise ValueError(
+            f"unknown policy {name!r}; choose one of: {', '.join(_POLICIES)}"
+        ) from None
+    return getattr(importlib.import_module(module_name), class_name)
+
+
+def make_scheduler(
+    name: str,
+    models: Sequence[ModelInfo],
+    devices: Sequence[DeviceInfo],
+    **params: Any,
+) -> Scheduler:
+    """Build policy `name`; `params` are that policy's keyword options."""
+    cls = scheduler_class(name)
+    fixed = _POLICIES[name][2]
+    clash = set(fixed) & set(params)
+    if clash:
+        raise ValueError(f"policy {name!r} fixes {sorted(clash)}; do not pass them")
+    try:
+        return cls(models, devices, **fixed, **params)
+    except TypeError as exc:
+        raise ValueError(f"bad option for policy {name!r}: {exc}") from None

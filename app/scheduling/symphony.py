@@ -1,0 +1,273 @@
+"""Symphony: centralised, non-work-conserving batching (symphony.txt §4.3, App. C).
+
+Per model the core keeps one *candidate*: the batch it would run next, with
+
+* ``exec_at`` — when it should start,
+* ``invalid_after = dl − ℓ(bs)`` — the last start that still meets the head
+  request's deadline ``dl``,
+* ``frontrun_at = dl − ℓ(bs+1)`` — the last moment one more request could
+  join and still finish (§4.3: "the latest time at which we can update the
+  candidate").
+
+A candidate is *schedulable* once it holds ``βλ`` requests (λ: the model's
+measured arrival rate; waiting longer no longer pays, §4.3's cost analysis),
+once it is full, or at ``frontrun_at``; before that it is not dispatched even
+to an idle device. The work-conserving variant (``symphony-wc``) makes every
+candidate schedulable as soon as it is formed.
+
+The rank logic follows Appendix C's RankThread: a model timer fires at
+``exec_at − delay(bs)``; if the earliest-free device is free by ``exec_at`` it
+is granted at once, otherwise the candidate waits in ``mc``. A device timer
+fires when the earliest-free device frees up; candidates whose
+``invalid_after`` is before that are removed, and the device goes to the
+waiting candidate with the earliest ``exec_at``.
+
+Pruning (the "which tasks are dropped" question of §4.3). Read literally —
+keep the earliest-deadline prefix that can still finish — a batch shrinks to
+what its oldest request allows, and under load batches collapse to size one.
+The default, ``pruning="window"``, keeps the batch at its target size
+``min(queue length, max feasible batch)`` and drops the *head* requests that
+cannot finish in a batch of that size (Nexus's sliding window). ``"prefix"``
+is the literal reading, kept for comparison. Drop timers fire at
+``invalid_after`` so that requests that can no longer finish are answered
+early, not when their deadline has passed.
+
+Deviations from the pseudo-code, each for a reason:
+
+* App. C computes ``exec_at`` twice (``bs > βλ ? earliest : frontrun_at`` then
+  ``max(earliest, frontrun_at)``), which discards the βλ rule; we apply the
+  rule as the text says: ``earliest`` if ``bs ≥ βλ`` (or the batch is full),
+  else ``max(earliest, frontrun_at)``.
+* After a drop timer fires, the new candidate is re-announced to the rank
+  logic (App. C leaves it unannounced until the next arrival).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Sequence
+from dataclasses import dataclass
+
+from app.scheduling.base import Scheduler
+from app.scheduling.model import ModelInfo
+from app.scheduling.queue import DeadlineQueue
+from app.scheduling.types import Batch, DeviceInfo, DropReason, Request
+
+_INF = float("inf")
+# Drop timers fire just after invalid_after: a batch finishing exactly at its
+# deadline is on time, so the head becomes infeasible only strictly after it.
+_EPSILON = 1e-9
+
+
+@dataclass(slots=True)
+class Candidate:
+    bs: int
+    exec_at: float
+    invalid_after: float
+
+
+class SymphonyScheduler(Scheduler):
+    """Symphony's non-work-conserving centralised batching (symphony.txt §4.3)."""
+
+    name = "symphony"
+
+    def __init__(
+        self,
+        models: Sequence[ModelInfo],
+        devices: Sequence[DeviceInfo],
+        *,
+        work_conserving: bool = False,
+        pruning: str = "window",
+        **options: float,
+    ) -> None:
+        super().__init__(models, devices, **options)
+        if pruning not in ("window", "prefix"):
+            raise ValueError(f"pruning must be 'window' or 'prefix', got {pruning!r}")
+        self.work_conserving = work_conserving
+        self.pruning = pruning
+        if work_conserving:
+            self.name = "symphony-wc"
+        self.candidates: dict[str, Candidate | None] = dict.fromkeys(self.models)
+        # Schedulable candidates waiting for a device (App. C's `mc`).
+        self.waiting: dict[str, Candidate] = {}
+        self.free_at: dict[int, float] = dict.fromkeys(self.devices, -_INF)
+        self._cap = {name: max(1, m.slo_batch) for name, m in self.models.items()}
+        # β of ℓ(b) = α·b + β (a table profile's fitted intercept, at least 0)
+        self._beta = {
+            name: max(m.profile.beta if m.profile.beta is not None else m.profile.latency(1), 0.0)
+            for name, m in self.models.items()
+        }
+
+    # ------------------------------------------------------------------ events
+
+    def _on_arrival(self, request: Request, model: ModelInfo, now: float) -> None:
+        self.queues[model.name].add(request)
+        self._update_candidate(model, -_INF, 1.0, now)
+        self._inform_candidate(model.name, now)
+
+    def _on_batch_finished(self, batch: Batch, now: float) -> None:
+        device = batch.device
+        # A later batch may already be dispatched to this device (for when this
+        # one was predicted to end); then its prediction stands. Otherwise the
+        # device is free now, earlier or later than predicted.
+        if self.free_at[device] != now and not any(
+            b.device == device for b in self.in_flight.values()
+        ):
+            self.free_at[device] = now
+            self._set_device_timer()
+
+    def _on_timer(self, key: Hashable, now: float) -> None:
+        kind, name = key  # type: ignore[misc]
+        if kind == "model":
+            self._on_model_timer(name, now)
+        elif kind == "drop":
+            model = self.models[name]
+            self._update_candidate(model, -_INF, 1.0, now)
+            self._inform_candidate(name, now)
+        else:
+            self._on_device_timer(now)
+
+    # ---------------------------------------------------------- model "thread"
+
+    def _update_candidate(
+        self, model: ModelInfo, gpu_free_at: float, speed: float, now: float
+    ) -> None:
+        """App. C `update_candidate`: prune, then recompute the candidate.
+
+        This runs on every arrival, so the common case (nothing to prune) is
+        one comparison; the pruning loops run only when the head is in danger.
+        """
+        name = model.name
+        queue = self.queues[name]
+        table = model.profile.latency_by_size
+        d_ctrl, d_data = self.d_ctrl, self.d_data
+        cap = self._cap[name]
+        window = self.pruning == "window"
+        n = len(queue)
+        if n:
+            # Window: the head must finish in a batch of the target size.
+            # Prefix: the head must finish alone; the batch then shrinks.
+            bs = (n if n < cap else cap) if window else 1
+            start = now + d_ctrl + d_data * bs
+            if gpu_free_at > start:
+                start = gpu_free_at
+            if start + table[bs] / speed > queue.head_deadline():
+                n = self._prune(queue, table, cap, window, gpu_free_at, speed, now)
+        if n == 0:
+            self.candidates[name] = None
+            return
+        dl = queue.head_deadline()
+        bs = n if n < cap else cap
+        if not window:
+            start = max(now + d_ctrl + d_data, gpu_free_at)
+            fit = model.profile.max_batch_within((dl - start) * speed)
+            bs = max(1, min(bs, fit))
+        earliest = now + d_ctrl + d_data * bs
+        if gpu_free_at > earliest:
+            earliest = gpu_free_at
+        invalid_after = dl - table[bs] / speed
+        if bs >= cap or self.work_conserving or bs >= self._beta[name] * self.rates[name].rate(now):
+            exec_at = earliest
+        else:
+            frontrun_at = dl - table[bs + 1] / speed
+            exec_at = frontrun_at if frontrun_at > earliest else earliest
+        self.candidates[name] = Candidate(bs, exec_at, invalid_after)
+
+    def _prune(
+        self,
+        queue: DeadlineQueue,
+        table: tuple[float, ...],
+        cap: int,
+        window: bool,
+        gpu_free_at: float,
+        speed: float,
+        now: float,
+    ) -> int:
+        """Drop head requests that cannot finish; return the queue length left."""
+        d_ctrl, d_data = self.d_ctrl, self.d_data
+        dropped: list[Request] = []
+        while queue:
+            n = len(queue)
+            bs = (n if n < cap else cap) if window else 1
+            start = max(now + d_ctrl + d_data * bs, gpu_free_at)
+            if start + table[bs] / speed <= queue.head_deadline():
+                break
+            dropped.extend(queue.pop_front(1))
+        self._drop(dropped, DropReason.DEADLINE)
+        return len(queue)
+
+    def _granted_device(self, name: str, device: int, gpu_free_at: float, now: float) -> None:
+        """App. C `granted_gpu`: dispatch the candidate on `device` or give it back."""
+        model = self.models[name]
+        speed = self.devices[device].speed
+        self._update_candidate(model, gpu_free_at, speed, now)
+        candidate = self.candidates[name]
+        if candidate is None:
+            self.free_at[device] = max(now, gpu_free_at)
+        else:
+            requests = self.queues[name].pop_front(candidate.bs)
+            batch = self._dispatch(model, requests, device, candidate.exec_at)
+            self.free_at[device] = batch.finish_at
+            self._update_candidate(model, -_INF, 1.0, now)
+        self._set_device_timer()
+        self._inform_candidate(name, now)
+
+    # ------------------------------------------------------------- rank logic
+
+    def _inform_candidate(self, name: str, now: float) -> None:
+        self.waiting.pop(name, None)
+        # The drop timer matters only while a candidate waits for a device: a
+        # candidate not yet schedulable has its model timer before
+        # invalid_after, and that timer re-arms the drop timer if it must wait.
+        timers = self.timers
+        timers.cancel(("drop", name))
+        candidate = self.candidates[name]
+        if candidate is None:
+            timers.cancel(("model", name))
+            return
+        fire_at = candidate.exec_at - self.delay(candidate.bs)
+        if fire_at <= now:
+            self.timers.cancel(("model", name))
+            self._on_model_timer(name, now)
+        else:
+            self.timers.reset(("model", name), fire_at)
+
+    def _earliest_device(self) -> tuple[int, float]:
+        free_at = self.free_at
+        device = min(free_at, key=free_at.__getitem__)
+        return device, free_at[device]
+
+    def _on_model_timer(self, name: str, now: float) -> None:
+        candidate = self.candidates[name]
+        if candidate is None:
+            return
+        device, free_at = self._earliest_device()
+        if free_at <= candidate.exec_at:
+            self.free_at[device] = _INF  # reserved until the grant settles it
+            self._granted_device(name, device, free_at, now)
+        else:
+            self.waiting[name] = candidate
+            self.timers.reset(("drop", name), candidate.invalid_after + _EPSILON)
+            self._set_device_timer()
+
+    def _set_device_timer(self) -> None:
+        if not self.waiting:
+            self.timers.cancel(("device", None))
+            return
+        _, free_at = self._earliest_device()
+        if free_at == _INF:
+            self.timers.cancel(("device", None))
+            return
+        max_delay = max(self.delay(c.bs) for c in self.waiting.values())
+        fire_at = free_at - max_delay
+        self.timers.reset(("device", None), fire_at)
+
+    def _on_device_timer(self, now: float) -> None:
+        device, free_at = self._earliest_device()
+        waiting = self.waiting
+        for name in [n for n, c in waiting.items() if free_at > c.invalid_after]:
+            del waiting[name]
+        if waiting:
+            name = min(waiting, key=lambda n: waiting[n].exec_at)
+            self.free_at[device] = _INF
+            self._granted_device(name, device, free_at, now)
+        self._set_device_timer()

@@ -1,0 +1,271 @@
+"""Triton Inference Server's dynamic batcher as a baseline (deadline-unaware).
+
+Follows Triton's documented dynamic batcher (user guide "Batchers" →
+"Dynamic Batcher": *Preferred Batch Sizes*, *Delayed Batching*, *Queue
+Policy*; fields of ``ModelDynamicBatching`` / ``ModelQueuePolicy`` in
+``model_config.proto``), re-implemented on this project's sans-IO core.
+
+Rules, per model (one queue per model, FIFO by arrival time):
+
+1. **Batch formation** happens when a device is free. Requests are taken in
+   arrival order. If the queue holds ≥ ``max_batch`` requests, a batch of
+   ``max_batch`` is sent. Otherwise, if a preferred batch size can be formed,
+   a batch of the *largest* formable preferred size is sent ("it will create
+   a batch of the largest possible preferred size"). Otherwise, if the
+   oldest request has waited ≥ ``max_queue_delay`` the batch is sent as is
+   ("If the delay expires the dynamic batcher sends the batch as is");
+   else the batcher waits, with a timer at ``oldest.arrival +
+   max_queue_delay``. With the default delay of 0, whatever is queued is
+   sent at once ("will create batches as large as possible up to the
+   maximum batch size and will not delay").
+2. **Devices.** Every device hosts an instance of every model and runs one
+   batch at a time (Triton's model instances, shared by all models here).
+   The free device that has been idle longest gets the batch;
+   ``start_at = now + delay(k)`` (control and data transfer, as elsewhere in
+   the core). When several models have a batch ready, the one whose oldest
+   request is oldest is served first.
+3. **Queue timeout** (``default_queue_policy { default_timeout_microseconds,
+   timeout_action: REJECT }``): a request whose time in the queue exceeds the
+   timeout (``now > arrival + timeout``) is rejected with
+   ``DropReason.QUEUE_TIMEOUT``. Triton applies the policy when the batcher
+   next looks at the queue; here a timer fires one float step after
+   ``arrival + timeout`` so the answer is on time in virtual time too. Time
+   spent executing does not count: once dispatched a request is not timed
+   out.
+4. **Queue size** (``max_queue_size``, optional): an arrival that finds the
+   model's queue full is rejected at once (``DropReason.OVERLOADED``).
+5. **Deadline-unaware.** Request deadlines are ignored: nothing is dropped
+   because it will be late, so batches can finish after their requests'
+   deadlines. This is the point of the baseline.
+
+Options (constructor keywords) and their defaults — what a careful user who
+knows each model's SLO would configure:
+
+* ``max_batch`` — int for all models or ``{model: int}``; default per model
+  the largest b ≤ ``model.max_batch`` with ℓ(b) ≤ SLO (``model.slo_batch``,
+  at least 1). Values above ``model.max_batch`` are capped to it.
+* ``max_queue_delay_ms`` — default 0, Triton's default.
+* ``queue_timeout_ms`` — default ``"slo"``: each model's SLO; a number for
+  all models; ``None`` for no timeout (Triton's own default of 0 = none).
+* ``preferred_batch_sizes`` — default none (Triton's advice for most
+  models). Sizes above a model's ``max_batch`` are ignored for that model
+  (Triton would refuse such a config).
+* ``max_queue_size`` — default ``None`` (unbounded, Triton's default of 0).
+
+Not modelled: priority levels, ``timeout_action: DELAY``, per-request
+timeout overrides, ``preserve_ordering`` (responses are per request
+anyway), sequence batching, custom batching strategies, and Triton's
+rate limiter.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Hashable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+
+from sortedcontainers import SortedList
+
+from app.scheduling.base import Scheduler
+from app.scheduling.model import ModelInfo
+from app.scheduling.types import Batch, DeviceInfo, DropReason, Request
+
+_INF = math.inf
+SLO = "slo"  # queue_timeout_ms default: each model's own SLO
+
+
+@dataclass(frozen=True, slots=True)
+class BatcherConfig:
+    """The dynamic-batching settings in effect for one model (seconds)."""
+
+    max_batch: int
+    preferred: tuple[int, ...]  # descending, each ≤ max_batch
+    max_queue_delay: float
+    queue_timeout: float | None
+    max_queue_size: int | None
+
+
+class TritonScheduler(Scheduler):
+    """Triton dynamic batcher: max/preferred batch, queue delay, queue timeout."""
+
+    name = "triton"
+
+    def __init__(
+        self,
+        models: Sequence[ModelInfo],
+        devices: Sequence[DeviceInfo],
+        *,
+        max_batch: int | Mapping[str, int] | None = None,
+        max_queue_delay_ms: float = 0.0,
+        queue_timeout_ms: float | str | None = SLO,
+        preferred_batch_sizes: Iterable[int] = (),
+        max_queue_size: int | None = None,
+        **options: float,
+    ) -> None:
+        super().__init__(models, devices, **options)
+        if max_queue_delay_ms < 0:
+            raise ValueError(f"max_queue_delay_ms must be ≥ 0, got {max_queue_delay_ms}")
+        if isinstance(queue_timeout_ms, str) and queue_timeout_ms != SLO:
+            raise ValueError(
+                f"queue_timeout_ms must be a number, None or 'slo', got {queue_timeout_ms!r}"
+            )
+        if isinstance(queue_timeout_ms, (int, float)) and queue_timeout_ms <= 0:
+            raise ValueError(
+                f"queue_timeout_ms must be > 0 (None: no timeout), got {queue_timeout_ms}"
+            )
+        if max_queue_size is not None and max_queue_size < 1:
+            raise ValueError(f"max_queue_size must be ≥ 1 (None: unbounded), got {max_queue_size}")
+        preferred = sorted({int(p) for p in preferred_batch_sizes}, reverse=True)
+        if any(p < 1 for p in preferred):
+            raise ValueError(f"preferred_batch_sizes must be ≥ 1, got {preferred}")
+        if isinstance(max_batch, Mapping):
+            unknown = set(max_batch) - set(self.models)
+            if unknown:
+                raise ValueError(f"max_batch names unknown models: {sorted(unknown)}")
+
+        self.config: dict[str, BatcherConfig] = {}
+        for name, model in self.models.items():
+            wanted = max_batch.get(name) if isinstance(max_batch, Mapping) else max_batch
+            if wanted is None:
+                cap = max(1, model.slo_batch)
+            elif wanted < 1:
+                raise ValueError(f"max_batch must be ≥ 1, got {wanted} for {name!r}")
+            else:
+                cap = min(int(wanted), model.max_batch)
+            if queue_timeout_ms is None:
+                timeout = None
+            elif queue_timeout_ms == SLO:
+                timeout = model.slo
+            else:
+                timeout = float(queue_timeout_ms) / 1000.0
+            self.config[name] = BatcherConfig(
+                max_batch=cap,
+                preferred=tuple(p for p in preferred if p <= cap),
+                max_queue_delay=max_queue_delay_ms / 1000.0,
+                queue_timeout=timeout,
+                max_queue_size=max_queue_size,
+            )
+
+        # FIFO per model, ordered by (arrival, id). `self.queues` (deadline
+        # order) is kept in step so that `queued()` and observers see the
+        # same contents; batch formation reads only the FIFO.
+        self.fifo: dict[str, SortedList] = {name: SortedList() for name in self.models}
+        self.free_at: dict[int, float] = dict.fromkeys(self.devices, -_INF)
+        self.busy: dict[int, int] = {}  # device → id of the batch running on it
+
+    # ------------------------------------------------------------------ hooks
+
+    def _on_arrival(self, request: Request, model: ModelInfo, now: float) -> None:
+        config = self.config[model.name]
+        fifo = self.fifo[model.name]
+        if config.max_queue_size is not None and len(fifo) >= config.max_queue_size:
+            self._drop([request], DropReason.OVERLOADED)
+            return
+        fifo.add((request.arrival, request.id, request))
+        self.queues[model.name].add(request)
+        self._schedule(now)
+
+    def _on_batch_finished(self, batch: Batch, now: float) -> None:
+        if self.busy.get(batch.device) == batch.id:
+            del self.busy[batch.device]
+            self.free_at[batch.device] = now
+        self._schedule(now)
+
+    def _on_timer(self, key: Hashable, now: float) -> None:
+        # ("timeout", model) or ("delay", model): re-evaluate everything.
+        self._schedule(now)
+
+    # ---------------------------------------------------------------- policy
+
+    def _schedule(self, now: float) -> None:
+        for name in self.models:
+            self._reject_timed_out(name, now)
+
+        idle = sorted(
+            (d for d in self.devices if d not in self.busy),
+            key=lambda d: (self.free_at[d], d),
+        )
+        while idle:
+            best: tuple[float, int, str, int] | None = None
+            for name, fifo in self.fifo.items():
+                if not fifo:
+                    continue
+                k = self._ready_size(name, now)
+                if k:
+                    arrival, rid, _ = fifo[0]
+                    if best is None or (arrival, rid) < best[:2]:
+                        best = (arrival, rid, name, k)
+            if best is None:
+                break
+            _, _, name, k = best
+            device = idle.pop(0)
+            self._dispatch_front(name, k, device, now)
+
+        for name in self.models:
+            self._set_timers(name, now)
+
+    def _ready_size(self, name: str, now: float) -> int:
+        """Size of the batch the dynamic batcher would send now; 0 = keep waiting."""
+        config = self.config[name]
+        fifo = self.fifo[name]
+        n = len(fifo)
+        if n >= config.max_batch:
+            return config.max_batch
+        for p in config.preferred:  # descending: the largest formable one
+            if p <= n:
+                return p
+        if n and now >= fifo[0][0] + config.max_queue_delay:
+            return n
+        return 0
+
+    def _dispatch_front(self, name: str, k: int, device: int, now: float) -> None:
+        fifo = self.fifo[name]
+        queue = self.queues[name]
+        requests = [entry[2] for entry in fifo.islice(0, k)]
+        del fifo[:k]
+        for request in requests:
+            queue.remove(request)
+        batch = self._dispatch(self.models[name], requests, device, now + self.delay(k))
+        self.busy[device] = batch.id
+        self.free_at[device] = batch.finish_at
+
+    def _reject_timed_out(self, name: str, now: float) -> None:
+        timeout = self.config[name].queue_timeout
+        fifo = self.fifo[name]
+        if timeout is None or not fifo:
+            return
+        # FIFO by arrival with one timeout per model: the expired are a prefix.
+        n = 0
+        while n < len(fifo) and now > fifo[n][0] + timeout:
+            n += 1
+        if not n:
+            return
+        expired = [entry[2] for entry in fifo.islice(0, n)]
+        del fifo[:n]
+        queue = self.queues[name]
+        for request in expired:
+            queue.remove(request)
+        self._drop(expired, DropReason.QUEUE_TIMEOUT)
+
+    def _set_timers(self, name: str, now: float) -> None:
+        config = self.config[name]
+        fifo = self.fifo[name]
+        timeout_key, delay_key = ("timeout", name), ("delay", name)
+        if not fifo:
+            self.timers.cancel(timeout_key)
+            self.timers.cancel(delay_key)
+            return
+        oldest = fifo[0][0]
+        if config.queue_timeout is not None:
+            # Rejected once now > arrival + timeout: the next float after it.
+            at = math.nextafter(oldest + config.queue_timeout, _INF)
+            if self.timers.when(timeout_key) != at:
+                self.timers.set(timeout_key, at)
+        # A delay timer only matters while the batcher is holding requests
+        # back; a ready batch waits for a device, and batch_finished wakes us.
+        ready_at = oldest + config.max_queue_delay
+        if self._ready_size(name, now) == 0 and ready_at > now:
+            if self.timers.when(delay_key) != ready_at:
+                self.timers.set(delay_key, ready_at)
+        else:
+            self.timers.cancel(delay_key)

@@ -1,0 +1,612 @@
+"""Compare scheduling policies on a workload in the simulator.
+
+    python -m bench.simulate --workload bench/workloads/symphony-table4-resnet50.yaml
+    python -m bench.simulate --workload W.yaml --policy symphony --policy flex --capacity
+    python -m bench.simulate --workload W.yaml --policy symphony:pruning=prefix \\
+        --policy triton:max_queue_delay_ms=2 --json
+    python -m bench.simulate --workload W.yaml --plot goodput.png --scales 0.5,1,1.5,2
+
+Every policy runs on the same arrival sequence (generated once per rate scale
+from the workload's seed). Output is a rich table on stdout, or with `--json`
+one JSON document (schema: bench/simulate_schema.json); progress and messages
+go to stderr.
+
+`--capacity` searches, per policy, the highest offered load with ≥ 99 % of
+requests within SLO (Symphony's goodput definition) by bisection on the rate
+scale. `--plot` sweeps `--scales` and draws goodput and SLO attainment against
+offered load (Symphony Figure 10, left); `--scales` alone adds the sweep to the
+JSON without a picture.
+
+Exit status: 0 when at least one policy ran, 1 when none did (each failure is
+reported on stderr and under "errors" in the JSON), 2 for usage errors (bad
+workload file, unknown policy or option, bad arguments).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import functools
+import json
+import math
+import signal
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    SpinnerColumn,
+    TextColumn,
+    TimeElapsedColumn,
+)
+from rich.table import Table
+
+from app.scheduling.registry import make_scheduler, policy_names, scheduler_class
+from app.simulation.capacity_search import CapacityResult, find_capacity
+from app.simulation.run import SimResult, simulate
+from app.workloads.arrivals import Arrivals, generate_arrivals
+from app.workloads.spec import Workload, load_workload
+
+DEFAULT_SCALES = (0.25, 0.5, 0.75, 1.0, 1.25, 1.5, 1.75, 2.0)
+MAX_MODEL_ROWS = 8  # per-model rows in the table only for workloads this small
+
+
+class UsageError(Exception):
+    """Bad command line or input file: message on stderr, exit status 2."""
+
+
+@dataclasses.dataclass(frozen=True)
+class PolicySpec:
+    label: str  # key in the output: the name, or "name:k=v,..." with options
+    name: str  # registry name
+    params: dict[str, Any]
+
+
+# --------------------------------------------------------------------------- parsing
+
+
+def parse_value(text: str) -> Any:
+    """A policy option value: bool, None, int, float, else the string."""
+    low = text.strip().lower()
+    if low in ("true", "yes", "on"):
+        return True
+    if low in ("false", "no", "off"):
+        return False
+    if low in ("none", "null"):
+        return None
+    for kind in (int, float):
+        try:
+            return kind(text)
+        except ValueError:
+            pass
+    return text.strip()
+
+
+def parse_policy(text: str, known: list[str]) -> PolicySpec:
+    """`NAME` or `NAME:key=value,key=value`."""
+    name, sep, rest = text.partition(":")
+    name = name.strip()
+    if name not in known:
+        raise UsageError(f"unknown policy {name!r}; choose from: {', '.join(known)}")
+    params: dict[str, Any] = {}
+    if sep and rest.strip():
+        for item in rest.split(","):
+            key, eq, value = item.partition("=")
+            key = key.strip()
+            if not eq or not key.isidentifier():
+                raise UsageError(
+                    f"--policy {text!r}: options must look like NAME:key=value,key=value"
+                )
+            if key in params:
+                raise UsageError(f"--policy {text!r}: option {key!r} given twice")
+            params[key] = parse_value(value)
+    label = name
+    if params:
+        label += ":" + ",".join(f"{k}={_fmt_value(v)}" for k, v in params.items())
+    return PolicySpec(label, name, params)
+
+
+def _fmt_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return str(value).lower()
+    return "none" if value is None else str(value)
+
+
+def parse_scales(text: str) -> list[float]:
+    try:
+        scales = [float(s) for s in text.split(",") if s.strip()]
+    except ValueError:
+        raise UsageError(f"--scales: expected comma-separated numbers, got {text!r}") from None
+    if not scales or any(not (s > 0 and math.isfinite(s)) for s in scales):
+        raise UsageError(f"--scales: expected positive numbers, got {text!r}")
+    return sorted(set(scales))
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m bench.simulate",
+        description="Simulate scheduling policies on a workload and compare goodput.",
+    )
+    p.add_argument("--workload", required=True, metavar="FILE", help="workload YAML file")
+    p.add_argument(
+        "--policy",
+        action="append",
+        metavar="NAME[:k=v,...]",
+        help="policy to run (repeatable), with options, e.g. symphony:pruning=prefix; "
+        "default: all registered policies",
+    )
+    p.add_argument(
+        "--rate-scale",
+        type=float,
+        default=1.0,
+        metavar="X",
+        help="multiply every arrival rate of the workload by X (default 1)",
+    )
+    p.add_argument(
+        "--capacity",
+        action="store_true",
+        help="also find each policy's capacity: the highest offered load with "
+        "≥ --target of requests within SLO (bisection on the rate scale)",
+    )
+    p.add_argument(
+        "--target", type=float, default=0.99, help="SLO attainment for --capacity (0.99)"
+    )
+    p.add_argument(
+        "--capacity-tol",
+        type=float,
+        default=0.01,
+        metavar="REL",
+        help="relative precision of the capacity search on the rate scale (0.01)",
+    )
+    p.add_argument("--json", action="store_true", help="print one JSON document on stdout")
+    p.add_argument(
+        "--plot",
+        metavar="OUT.png",
+        help="sweep --scales and plot goodput and SLO attainment against offered load",
+    )
+    p.add_argument(
+        "--scales",
+        metavar="LIST",
+        help="rate scales for the sweep, comma-separated "
+        f"(default {','.join(f'{s:g}' for s in DEFAULT_SCALES)}); "
+        "given without --plot, the sweep goes into the JSON only",
+    )
+    p.add_argument(
+        "--run-timeout",
+        type=float,
+        default=None,
+        metavar="S",
+        help="give up on a policy whose single simulation runs longer than S wall seconds "
+        "(reported as an error; the other policies go on)",
+    )
+    p.add_argument("--quiet", "-q", action="store_true", help="no progress display on stderr")
+    return p
+
+
+# --------------------------------------------------------------------------- running
+
+
+class Runner:
+    """Runs policies, caching one summary-only result per (policy, scale)."""
+
+    def __init__(
+        self, workload: Workload, progress: Progress, task: Any, timeout_s: float | None = None
+    ) -> None:
+        self.workload = workload
+        self.timeout_s = timeout_s
+        self.progress = progress
+        self.task = task
+        self.cache: dict[tuple[str, float], SimResult] = {}
+
+    def run(
+        self, spec: PolicySpec, scale: float, arrivals: Arrivals | None = None, *, extra=False
+    ) -> SimResult:
+        key = (spec.label, scale)
+        if key in self.cache:
+            if not extra:
+                self.progress.advance(self.task)
+            return self.cache[key]
+        if extra:  # a capacity probe: its count is not known up front
+            self.progress.update(self.task, total=self.progress.tasks[self.task].total + 1)
+        self.progress.update(self.task, description=f"{spec.label} @ ×{scale:.4g}")
+        with _time_limit(self.timeout_s):
+            result = simulate(
+                self.workload, spec.name, spec.params, rate_scale=scale, arrivals=arrivals
+            )
+        # Keep the summary only: traces of large runs are big.
+        result = dataclasses.replace(result, trace=None)
+        self.cache[key] = result
+        self.progress.advance(self.task)
+        return result
+
+
+class RunTimeout(Exception):
+    pass
+
+
+@contextlib.contextmanager
+def _time_limit(seconds: float | None) -> Iterator[None]:
+    """Raise RunTimeout after `seconds` of wall time (SIGALRM; main thread only)."""
+    if not seconds or not hasattr(signal, "setitimer"):
+        yield
+        return
+
+    def expire(signum: int, frame: Any) -> None:
+        raise RunTimeout(f"simulation ran longer than {seconds:g} s (--run-timeout)")
+
+    previous = signal.signal(signal.SIGALRM, expire)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+def preflight(
+    specs: list[PolicySpec], workload: Workload, errors: dict[str, str], err: Console
+) -> list[PolicySpec]:
+    """Policies that import and accept their options. A policy that cannot be
+    imported or built is reported and skipped; bad explicit options are a
+    usage error."""
+    models, devices = workload.model_infos(), workload.device_infos()
+    ok: list[PolicySpec] = []
+    for spec in specs:
+        try:
+            scheduler_class(spec.name)
+            make_scheduler(spec.name, models, devices, **spec.params)
+        except ImportError as exc:
+            errors[spec.label] = f"policy not available: {exc}"
+        except (ValueError, TypeError) as exc:
+            if spec.params:
+                raise UsageError(f"--policy {spec.label}: {exc}") from None
+            errors[spec.label] = f"cannot build policy: {exc}"
+        else:
+            ok.append(spec)
+            continue
+        err.print(f"[yellow]warning:[/] {spec.label}: {errors[spec.label]}", highlight=False)
+    return ok
+
+
+def _failed(label: str, exc: BaseException, errors: dict[str, str], err: Console) -> None:
+    errors[label] = f"{type(exc).__name__}: {exc}"
+    err.print(f"[red]error:[/] {label}: {errors[label]}", highlight=False)
+
+
+def main(argv: list[str] | None = None) -> int:
+    err = Console(stderr=True)
+    try:
+        return _main(argv, err)
+    except UsageError as exc:
+        err.print(f"[red]error:[/] {exc}", highlight=False, soft_wrap=True)
+        return 2
+    except KeyboardInterrupt:
+        err.print("interrupted")
+        return 130
+
+
+def _main(argv: list[str] | None, err: Console) -> int:
+    args = build_parser().parse_args(argv)
+    if not (args.rate_scale > 0 and math.isfinite(args.rate_scale)):
+        raise UsageError(f"--rate-scale must be a positive number, got {args.rate_scale}")
+    if not 0.0 < args.target <= 1.0:
+        raise UsageError(f"--target must be in (0, 1], got {args.target}")
+    if args.run_timeout is not None and not args.run_timeout > 0:
+        raise UsageError(f"--run-timeout must be > 0, got {args.run_timeout}")
+    if not args.capacity_tol > 0:
+        raise UsageError(f"--capacity-tol must be > 0, got {args.capacity_tol}")
+    scales = parse_scales(args.scales) if args.scales else list(DEFAULT_SCALES)
+    sweep = bool(args.plot or args.scales)
+    if args.plot:
+        plot_path = Path(args.plot)
+        if plot_path.suffix.lower() != ".png":
+            raise UsageError(f"--plot: expected a .png file name, got {args.plot!r}")
+
+    path = Path(args.workload)
+    if not path.is_file():
+        raise UsageError(f"workload file not found: {path}")
+    try:
+        workload = load_workload(path)
+    except (ValueError, TypeError, KeyError) as exc:
+        raise UsageError(f"bad workload file: {exc}") from None
+
+    known = policy_names()
+    specs: list[PolicySpec] = []
+    for text in args.policy or known:
+        spec = parse_policy(text, known)
+        if spec.label not in {s.label for s in specs}:
+            specs.append(spec)
+
+    errors: dict[str, str] = {}
+    specs = preflight(specs, workload, errors, err)
+    results: dict[str, SimResult] = {}
+    capacities: dict[str, CapacityResult] = {}
+    curves: dict[str, list[dict[str, float]]] = {}
+
+    progress = Progress(
+        SpinnerColumn(),
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=err,
+        transient=True,
+        disable=args.quiet,
+    )
+    runs = len(specs) * (1 + (len(scales) if sweep else 0))
+    with progress:
+        task = progress.add_task("simulating", total=runs)
+        runner = Runner(workload, progress, task, args.run_timeout)
+
+        main_arrivals = generate_arrivals(workload, args.rate_scale)
+        for spec in specs:
+            try:
+                results[spec.label] = runner.run(spec, args.rate_scale, main_arrivals)
+            except Exception as exc:  # one broken policy must not sink the comparison
+                _failed(spec.label, exc, errors, err)
+        del main_arrivals
+        ran = [s for s in specs if s.label in results]
+        progress.update(task, total=len(ran) * (1 + (len(scales) if sweep else 0)))
+
+        if sweep:
+            for scale in scales:
+                arrivals = generate_arrivals(workload, scale)
+                for spec in ran:
+                    if spec.label in errors:
+                        continue
+                    try:
+                        r = runner.run(spec, scale, arrivals)
+                    except Exception as exc:
+                        _failed(spec.label, exc, errors, err)
+                        continue
+                    curves.setdefault(spec.label, []).append(_curve_point(r))
+
+        if args.capacity:
+            for spec in ran:
+                if spec.label in errors:
+                    continue
+                probe: Callable[[float], SimResult] = functools.partial(
+                    runner.run, spec, extra=True
+                )
+                try:
+                    capacities[spec.label] = find_capacity(
+                        probe,
+                        target=args.target,
+                        lo=args.rate_scale,
+                        hi=args.rate_scale,
+                        rel_tol=args.capacity_tol,
+                        max_scale=max(1024.0, args.rate_scale),
+                        min_scale=min(1.0 / 1024, args.rate_scale),
+                    )
+                except Exception as exc:
+                    _failed(spec.label, exc, errors, err)
+
+    doc = build_document(workload, path, args.rate_scale, results, capacities, curves, errors)
+    if args.plot:
+        try:
+            plot_curves(doc, Path(args.plot), target=args.target)
+        except OSError as exc:
+            raise UsageError(f"--plot: cannot write {args.plot}: {exc}") from None
+        err.print(f"wrote {args.plot}", highlight=False)
+
+    if args.json:
+        sys.stdout.write(json.dumps(_sanitize(doc), indent=2, allow_nan=False) + "\n")
+    else:
+        print_table(doc, workload, args.capacity)
+    return 0 if results else 1
+
+
+def _curve_point(r: SimResult) -> dict[str, float]:
+    overall = r.summary["overall"]
+    return {
+        "rate_scale": r.rate_scale,
+        "offered_rps": overall["offered_rps"],
+        "goodput_rps": overall["goodput_rps"],
+        "slo_attainment": overall["slo_attainment"],
+    }
+
+
+# --------------------------------------------------------------------------- output
+
+
+def build_document(
+    workload: Workload,
+    path: Path,
+    rate_scale: float,
+    results: dict[str, SimResult],
+    capacities: dict[str, CapacityResult],
+    curves: dict[str, list[dict[str, float]]],
+    errors: dict[str, str],
+) -> dict[str, Any]:
+    policies: dict[str, Any] = {}
+    for label, result in results.items():
+        entry = result.to_dict()
+        entry.pop("trace", None)
+        cap = capacities.get(label)
+        if cap is not None:
+            entry["capacity_rps"] = cap.capacity_rps
+            entry["capacity_rate_scale"] = cap.rate_scale
+            entry["capacity_status"] = cap.status
+            entry["capacity_probes"] = [dataclasses.asdict(p) for p in cap.probes]
+        policies[label] = entry
+    doc: dict[str, Any] = {
+        "workload": {
+            "name": workload.name,
+            "file": str(path),
+            "duration_s": workload.duration_s,
+            "devices": len(workload.devices),
+            "models": [m.name for m in workload.models],
+            "offered_rps": workload.offered_rate(),
+            "seed": workload.seed,
+        },
+        "rate_scale": rate_scale,
+        "policies": policies,
+    }
+    if capacities:
+        doc["capacity_target"] = next(iter(capacities.values())).target
+    if curves:
+        doc["curves"] = curves
+    if errors:
+        doc["errors"] = errors
+    return doc
+
+
+def _sanitize(value: Any) -> Any:
+    """JSON-safe: non-finite floats become null, numpy scalars Python numbers."""
+    if isinstance(value, dict):
+        return {str(k): _sanitize(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_sanitize(v) for v in value]
+    if isinstance(value, bool) or value is None or isinstance(value, str):
+        return value
+    if isinstance(value, int):
+        return value
+    if hasattr(value, "item") and not isinstance(value, float):  # numpy scalar
+        return _sanitize(value.item())
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    return str(value)
+
+
+def _pct(x: float | None) -> str:
+    return "-" if x is None else f"{100.0 * x:.2f}%"
+
+
+def _num(x: float | None, digits: int = 1) -> str:
+    return "-" if x is None else f"{x:,.{digits}f}"
+
+
+def print_table(doc: dict[str, Any], workload: Workload, capacity: bool) -> None:
+    out = Console(width=None if sys.stdout.isatty() else 240)
+    w = doc["workload"]
+    title = (
+        f"{w['name']}: {w['devices']} devices, {len(w['models'])} model(s), "
+        f"{w['duration_s']:g} s, rate ×{doc['rate_scale']:g} "
+        f"({w['offered_rps'] * doc['rate_scale']:,.1f} req/s nominal)"
+    )
+    table = Table(title=title, title_justify="left")
+    table.add_column("policy", no_wrap=True)
+    for col in (
+        "offered",
+        "goodput",
+        "attain",
+        "drop",
+        "late",
+        "p50 ms",
+        "p99 ms",
+        "mean batch",
+        "busy",
+        "bad rate",
+        "idle",
+        "advised Δdev",
+        "wall s",
+        "sim req/s",
+    ):
+        table.add_column(col, justify="right")
+    if capacity:
+        table.add_column("capacity", justify="right")
+    per_model = len(workload.models) <= MAX_MODEL_ROWS and len(workload.models) > 1
+    target = doc.get("capacity_target", 0.99)
+    for label, entry in doc["policies"].items():
+        o, a = entry["overall"], entry["autoscale"]
+        style = "green" if o["slo_attainment"] >= target else None
+        rate = entry.get("simulated_requests_per_wall_s")
+        row = [
+            label,
+            *_metric_cells(o),
+            _pct(a["bad_rate"]),
+            _pct(a["idle_fraction"]),
+            f"{a['advised_device_change']:+d}",
+            f"{entry['wall_s']:.2f}",
+            "-" if rate is None else f"{rate:,.0f}",
+        ]
+        if capacity:
+            cap = entry.get("capacity_rps")
+            row.append(
+                "-"
+                if cap is None
+                else f"{cap:,.1f} (×{entry['capacity_rate_scale'] or 0:.3g})"
+                + ("" if entry["capacity_status"] == "converged" else "*")
+            )
+        table.add_row(*row, style=style)
+        if per_model:
+            for model, m in entry["models"].items():
+                cells = ["", "", "", "", ""] + ([""] if capacity else [])
+                table.add_row(f"  └ {model}", *_metric_cells(m), *cells, style="dim")
+    out.print(table)
+    if capacity and any(
+        e.get("capacity_status", "converged") != "converged" for e in doc["policies"].values()
+    ):
+        out.print("* capacity search did not converge (see capacity_status in --json)")
+    for label, msg in doc.get("errors", {}).items():
+        out.print(f"[red]{label}[/]: {msg}", highlight=False)
+
+
+def _metric_cells(m: dict[str, Any]) -> list[str]:
+    return [
+        _num(m["offered_rps"]),
+        _num(m["goodput_rps"]),
+        _pct(m["slo_attainment"]),
+        _pct(m["drop_fraction"]),
+        _pct(m["late_fraction"]),
+        _num(m["latency_p50_ms"], 2),
+        _num(m["latency_p99_ms"], 2),
+        _num(m["mean_batch_size"], 2),
+        _pct(m["device_busy_fraction"]),
+    ]
+
+
+def plot_curves(doc: dict[str, Any], out: Path, *, target: float = 0.99) -> None:
+    """Goodput (left) and SLO attainment (right) against offered load."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    curves = doc.get("curves", {})
+    fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.5))
+    top = 0.0
+    for label, points in curves.items():
+        if not points:
+            continue
+        x = [p["offered_rps"] for p in points]
+        (line,) = left.plot(x, [p["goodput_rps"] for p in points], marker="o", label=label)
+        right.plot(
+            x, [100.0 * p["slo_attainment"] for p in points], marker="o", color=line.get_color()
+        )
+        cap = doc["policies"].get(label, {}).get("capacity_rps")
+        if cap:
+            right.plot([cap], [100.0 * target], marker="x", ms=10, color=line.get_color())
+        top = max(top, *x)
+    if top > 0:
+        left.plot([0, top], [0, top], ls="--", color="grey", lw=0.8, label="offered")
+    left.set_xlabel("offered load (req/s)")
+    left.set_ylabel("goodput (req/s within SLO)")
+    left.set_title("goodput")
+    left.set_xlim(left=0)
+    left.set_ylim(bottom=0)
+    left.grid(alpha=0.3)
+    left.legend(fontsize="small")
+    right.axhline(100.0 * target, ls="--", color="red", lw=0.8, label=f"{100 * target:g} %")
+    right.set_xlabel("offered load (req/s)")
+    right.set_ylabel("requests within SLO (%)")
+    right.set_title("SLO attainment")
+    right.set_xlim(left=0)
+    right.grid(alpha=0.3)
+    right.legend(fontsize="small")
+    w = doc["workload"]
+    fig.suptitle(f"{w['name']} ({w['devices']} devices)")
+    fig.tight_layout()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=120)
+    plt.close(fig)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

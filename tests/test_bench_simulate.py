@@ -1,0 +1,305 @@
+"""`python -m bench.simulate` end to end, its JSON schema, and the capacity search."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import jsonschema
+import pytest
+
+import bench.simulate as cli
+from app.simulation.capacity_search import (
+    ABOVE_MAX,
+    BELOW_MIN,
+    CONVERGED,
+    MAX_RUNS,
+    find_capacity,
+)
+from app.simulation.run import SimResult
+
+ROOT = Path(__file__).resolve().parents[1]
+SCHEMA = json.loads((ROOT / "bench" / "simulate_schema.json").read_text())
+
+TINY = """\
+name: tiny
+duration_s: {duration}
+seed: 7
+devices: 2
+models:
+  - name: resnet
+    profile: {{alpha_ms: 1.0, beta_ms: 5.0}}
+    slo_ms: 25
+    max_batch: 32
+    rate: {rate}
+"""
+
+
+@pytest.fixture
+def tiny(tmp_path: Path) -> Path:
+    path = tmp_path / "tiny.yaml"
+    path.write_text(TINY.format(duration=1.5, rate=600))
+    return path
+
+
+def run_cli(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "bench.simulate", "--quiet", *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def check_metrics(m: dict) -> None:
+    assert 0.0 <= m["slo_attainment"] <= 1.0
+    total = m["slo_attainment"] + m["drop_fraction"] + m["late_fraction"]
+    assert total == pytest.approx(1.0, abs=1e-9)
+    assert m["goodput_rps"] <= m["offered_rps"] + 1e-9
+    assert m["offered_rps"] > 0
+
+
+# --------------------------------------------------------------------------- CLI
+
+
+def test_json_validates_and_is_sane(tiny: Path) -> None:
+    proc = run_cli(
+        "--workload",
+        str(tiny),
+        "--policy",
+        "symphony",
+        "--policy",
+        "symphony:pruning=prefix",
+        "--policy",
+        "flex",
+        "--json",
+    )
+    assert proc.returncode == 0, proc.stderr
+    doc = json.loads(proc.stdout)  # the whole of stdout is one JSON document
+    jsonschema.validate(doc, SCHEMA)
+    assert doc["workload"]["name"] == "tiny"
+    assert doc["workload"]["devices"] == 2
+    assert doc["workload"]["offered_rps"] == pytest.approx(600.0)
+    assert doc["rate_scale"] == 1.0
+    assert set(doc["policies"]) == {"symphony", "symphony:pruning=prefix", "flex"}
+    assert doc["policies"]["symphony:pruning=prefix"]["params"] == {"pruning": "prefix"}
+    offered = {p["overall"]["offered_rps"] for p in doc["policies"].values()}
+    assert len(offered) == 1  # the same arrival sequence for every policy
+    for entry in doc["policies"].values():
+        assert "trace" not in entry
+        assert "capacity_rps" not in entry
+        check_metrics(entry["overall"])
+        for m in entry["models"].values():
+            check_metrics(m)
+
+
+def test_capacity(tmp_path: Path) -> None:
+    path = tmp_path / "cap.yaml"
+    path.write_text(TINY.format(duration=1.0, rate=400))
+    proc = run_cli(
+        "--workload", str(path), "--policy", "symphony", "--capacity", "--capacity-tol", "0.05"
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "capacity" in proc.stdout  # the table, not JSON
+    proc = run_cli(
+        "--workload",
+        str(path),
+        "--policy",
+        "symphony",
+        "--capacity",
+        "--capacity-tol",
+        "0.05",
+        "--json",
+    )
+    assert proc.returncode == 0, proc.stderr
+    doc = json.loads(proc.stdout)
+    jsonschema.validate(doc, SCHEMA)
+    entry = doc["policies"]["symphony"]
+    assert entry["capacity_rps"] > 0
+    assert entry["capacity_status"] == CONVERGED
+    best = [p for p in entry["capacity_probes"] if p["scale"] == entry["capacity_rate_scale"]]
+    assert len(best) == 1
+    assert best[0]["attainment"] >= 0.99
+    assert best[0]["offered_rps"] == entry["capacity_rps"]
+    # The bracket is tight: some probe within 5 % above it fails.
+    failing = [p["scale"] for p in entry["capacity_probes"] if not p["passed"]]
+    assert failing and min(failing) <= entry["capacity_rate_scale"] * 1.05 + 1e-12
+
+
+def test_plot_and_curves(tiny: Path, tmp_path: Path) -> None:
+    out = tmp_path / "figs" / "goodput.png"
+    proc = run_cli(
+        "--workload",
+        str(tiny),
+        "--policy",
+        "symphony",
+        "--policy",
+        "flex-np",
+        "--plot",
+        str(out),
+        "--scales",
+        "0.5,1,3",
+        "--json",
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert out.is_file() and out.stat().st_size > 1000
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    doc = json.loads(proc.stdout)
+    jsonschema.validate(doc, SCHEMA)
+    assert set(doc["curves"]) == {"symphony", "flex-np"}
+    for points in doc["curves"].values():
+        assert [p["rate_scale"] for p in points] == [0.5, 1.0, 3.0]
+        offered = [p["offered_rps"] for p in points]
+        assert offered == sorted(offered)
+        assert all(p["goodput_rps"] <= p["offered_rps"] for p in points)
+
+
+def test_missing_workload_exits_2(tmp_path: Path) -> None:
+    proc = run_cli("--workload", str(tmp_path / "nope.yaml"), "--json")
+    assert proc.returncode == 2
+    assert "not found" in proc.stderr and "nope.yaml" in proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert proc.stdout == ""
+
+
+@pytest.mark.parametrize(
+    ("content", "extra", "needle"),
+    [
+        ("models: [unclosed", [], "YAML"),
+        ("duration_s: 1\ndevices: 1\nmodels: []\nbogus: 1\n", [], "bogus"),
+        (TINY.format(duration=1, rate=10), ["--policy", "nosuch"], "unknown policy"),
+        (TINY.format(duration=1, rate=10), ["--policy", "symphony:pruning=zzz"], "pruning"),
+        (TINY.format(duration=1, rate=10), ["--policy", "symphony:oops"], "key=value"),
+        (TINY.format(duration=1, rate=10), ["--rate-scale", "-1"], "rate-scale"),
+        (TINY.format(duration=1, rate=10), ["--scales", "1,x"], "scales"),
+    ],
+)
+def test_usage_errors_exit_2(
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    content: str,
+    extra: list[str],
+    needle: str,
+) -> None:
+    path = tmp_path / "w.yaml"
+    path.write_text(content)
+    rc = cli.main(["--workload", str(path), "--json", "-q", *extra])
+    captured = capsys.readouterr()
+    assert rc == 2
+    assert needle in captured.err
+    assert captured.out == ""
+
+
+def test_failing_policy_is_reported_not_fatal(
+    tiny: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    real = cli.simulate
+
+    def flaky(workload, policy, params=None, **kw):
+        if policy == "flex":
+            raise RuntimeError("boom")
+        return real(workload, policy, params, **kw)
+
+    monkeypatch.setattr(cli, "simulate", flaky)
+    rc = cli.main(
+        ["--workload", str(tiny), "--policy", "symphony", "--policy", "flex", "--json", "-q"]
+    )
+    captured = capsys.readouterr()
+    assert rc == 0
+    doc = json.loads(captured.out)
+    jsonschema.validate(doc, SCHEMA)
+    assert list(doc["policies"]) == ["symphony"]
+    assert "boom" in doc["errors"]["flex"]
+    assert "boom" in captured.err
+
+
+def test_parse_policy_options() -> None:
+    known = ["symphony", "triton"]
+    spec = cli.parse_policy("triton:max_queue_delay_ms=2,queue_timeout_ms=none", known)
+    assert spec.name == "triton"
+    assert spec.params == {"max_queue_delay_ms": 2, "queue_timeout_ms": None}
+    assert spec.label == "triton:max_queue_delay_ms=2,queue_timeout_ms=none"
+    assert cli.parse_policy("symphony", known).params == {}
+    assert [cli.parse_value(v) for v in ("1", "1.5", "true", "False", "prefix")] == [
+        1,
+        1.5,
+        True,
+        False,
+        "prefix",
+    ]
+    with pytest.raises(cli.UsageError):
+        cli.parse_policy("clockwerk", known)
+    assert cli.parse_scales("1,0.5,1") == [0.5, 1.0]
+    with pytest.raises(cli.UsageError):
+        cli.parse_scales("1,-2")
+
+
+# --------------------------------------------------------------------------- find_capacity
+
+
+def fake_run(threshold: float, calls: list[float] | None = None, base_rps: float = 100.0):
+    """Attainment 1.0 up to `threshold`, 0.5 above it."""
+
+    def run(scale: float) -> SimResult:
+        if calls is not None:
+            calls.append(scale)
+        attainment = 1.0 if scale <= threshold else 0.5
+        overall = {
+            "offered_rps": base_rps * scale,
+            "goodput_rps": base_rps * scale * attainment,
+            "slo_attainment": attainment,
+        }
+        return SimResult("fake", {}, scale, {"overall": overall, "models": {}}, {}, 0.0, None)
+
+    return run
+
+
+@pytest.mark.parametrize("threshold", [0.013, 0.3, 0.77, 1.0, 3.7, 41.0])
+@pytest.mark.parametrize("rel_tol", [0.01, 0.001])
+def test_find_capacity_step(threshold: float, rel_tol: float) -> None:
+    calls: list[float] = []
+    res = find_capacity(fake_run(threshold, calls), rel_tol=rel_tol, max_runs=100)
+    assert res.status == CONVERGED
+    assert res.rate_scale is not None
+    assert res.rate_scale <= threshold  # a passing scale ...
+    assert res.rate_scale >= threshold / (1 + rel_tol)  # ... within rel_tol of the step
+    assert res.capacity_rps == pytest.approx(100.0 * res.rate_scale)
+    assert len(calls) == len(set(calls)) == len(res.probes)  # no scale simulated twice
+    assert [p.scale for p in res.probes] == calls
+    assert all(p.passed == (p.scale <= threshold) for p in res.probes)
+    # Deterministic.
+    again = find_capacity(fake_run(threshold), rel_tol=rel_tol, max_runs=100)
+    assert again.probes == res.probes
+
+
+def test_find_capacity_target_and_bounds() -> None:
+    def run(scale: float) -> SimResult:  # attainment falls linearly from 1 at scale 1
+        att = max(0.0, min(1.0, 2.0 - scale))
+        overall = {"offered_rps": 10.0 * scale, "goodput_rps": 0.0, "slo_attainment": att}
+        return SimResult("fake", {}, scale, {"overall": overall, "models": {}}, {}, 0.0, None)
+
+    res = find_capacity(run, target=0.9, lo=1.0, hi=1.0, rel_tol=1e-4)
+    assert res.status == CONVERGED
+    assert res.rate_scale == pytest.approx(1.1, rel=1e-4)
+
+    res = find_capacity(fake_run(1e9), max_scale=8.0)
+    assert res.status == ABOVE_MAX
+    assert res.rate_scale == 8.0 and res.capacity_rps == 800.0
+
+    res = find_capacity(fake_run(1e-9), min_scale=0.01)
+    assert res.status == BELOW_MIN
+    assert res.rate_scale is None and res.capacity_rps == 0.0
+    assert min(p.scale for p in res.probes) == 0.01
+
+    res = find_capacity(fake_run(0.77), max_runs=4)
+    assert res.status == MAX_RUNS
+    assert len(res.probes) == 4
+    assert res.rate_scale is not None and res.rate_scale <= 0.77
+
+    with pytest.raises(ValueError):
+        find_capacity(fake_run(1.0), lo=2.0, hi=1.0)
+    with pytest.raises(ValueError):
+        find_capacity(fake_run(1.0), target=1.5)

@@ -1,0 +1,106 @@
+"""The discrete-event simulator driving every policy on the same arrivals."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from app.scheduling import policy_names
+from app.simulation.engine import GOOD, LATE
+from app.simulation.run import simulate
+from app.workloads.arrivals import generate_arrivals
+from app.workloads.spec import load_workload, parse_workload
+
+WORKLOADS = Path(__file__).resolve().parent.parent / "bench" / "workloads"
+DEADLINE_AWARE = ["symphony", "symphony-wc", "flex", "flex-np", "clockwork", "nexus"]
+
+
+def bursty_mix(duration_s: float = 2.0, jitter: float = 0.0):
+    return parse_workload(
+        {
+            "name": "test-mix",
+            "duration_s": duration_s,
+            "seed": 7,
+            "devices": 3,
+            "jitter": jitter,
+            "arrival": {"process": "gamma", "shape": 0.2},
+            "models": [
+                {
+                    "name": "wide",
+                    "profile": {"alpha_ms": 0.5, "beta_ms": 8.0},
+                    "slo_ms": 30,
+                    "max_batch": 32,
+                    "rate": 900,
+                },
+                {
+                    "name": "narrow",
+                    "profile": {"alpha_ms": 3.0, "beta_ms": 1.0},
+                    "slo_ms": 40,
+                    "max_batch": 16,
+                    "rate": 300,
+                },
+            ],
+        },
+        WORKLOADS,
+    )
+
+
+def test_every_policy_answers_every_request_once_and_deadline_aware_ones_never_late():
+    workload = bursty_mix()
+    arrivals = generate_arrivals(workload)
+    assert len(arrivals) > 1500
+    for policy in policy_names():
+        result = simulate(workload, policy, arrivals=arrivals)
+        overall = result.summary["overall"]
+        # The engine raises if any request is unanswered or answered twice.
+        assert overall["requests"] == len(arrivals)
+        total = overall["slo_attainment"] + overall["drop_fraction"] + overall["late_fraction"]
+        assert total == pytest.approx(1.0)
+        if policy in DEADLINE_AWARE:
+            assert overall["late_fraction"] == 0.0, policy
+        assert overall["slo_attainment"] > 0.5, policy
+
+
+def test_same_seed_same_run():
+    workload = bursty_mix(1.0)
+    first = simulate(workload, "symphony").trace
+    second = simulate(workload, "symphony").trace
+    assert np.array_equal(first.status, second.status)
+    assert np.array_equal(first.finish, second.finish, equal_nan=True)
+
+
+def test_jitter_makes_predictions_wrong_but_nothing_is_lost():
+    workload = bursty_mix(1.0, jitter=0.3)
+    result = simulate(workload, "symphony")
+    trace = result.trace
+    assert np.count_nonzero(trace.status == LATE) > 0  # runs overran their profile
+    assert np.count_nonzero(trace.status == GOOD) > 0.5 * trace.status.size
+
+
+def test_flex_preempts_in_simulation_and_beats_non_preemptive_at_slo_90():
+    workload = load_workload(WORKLOADS / "shepherd-fig11a-slo90.yaml")
+    arrivals = generate_arrivals(workload)
+    keep = arrivals.times < 1.2
+    arrivals.times, arrivals.model_index = arrivals.times[keep], arrivals.model_index[keep]
+    flex = simulate(workload, "flex", arrivals=arrivals)
+    flex_np = simulate(workload, "flex-np", arrivals=arrivals)
+    assert flex.trace.preemptions > 0
+    assert flex_np.trace.preemptions == 0
+    assert flex.goodput > 2.0 * flex_np.goodput
+
+
+def test_symphony_batches_near_the_staggered_size_on_table4_resnet50():
+    workload = load_workload(WORKLOADS / "symphony-table4-resnet50.yaml")
+    arrivals = generate_arrivals(workload, rate_scale=0.9)  # 4500 r/s
+    keep = arrivals.times < 2.0
+    arrivals.times, arrivals.model_index = arrivals.times[keep], arrivals.model_index[keep]
+    result = simulate(workload, "symphony", arrivals=arrivals)
+    overall = result.summary["overall"]
+    assert overall["slo_attainment"] >= 0.99
+    # Table 4: the staggered batch size for 8 devices is 16.
+    assert 14.0 <= overall["mean_batch_size"] <= 17.0
+    autoscale = result.autoscale
+    assert 0.0 <= autoscale["idle_fraction"] <= 0.25
+    assert autoscale["bad_rate"] < 0.01
