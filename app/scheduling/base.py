@@ -85,8 +85,13 @@ class Scheduler:
         else:
             self.rates[request.model].record(now)
             self._on_arrival(request, model, now)
-        self._fire_timers(now)
-        return self._take()
+        # Inlined _fire_timers/_take: this runs once per request.
+        heap = self.timers._heap
+        if heap and heap[0][0] <= now:
+            self._fire_timers(now)
+        out = self._out
+        self._out = []
+        return out
 
     def batch_finished(self, device: int, batch_id: int, now: float) -> list[Decision]:
         batch = self.in_flight.pop(batch_id, None)
@@ -184,7 +189,9 @@ class Scheduler:
 
     def _fire_timers(self, now: float) -> None:
         timers = self.timers
-        while True:
+        heap = timers._heap
+        # Cheap exit on the hot path: nothing (not even a stale entry) is due.
+        while heap and heap[0][0] <= now:
             key = timers.pop_due(now)
             if key is None:
                 return

@@ -14,7 +14,7 @@ class RateMeter:
     first arrival, so that λ is usable from the first few requests on.
     """
 
-    __slots__ = ("_arrivals", "_first", "prior_rate", "window_s")
+    __slots__ = ("_arrivals", "_cached", "_cached_at", "_first", "prior_rate", "window_s")
 
     def __init__(self, window_s: float = 1.0, prior_rate: float | None = None) -> None:
         if window_s <= 0:
@@ -23,6 +23,10 @@ class RateMeter:
         self.prior_rate = prior_rate
         self._arrivals: deque[float] = deque()
         self._first: float | None = None
+        # The last answer: the core asks again at the same `now` right after
+        # recording an arrival.
+        self._cached_at = -float("inf")
+        self._cached = 0.0
 
     def record(self, now: float) -> float:
         """Count an arrival at `now`; return the rate including it."""
@@ -35,10 +39,16 @@ class RateMeter:
             arrivals.popleft()
         span = now - self._first
         if span >= self.window_s:
-            return len(arrivals) / self.window_s
-        return self._partial(len(arrivals), span)
+            rate = len(arrivals) / self.window_s
+        else:
+            rate = self._partial(len(arrivals), span)
+        self._cached_at = now
+        self._cached = rate
+        return rate
 
     def rate(self, now: float) -> float:
+        if now == self._cached_at:
+            return self._cached
         arrivals = self._arrivals
         horizon = now - self.window_s
         while arrivals and arrivals[0] < horizon:

@@ -56,6 +56,7 @@ _INF = float("inf")
 # Drop timers fire just after invalid_after: a batch finishing exactly at its
 # deadline is on time, so the head becomes infeasible only strictly after it.
 _EPSILON = 1e-9
+_DEVICE_TIMER = "device"
 
 
 @dataclass(slots=True)
@@ -77,6 +78,8 @@ class SymphonyScheduler(Scheduler):
         *,
         work_conserving: bool = False,
         pruning: str = "window",
+        max_batch: int | None = None,
+        stagger_slack: float | None = None,
         **options: float,
     ) -> None:
         super().__init__(models, devices, **options)
@@ -84,18 +87,55 @@ class SymphonyScheduler(Scheduler):
             raise ValueError(f"pruning must be 'window' or 'prefix', got {pruning!r}")
         self.work_conserving = work_conserving
         self.pruning = pruning
+        self._window = pruning == "window"
+        # Timer keys, built once: they are used on every arrival.
+        # Timer keys are strings (their hash is cached, unlike a tuple's);
+        # `_timer_target` maps each back to (kind, model).
+        self._model_key = {name: f"model:{name}" for name in self.models}
+        self._drop_key = {name: f"drop:{name}" for name in self.models}
+        self._timer_target: dict[Hashable, tuple[str, str | None]] = {
+            _DEVICE_TIMER: ("device", None)
+        }
+        for name in self.models:
+            self._timer_target[self._model_key[name]] = ("model", name)
+            self._timer_target[self._drop_key[name]] = ("drop", name)
         if work_conserving:
             self.name = "symphony-wc"
         self.candidates: dict[str, Candidate | None] = dict.fromkeys(self.models)
         # Schedulable candidates waiting for a device (App. C's `mc`).
         self.waiting: dict[str, Candidate] = {}
         self.free_at: dict[int, float] = dict.fromkeys(self.devices, -_INF)
-        self._cap = {name: max(1, m.slo_batch) for name, m in self.models.items()}
+        if max_batch is not None and max_batch < 1:
+            raise ValueError(f"max_batch must be ≥ 1, got {max_batch}")
+        if stagger_slack is not None and stagger_slack < 0:
+            raise ValueError(f"stagger_slack must be ≥ 0, got {stagger_slack}")
+        self._cap = {
+            name: self._full_size(m, max_batch, stagger_slack) for name, m in self.models.items()
+        }
         # β of ℓ(b) = α·b + β (a table profile's fitted intercept, at least 0)
         self._beta = {
             name: max(m.profile.beta if m.profile.beta is not None else m.profile.latency(1), 0.0)
             for name, m in self.models.items()
         }
+
+    def _full_size(
+        self, model: ModelInfo, max_batch: int | None, stagger_slack: float | None
+    ) -> int:
+        """The batch size at which a candidate is full (schedulable at once).
+
+        By default the largest batch that can meet the SLO at all. With
+        `stagger_slack` k, the largest b with (1 + k/N)·ℓ(b) ≤ SLO: eq. 2 of
+        symphony.txt §4.2 leaves one stagger interval ℓ(b)/N of queueing;
+        k > 1 leaves room for random (Poisson) arrivals, trading a slightly
+        smaller batch for fewer heads that miss their device.
+        """
+        size = model.slo_batch
+        if max_batch is not None:
+            size = min(size, max_batch)
+        if stagger_slack is not None:
+            budget = model.slo / (1.0 + stagger_slack / len(self.devices))
+            size = min(size, model.profile.max_batch_within(budget))
+        return max(1, size)
 
     # ------------------------------------------------------------------ events
 
@@ -116,7 +156,7 @@ class SymphonyScheduler(Scheduler):
             self._set_device_timer()
 
     def _on_timer(self, key: Hashable, now: float) -> None:
-        kind, name = key  # type: ignore[misc]
+        kind, name = self._timer_target[key]
         if kind == "model":
             self._on_model_timer(name, now)
         elif kind == "drop":
@@ -141,7 +181,7 @@ class SymphonyScheduler(Scheduler):
         table = model.profile.latency_by_size
         d_ctrl, d_data = self.d_ctrl, self.d_data
         cap = self._cap[name]
-        window = self.pruning == "window"
+        window = self._window
         n = len(queue)
         if n:
             # Window: the head must finish in a batch of the target size.
@@ -214,22 +254,25 @@ class SymphonyScheduler(Scheduler):
     # ------------------------------------------------------------- rank logic
 
     def _inform_candidate(self, name: str, now: float) -> None:
-        self.waiting.pop(name, None)
-        # The drop timer matters only while a candidate waits for a device: a
-        # candidate not yet schedulable has its model timer before
-        # invalid_after, and that timer re-arms the drop timer if it must wait.
         timers = self.timers
-        timers.cancel(("drop", name))
+        if self.waiting.pop(name, None) is not None:
+            # The drop timer matters only while a candidate waits for a
+            # device: one not yet schedulable has its model timer before
+            # invalid_after, and that timer re-arms the drop timer if the
+            # candidate must wait. (A candidate the device timer found invalid
+            # keeps its drop timer: that is what answers its head.)
+            timers.cancel(self._drop_key[name])
         candidate = self.candidates[name]
+        model_key = self._model_key[name]
         if candidate is None:
-            timers.cancel(("model", name))
+            timers.cancel(model_key)
             return
-        fire_at = candidate.exec_at - self.delay(candidate.bs)
+        fire_at = candidate.exec_at - (self.d_ctrl + self.d_data * candidate.bs)
         if fire_at <= now:
-            self.timers.cancel(("model", name))
+            timers.cancel(model_key)
             self._on_model_timer(name, now)
         else:
-            self.timers.reset(("model", name), fire_at)
+            timers.reset(model_key, fire_at)
 
     def _earliest_device(self) -> tuple[int, float]:
         free_at = self.free_at
@@ -246,20 +289,20 @@ class SymphonyScheduler(Scheduler):
             self._granted_device(name, device, free_at, now)
         else:
             self.waiting[name] = candidate
-            self.timers.reset(("drop", name), candidate.invalid_after + _EPSILON)
+            self.timers.reset(self._drop_key[name], candidate.invalid_after + _EPSILON)
             self._set_device_timer()
 
     def _set_device_timer(self) -> None:
         if not self.waiting:
-            self.timers.cancel(("device", None))
+            self.timers.cancel(_DEVICE_TIMER)
             return
         _, free_at = self._earliest_device()
         if free_at == _INF:
-            self.timers.cancel(("device", None))
+            self.timers.cancel(_DEVICE_TIMER)
             return
         max_delay = max(self.delay(c.bs) for c in self.waiting.values())
         fire_at = free_at - max_delay
-        self.timers.reset(("device", None), fire_at)
+        self.timers.reset(_DEVICE_TIMER, fire_at)
 
     def _on_device_timer(self, now: float) -> None:
         device, free_at = self._earliest_device()

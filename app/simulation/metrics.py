@@ -54,8 +54,10 @@ def summarize_run(
     trace: Trace, models: Sequence[ModelInfo], duration_s: float, devices: int
 ) -> dict[str, Any]:
     overall = summarize(trace, np.ones(trace.status.size, dtype=bool), duration_s, devices)
-    # Overall busy time also counts work later preempted (it used the device).
-    overall["device_busy_fraction"] = float(trace.device_busy.sum()) / (duration_s * devices)
+    # Overall busy time also counts work later preempted (it used the device),
+    # over the whole run including the drain after the last arrival.
+    elapsed = max(duration_s, trace.end_time)
+    overall["device_busy_fraction"] = float(trace.device_busy.sum()) / (elapsed * devices)
     overall["batches"] = trace.batches
     overall["preemptions"] = trace.preemptions
     per_model = {
