@@ -68,7 +68,7 @@ class FlexScheduler(Scheduler):
 
     def _on_arrival(self, request: Request, model: ModelInfo, now: float) -> None:
         self.queues[model.name].add(request)
-        self._offer_to_devices(now)
+        self._offer_to_devices(now, model.name)
         self._set_drop_timer(now)
 
     def _on_batch_finished(self, batch: Batch, now: float) -> None:
@@ -86,45 +86,68 @@ class FlexScheduler(Scheduler):
 
     # ---------------------------------------------------------------- decisions
 
-    def _offer_to_devices(self, now: float) -> None:
-        """Algorithm 1 lines 11–19; re-run after a preemption re-enqueues work."""
+    def _offer_to_devices(self, now: float, changed: str) -> None:
+        """Algorithm 1 lines 11–19 after requests of model `changed` arrived.
+
+        Only that model's window can have grown since the last decision
+        (windows of the other queues only shrink as time passes, and they
+        were below every threshold already), so a busy device checks just
+        that model — Algorithm 2 line 2. A preemption re-enqueues the stopped
+        batch's requests as new arrivals of its model (line 19) and the loop
+        runs again for them.
+        """
+        pending = [changed]
         rounds = 0
-        again = True
-        while again and rounds <= len(self.devices):
-            again = False
+        while pending and rounds <= len(self.devices):
+            name = pending.pop()
             rounds += 1
+            queue = self.queues[name]
+            queued = len(queue)
+            cap = self._cap[name]
+            threshold = self.threshold
             for device, running in self.current.items():
                 if running is None:
-                    self._run_next(device, now)
-                elif self.preemption and self._should_preempt(device, running, now):
+                    # An idle device already saw every other queue; only new
+                    # work can give it a batch.
+                    if queued:
+                        self._run_next(device, now)
+                        queued = len(queue)
+                    continue
+                if not self.preemption:
+                    continue
+                # Cheap bound first: the new batch cannot exceed the queue
+                # (plus the running batch's own requests, lines 6–7).
+                size = len(running.requests)
+                most = queued + size if running.model == name else queued
+                if min(cap, most) < threshold * size:
+                    continue
+                if self._should_preempt(device, running, name, now):
                     self._preempt(running, now)
                     self.current[device] = None
                     self._run_next(device, now, start=now + self.preemption_delay)
-                    again = True
+                    pending.append(running.model)
+                    queued = len(queue)
 
-    def _should_preempt(self, device: int, running: Batch, now: float) -> bool:
+    def _should_preempt(self, device: int, running: Batch, name: str, now: float) -> bool:
+        """Would model `name`'s largest feasible batch be ≥ λ·|B_c|?"""
         need = self.threshold * running.size
         start = now + self.preemption_delay
         speed = self.devices[device].speed
-        for name, queue in self.queues.items():
-            cap = self._cap[name]
-            same = name == running.model
-            bound = min(cap, len(queue) + (running.size if same else 0))
-            if bound < need:
-                continue  # cannot reach λ·|B_c| even in the best case
-            model = self.models[name]
-            if same:
-                # Algorithm 2 lines 6–7: the running batch's requests count.
-                for request in running.requests:
-                    queue.add(request)
-                size = _largest_window(queue, model, cap, start, speed, self.delay)[1]
-                for request in running.requests:
-                    queue.remove(request)
-            else:
-                size = _largest_window(queue, model, cap, start, speed, self.delay)[1]
-            if size >= need:
-                return True
-        return False
+        queue = self.queues[name]
+        cap = self._cap[name]
+        model = self.models[name]
+        size = _largest_window(queue, model, cap, start, speed, self.delay)[1]
+        if size >= need or name != running.model or size + running.size < need:
+            return size >= need
+        # Algorithm 2 lines 6–7: the running batch's requests count. Only
+        # checked when they could tip the balance (the window over the union
+        # is at most the queue's window plus |B_c|).
+        for request in running.requests:
+            queue.add(request)
+        size = _largest_window(queue, model, cap, start, speed, self.delay)[1]
+        for request in running.requests:
+            queue.remove(request)
+        return size >= need
 
     def _run_next(self, device: int, now: float, start: float | None = None) -> None:
         """Algorithm 1 lines 5–6: run the largest feasible batch on `device`."""
