@@ -594,6 +594,8 @@ def plot_curves(doc: dict[str, Any], out: Path, *, target: float = 0.99) -> None
     left.grid(alpha=0.3)
     left.legend(fontsize="small")
     right.axhline(100.0 * target, ls="--", color="red", lw=0.8, label=f"{100 * target:g} %")
+    if any(doc["policies"].get(label, {}).get("capacity_rps") for label in curves):
+        right.plot([], [], ls="", marker="x", color="black", label="capacity")
     right.set_xlabel("offered load (req/s)")
     right.set_ylabel("requests within SLO (%)")
     right.set_title("SLO attainment")
