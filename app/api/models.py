@@ -1,0 +1,303 @@
+"""Pydantic models of the HTTP API: the native `/infer` API and KServe v2.
+
+They serve two purposes: validating request bodies (the handlers parse bodies
+themselves, so that the binary tensor extension and clients that send no or a
+wrong `Content-Type` work) and describing every route in the OpenAPI document.
+
+Tensor `data` is typed `list[Any]` on purpose: the elements are checked and
+converted by numpy against the model's datatype (app.api.tensors), which is
+far faster than per-element pydantic validation and gives messages that name
+the tensor.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+StrictNonNegInt = Annotated[int, Field(strict=True, ge=0)]
+StrictInt = Annotated[int, Field(strict=True)]
+SloMs = Annotated[
+    float,
+    Field(
+        strict=True,
+        gt=0,
+        allow_inf_nan=False,
+        description=(
+            "Per-request SLO in milliseconds (deadline = arrival + slo_ms). A tighter SLO than "
+            "the model's is always allowed; a looser one only if the model config sets "
+            "allow_slo_loosening, else the request is rejected with 400."
+        ),
+    ),
+]
+
+NESTED_DATA_DESCRIPTION = (
+    "Tensor elements: numbers (booleans for BOOL), as a flat row-major array or nested to "
+    "the tensor's rank. NaN and Infinity literals are accepted for floating-point tensors."
+)
+DATATYPE_DESCRIPTION = (
+    "KServe v2 datatype name: BOOL, UINT8, UINT16, UINT32, UINT64, INT8, INT16, INT32, INT64, "
+    "FP16, FP32, FP64 (BYTES and BF16 are not supported). Must equal the model's datatype "
+    "for the tensor."
+)
+
+
+class ErrorResponse(BaseModel):
+    """Body of every error response (KServe's `{"error": ...}` plus a stable code)."""
+
+    error: str = Field(description="Human-readable message; names the tensor at fault.")
+    reason: str | None = Field(
+        default=None,
+        description=(
+            "Stable short code: invalid_input, invalid_request, malformed_request, "
+            "model_not_found, model_not_ready, deadline (or another drop reason), overloaded, "
+            "executor_failed, shutting_down, not_ready, payload_too_large, "
+            "unsupported_encoding, not_found, method_not_allowed, internal."
+        ),
+    )
+
+
+# --------------------------------------------------------------------------- native API
+
+
+class TensorData(BaseModel):
+    """A tensor given as flat data plus its shape."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    data: list[Any] = Field(description=NESTED_DATA_DESCRIPTION)
+    shape: list[StrictInt] = Field(
+        description="Shape; the leading batch dimension (1) may be omitted.",
+        examples=[[1, 4]],
+    )
+
+
+class InferRequest(BaseModel):
+    """Native inference request: one item for the scheduler."""
+
+    model_config = ConfigDict(
+        extra="forbid",
+        json_schema_extra={
+            "examples": [
+                {"model": "add_one", "inputs": {"x": [[1.0, 2.0, 3.0, 4.0]]}, "slo_ms": 20},
+                {"model": "add_one", "inputs": {"x": {"data": [1, 2, 3, 4], "shape": [4]}}},
+            ]
+        },
+    )
+
+    model: str = Field(description="Model name.")
+    inputs: dict[str, list[Any] | TensorData] = Field(
+        description=(
+            "Input tensors by name: a nested array (the leading batch dimension of 1 may be "
+            "omitted; it is added) or {data, shape}. Every model input must be given."
+        )
+    )
+    slo_ms: SloMs | None = None
+    id: str | None = Field(default=None, description="Request id, echoed in the response.")
+
+
+class OutputTensor(BaseModel):
+    shape: list[int] = Field(description="Shape, batch dimension (1) first.")
+    datatype: str = Field(description="KServe v2 datatype name.")
+    data: list[Any] = Field(description="Elements nested to the tensor's rank.")
+
+
+class Timing(BaseModel):
+    queue_ms: float = Field(description="Arrival to batch start, milliseconds.")
+    exec_ms: float = Field(description="Execution time of the batch, milliseconds.")
+    batch_size: int = Field(description="Size of the batch the request ran in.")
+    device: str = Field(description="Device the batch ran on.")
+
+
+class InferResponse(BaseModel):
+    model: str
+    id: str | None = None
+    outputs: dict[str, OutputTensor]
+    timing: Timing
+
+
+# --------------------------------------------------------------------------- KServe v2
+
+
+class ServerMetadata(BaseModel):
+    name: str
+    version: str
+    extensions: list[str]
+
+
+class LiveResponse(BaseModel):
+    live: bool
+
+
+class ReadyResponse(BaseModel):
+    ready: bool
+
+
+class ModelReadyResponse(BaseModel):
+    name: str
+    ready: bool
+
+
+class TensorMetadata(BaseModel):
+    name: str
+    datatype: str
+    shape: list[int] = Field(description="Batch dimension first as -1; -1 is any size.")
+
+
+class ModelMetadata(BaseModel):
+    name: str
+    versions: list[str]
+    platform: str = Field(description="Backend (onnx, emulated, ...).")
+    inputs: list[TensorMetadata]
+    outputs: list[TensorMetadata]
+
+
+class ModelConfigTensor(BaseModel):
+    name: str
+    data_type: str = Field(description="Triton-style type name, e.g. TYPE_FP32.")
+    dims: list[int] = Field(description="Shape without the batch dimension.")
+
+
+class ModelConfigResponse(BaseModel):
+    """The model's configuration, shaped like Triton's model config where they overlap."""
+
+    name: str
+    backend: str
+    version: str
+    max_batch_size: int
+    slo_ms: float
+    allow_slo_loosening: bool
+    devices: list[str] | None = None
+    description: str = ""
+    input: list[ModelConfigTensor]
+    output: list[ModelConfigTensor]
+
+
+class V2InputParameters(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    binary_data_size: StrictNonNegInt | None = Field(
+        default=None,
+        description=(
+            "Binary tensor data extension: the tensor's bytes (little-endian, row-major) "
+            "follow the JSON header in the body, in input order; this is their length."
+        ),
+    )
+
+
+class V2RequestInput(BaseModel):
+    name: str
+    shape: list[StrictInt] = Field(description="Shape, batch dimension first; it must be 1.")
+    datatype: str = Field(description=DATATYPE_DESCRIPTION)
+    parameters: V2InputParameters | None = None
+    data: list[Any] | None = Field(
+        default=None, description=NESTED_DATA_DESCRIPTION + " Absent when binary_data_size is."
+    )
+
+
+class V2RequestedOutputParameters(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    binary_data: bool | None = Field(
+        default=None,
+        description="Return this output as binary data (overrides binary_data_output).",
+        strict=True,
+    )
+    classification: StrictNonNegInt | None = Field(
+        default=None, description="Classification extension: not supported, must be 0."
+    )
+
+
+class V2RequestedOutput(BaseModel):
+    name: str
+    parameters: V2RequestedOutputParameters | None = None
+
+
+class V2RequestParameters(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    binary_data_output: bool | None = Field(
+        default=None,
+        strict=True,
+        description="Return outputs as binary data unless an output's binary_data says no.",
+    )
+    slo_ms: SloMs | None = None
+
+
+class V2InferRequest(BaseModel):
+    """KServe v2 inference request (the JSON part when the binary extension is used)."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "examples": [
+                {
+                    "id": "42",
+                    "inputs": [
+                        {"name": "x", "shape": [1, 4], "datatype": "FP32", "data": [1, 2, 3, 4]}
+                    ],
+                    "parameters": {"slo_ms": 20},
+                }
+            ]
+        }
+    )
+
+    id: str | None = None
+    parameters: V2RequestParameters | None = None
+    inputs: list[V2RequestInput]
+    outputs: list[V2RequestedOutput] | None = Field(
+        default=None, description="Outputs to return (default: all)."
+    )
+
+
+class V2OutputParameters(BaseModel):
+    binary_data_size: int | None = Field(
+        default=None, description="Length of this output's bytes after the JSON header."
+    )
+
+
+class V2ResponseOutput(BaseModel):
+    name: str
+    shape: list[int]
+    datatype: str
+    parameters: V2OutputParameters | None = None
+    data: list[Any] | None = Field(
+        default=None, description="Flat row-major elements; absent for binary outputs."
+    )
+
+
+class V2ResponseParameters(BaseModel):
+    queue_ms: float
+    exec_ms: float
+    batch_size: int
+    device: str
+
+
+class V2InferResponse(BaseModel):
+    model_name: str
+    model_version: str | None = None
+    id: str | None = None
+    parameters: V2ResponseParameters
+    outputs: list[V2ResponseOutput]
+
+
+class RepositoryIndexRequest(BaseModel):
+    ready: bool | None = Field(
+        default=None, strict=True, description="If true, list only models that are ready."
+    )
+
+
+class RepositoryModel(BaseModel):
+    name: str
+    version: str | None = None
+    state: str = Field(description="READY, UNAVAILABLE or LOADING.")
+    reason: str | None = None
+
+
+# Models the handlers validate by hand; their schemas are added to the OpenAPI
+# components so that `openapi_extra` request bodies can reference them.
+REQUEST_MODELS: tuple[type[BaseModel], ...] = (
+    InferRequest,
+    V2InferRequest,
+    RepositoryIndexRequest,
+)

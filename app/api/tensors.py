@@ -1,0 +1,226 @@
+"""Tensor decoding, validation and encoding for the HTTP API.
+
+Every check raises `InvalidInput` (HTTP 400) with a message that names the
+tensor and says what was expected. A request is one item for the scheduler, so
+each input's batch dimension must be 1.
+
+Binary tensor data (KServe's binary extension) is little-endian, row-major;
+BOOL is one byte per element (0 or 1).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from app.errors import InvalidInput
+from app.repository.config import DATATYPES, ModelConfig, TensorSpec
+
+_DTYPE_TO_NAME: dict[np.dtype, str] = {dt: name for name, dt in DATATYPES.items()}
+
+
+def datatype_name(dtype: np.dtype) -> str:
+    """The v2 datatype name of a numpy dtype (any byte order)."""
+    dt = np.dtype(dtype)
+    name = _DTYPE_TO_NAME.get(dt.newbyteorder("="))
+    if name is None:
+        raise TypeError(f"no KServe v2 datatype for numpy dtype {dt}")
+    return name
+
+
+def _fmt_shape(shape: Sequence[int]) -> str:
+    return "[" + ", ".join(str(d) for d in shape) + "]"
+
+
+def expected_shape(spec: TensorSpec) -> list[int]:
+    """The shape one request must have: batch dimension 1, -1 for any size."""
+    return [1, *spec.item_shape] if spec.shape else []
+
+
+def _expected_text(spec: TensorSpec) -> str:
+    exp = expected_shape(spec)
+    text = _fmt_shape(exp)
+    if any(d < 0 for d in exp):
+        text += " (-1: any size)"
+    return text
+
+
+def check_shape(
+    name: str, spec: TensorSpec, shape: Sequence[int], *, batch_optional: bool = False
+) -> tuple[int, ...]:
+    """Validate a request tensor's shape; returns it with the batch dimension.
+
+    With `batch_optional`, a shape without the batch dimension gets one of 1.
+    """
+    shape = tuple(shape)
+    if any(isinstance(d, bool) or not isinstance(d, int) or d < 0 for d in shape):
+        raise InvalidInput(
+            f"input '{name}': shape dimensions must be non-negative integers, got {list(shape)}"
+        )
+    rank = len(spec.shape)
+    if batch_optional and len(shape) == rank - 1:
+        shape = (1, *shape)
+    if len(shape) != rank:
+        raise InvalidInput(
+            f"input '{name}': expected shape {_expected_text(spec)} "
+            f"({rank} dimensions, batch dimension first), got {_fmt_shape(shape)}"
+        )
+    if rank and shape[0] != 1:
+        raise InvalidInput(
+            f"input '{name}': the batch dimension must be 1, got {shape[0]} "
+            f"(shape {_fmt_shape(shape)}): a request is one item; send one request per "
+            "item and the server batches them"
+        )
+    for got, want in zip(shape[1:], spec.item_shape, strict=True):
+        if want >= 0 and got != want:
+            raise InvalidInput(
+                f"input '{name}': expected shape {_expected_text(spec)}, got {_fmt_shape(shape)}"
+            )
+    return shape
+
+
+def _as_numeric_array(name: str, spec: TensorSpec, data: Any) -> np.ndarray:
+    """JSON elements (flat or nested lists) → array of spec's dtype, strictly typed."""
+    try:
+        raw = np.asarray(data)
+    except (ValueError, TypeError, OverflowError, RecursionError):
+        raise InvalidInput(
+            f"input '{name}': data is not a rectangular array of {spec.datatype} elements "
+            "(nested lists of unequal lengths?)"
+        ) from None
+    target = spec.dtype
+    kind = raw.dtype.kind
+    if raw.size == 0:
+        return raw.astype(target)
+    if kind not in "biuf":
+        what = {"U": "strings", "S": "strings", "O": "non-numeric or mixed values"}.get(
+            kind, f"values of type {raw.dtype}"
+        )
+        raise InvalidInput(f"input '{name}': expected {_element_text(spec)}, got {what}")
+    if target.kind == "b":
+        if kind != "b":
+            raise InvalidInput(
+                f"input '{name}': expected {_element_text(spec)} (true/false), got numbers"
+            )
+        return raw
+    if kind == "b":
+        raise InvalidInput(f"input '{name}': expected {_element_text(spec)}, got booleans")
+    if target.kind in "iu":
+        if kind == "f" and not (np.all(np.isfinite(raw)) and np.all(raw == np.floor(raw))):
+            raise InvalidInput(
+                f"input '{name}': expected {_element_text(spec)}, got non-integer values"
+            )
+        info = np.iinfo(target)
+        lo, hi = raw.min(), raw.max()
+        if lo < info.min or hi > info.max:
+            raise InvalidInput(
+                f"input '{name}': value out of range for {spec.datatype} "
+                f"[{info.min}, {info.max}]: got values in [{lo}, {hi}]"
+            )
+        return raw.astype(target)
+    with np.errstate(over="ignore", invalid="ignore"):
+        return raw.astype(target)  # floats: NaN/Inf are data, not errors
+
+
+def _element_text(spec: TensorSpec) -> str:
+    kind = spec.dtype.kind
+    noun = {"b": "booleans", "i": "integers", "u": "unsigned integers", "f": "numbers"}[kind]
+    return f"{spec.datatype} {noun}"
+
+
+def decode_json_tensor(
+    name: str, spec: TensorSpec, data: list[Any], shape: Sequence[int] | None
+) -> np.ndarray:
+    """A tensor from JSON elements.
+
+    `shape` None (native nested lists): the shape is the nesting's, and the
+    batch dimension may be omitted. Otherwise (v2, or native {data, shape}) the
+    elements are flat or nested, and their count must equal the shape's.
+    """
+    arr = _as_numeric_array(name, spec, data)
+    if shape is None:
+        full = check_shape(name, spec, arr.shape, batch_optional=True)
+        return arr.reshape(full)
+    full = tuple(shape)
+    count = math.prod(full)
+    if arr.size != count:
+        raise InvalidInput(
+            f"input '{name}': shape {_fmt_shape(full)} needs {count} elements, got {arr.size}"
+        )
+    return arr.reshape(full)
+
+
+def decode_binary_tensor(
+    name: str, spec: TensorSpec, buf: memoryview, shape: tuple[int, ...]
+) -> np.ndarray:
+    """A tensor from its binary bytes (already checked: len(buf) == binary_data_size)."""
+    count = math.prod(shape)
+    want = count * spec.dtype.itemsize
+    if len(buf) != want:
+        raise InvalidInput(
+            f"input '{name}': binary_data_size is {len(buf)} bytes but shape "
+            f"{_fmt_shape(shape)} of {spec.datatype} needs {want} bytes"
+        )
+    arr = np.frombuffer(buf, dtype=spec.dtype.newbyteorder("<"), count=count)
+    if spec.dtype.kind == "b" and count and int(arr.view(np.uint8).max()) > 1:
+        raise InvalidInput(f"input '{name}': BOOL bytes must be 0 or 1")
+    if arr.dtype != spec.dtype:  # big-endian host
+        arr = arr.astype(spec.dtype)
+    return arr.reshape(shape)
+
+
+def check_input_names(config: ModelConfig, names: Sequence[str]) -> None:
+    """Every model input given exactly once, nothing else."""
+    known = [s.name for s in config.inputs]
+    seen: set[str] = set()
+    for n in names:
+        if n in seen:
+            raise InvalidInput(f"input '{n}' is given more than once")
+        seen.add(n)
+        if n not in known:
+            raise InvalidInput(
+                f"unknown input '{n}': model '{config.name}' has inputs {', '.join(known)}"
+            )
+    missing = [n for n in known if n not in seen]
+    if missing:
+        raise InvalidInput(
+            f"missing input {', '.join(repr(m) for m in missing)}: model '{config.name}' "
+            f"needs inputs {', '.join(known)}"
+        )
+
+
+def check_datatype(name: str, spec: TensorSpec, datatype: str) -> None:
+    if datatype != spec.datatype:
+        extra = "" if datatype in DATATYPES else " (not a supported datatype)"
+        raise InvalidInput(
+            f"input '{name}': expected datatype {spec.datatype}, got {datatype!r}{extra}"
+        )
+
+
+def resolve_slo(config: ModelConfig, slo_ms: float | None) -> float | None:
+    """A per-request SLO may tighten the model's; loosen it only if the config allows."""
+    if slo_ms is None:
+        return None
+    if not math.isfinite(slo_ms) or slo_ms <= 0:
+        raise InvalidInput(f"slo_ms must be a positive number of milliseconds, got {slo_ms}")
+    if slo_ms > config.slo_ms and not config.allow_slo_loosening:
+        raise InvalidInput(
+            f"slo_ms {slo_ms:g} is looser than model '{config.name}' SLO of "
+            f"{config.slo_ms:g} ms, and its config does not allow loosening "
+            "(allow_slo_loosening: false)"
+        )
+    return float(slo_ms)
+
+
+def output_bytes(arr: np.ndarray) -> bytes:
+    """Binary tensor data of an output: little-endian, row-major."""
+    arr = np.asarray(arr)
+    arr = arr.astype(arr.dtype.newbyteorder("<"), copy=False)
+    return np.ascontiguousarray(arr).tobytes()
+
+
+def spec_map(specs: Sequence[TensorSpec]) -> Mapping[str, TensorSpec]:
+    return {s.name: s for s in specs}

@@ -1,0 +1,57 @@
+"""Errors a request can end in; the HTTP layer maps each to a status code."""
+
+from __future__ import annotations
+
+
+class ServingError(Exception):
+    """Base class: `status` is the HTTP status, `reason` a stable short code."""
+
+    status = 500
+    reason = "internal"
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+
+class ModelNotFound(ServingError):
+    status = 404
+    reason = "model_not_found"
+
+
+class ModelNotReady(ServingError):
+    status = 503
+    reason = "model_not_ready"
+
+
+class InvalidInput(ServingError):
+    status = 400
+    reason = "invalid_input"
+
+
+class Dropped(ServingError):
+    """The deadline cannot be met (the scheduler dropped the request)."""
+
+    status = 503
+    reason = "deadline"
+
+    def __init__(self, message: str, reason: str = "deadline") -> None:
+        super().__init__(message)
+        self.reason = reason
+
+
+class Overloaded(ServingError):
+    """Queue or shared-memory arena full: come back later."""
+
+    status = 429
+    reason = "overloaded"
+
+
+class ExecutorFailed(ServingError):
+    status = 503
+    reason = "executor_failed"
+
+
+class ShuttingDown(ServingError):
+    status = 503
+    reason = "shutting_down"

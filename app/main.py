@@ -1,0 +1,53 @@
+"""The ASGI app: `uvicorn app.main:app` (settings from the environment) or
+`python -m app serve …`."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI
+
+from app.api import Metrics, create_api
+from app.errors import ModelNotReady
+from app.server.live import LiveService
+from app.server.settings import Settings
+
+log = logging.getLogger("app.server")
+
+
+def create_app(settings: Settings | None = None) -> FastAPI:
+    settings = settings or Settings.from_env()
+    metrics = Metrics()
+    holder: dict[str, LiveService] = {}
+
+    @asynccontextmanager
+    async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
+        service = LiveService(settings, metrics)
+        holder["service"] = service
+        try:
+            await service.start()
+        except BaseException:
+            await service.stop()
+            raise
+        try:
+            yield
+        finally:
+            await service.stop()
+
+    def get_service() -> LiveService:
+        service = holder.get("service")
+        if service is None:
+            raise ModelNotReady("server is starting")
+        return service
+
+    return create_api(get_service, metrics, lifespan=lifespan, title="deadline-serve")
+
+
+def __getattr__(name: str) -> FastAPI:
+    # `uvicorn app.main:app` builds the app on first access, so importing this
+    # module (e.g. for create_app) does not read settings or start anything.
+    if name == "app":
+        return create_app()
+    raise AttributeError(name)

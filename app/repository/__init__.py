@@ -1,0 +1,1 @@
+"""The model repository: `models/<name>/config.yaml` plus the model file."""

@@ -1,0 +1,78 @@
+"""A model's configuration as the server uses it (parsed from config.yaml).
+
+Datatypes are the KServe v2 names (FP32, INT64, ...). Shapes include the batch
+dimension first as -1, as in Triton's config for models with batching.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+# KServe v2 / Triton datatype names → numpy dtypes (BYTES is not supported yet).
+DATATYPES: dict[str, np.dtype] = {
+    "BOOL": np.dtype(np.bool_),
+    "UINT8": np.dtype(np.uint8),
+    "UINT16": np.dtype(np.uint16),
+    "UINT32": np.dtype(np.uint32),
+    "UINT64": np.dtype(np.uint64),
+    "INT8": np.dtype(np.int8),
+    "INT16": np.dtype(np.int16),
+    "INT32": np.dtype(np.int32),
+    "INT64": np.dtype(np.int64),
+    "FP16": np.dtype(np.float16),
+    "FP32": np.dtype(np.float32),
+    "FP64": np.dtype(np.float64),
+}
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    name: str
+    datatype: str  # a key of DATATYPES
+    shape: tuple[int, ...]  # batch dimension first, as -1
+
+    @property
+    def dtype(self) -> np.dtype:
+        return DATATYPES[self.datatype]
+
+    @property
+    def item_shape(self) -> tuple[int, ...]:
+        """Shape of one request's tensor without the batch dimension."""
+        return self.shape[1:]
+
+    @property
+    def item_nbytes(self) -> int:
+        return int(np.prod(self.item_shape, dtype=np.int64)) * self.dtype.itemsize
+
+
+@dataclass(frozen=True)
+class ProfileSpec:
+    """A latency profile from the config or the profiler cache (milliseconds)."""
+
+    alpha_ms: float | None = None
+    beta_ms: float | None = None
+    latency_ms: dict[int, float] | None = None  # batch size → ms
+    device: str | None = None  # where it was measured (cache only)
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    name: str
+    backend: str  # "onnx" | "emulated"
+    directory: Path
+    inputs: tuple[TensorSpec, ...]
+    outputs: tuple[TensorSpec, ...]
+    max_batch_size: int
+    slo_ms: float
+    model_file: Path | None = None  # absolute; None for emulated models
+    profile: ProfileSpec | None = None
+    allow_slo_loosening: bool = False
+    # Device kinds/names this model may run on (None: every device of a kind
+    # its backend supports).
+    devices: tuple[str, ...] | None = None
+    version: str = "1"
+    description: str = ""
+    extra: dict[str, object] = field(default_factory=dict)

@@ -1,0 +1,326 @@
+"""Shared-memory arenas: where request tensors live between HTTP and executor.
+
+One `multiprocessing.shared_memory` segment per model, cut into `capacity`
+slots of equal size. A slot holds one request's inputs (batch dimension 1)
+followed by its outputs, each tensor at a fixed, 64-byte aligned offset
+computed from the model's TensorSpecs::
+
+    slot k: [in_0 | in_1 | ... | out_0 | out_1 | ...]   (slot_nbytes, aligned)
+    segment: slot 0, slot 1, ..., slot capacity-1
+
+Every tensor therefore has a strided view of shape (capacity, *item_shape)
+over the whole segment. The executor gathers a batch with one fancy-indexing
+copy of that view (`view[slots]`) and scatters outputs with one assignment;
+the parent writes a request's inputs with one copy and reads its outputs with
+one copy. Tensor bytes never go through pickle.
+
+Ownership: the parent creates the segment (`Arena.create`) and is the only
+side that unlinks it (`close_and_unlink`, also run by a finalizer at exit and
+when creation fails half-way). Executors `Arena.attach(layout)` with the small
+plain-dict `layout` and only close their mapping. Attaching does not register
+the segment with `multiprocessing.resource_tracker` (``track=False`` on 3.13+,
+registration suppressed on older versions): spawned children share the
+parent's tracker, so registering/unregistering there would either make the
+tracker unlink a live segment or trip a KeyError when the parent unlinks.
+
+Slot bookkeeping (`acquire`/`release`) is parent-side only and not
+thread-safe: call it from the event loop thread.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import secrets
+import sys
+import weakref
+from collections.abc import Mapping
+from multiprocessing import resource_tracker, shared_memory
+from typing import Any
+
+import numpy as np
+
+from app.errors import InvalidInput
+from app.repository.config import ModelConfig, TensorSpec
+
+ALIGN = 64
+# Prefix of every segment we create (tests and operators can find ours in /dev/shm).
+SEGMENT_PREFIX = "dsrv_"
+
+
+def _align(n: int) -> int:
+    return (n + ALIGN - 1) // ALIGN * ALIGN
+
+
+def _segment_name(model: str) -> str:
+    safe = re.sub(r"[^A-Za-z0-9]", "", model)[:16] or "m"
+    return f"{SEGMENT_PREFIX}{os.getpid()}_{safe}_{secrets.token_hex(4)}"
+
+
+def _check_spec(model: str, spec: TensorSpec) -> None:
+    if any(d < 0 for d in spec.item_shape):
+        raise ValueError(
+            f"model {model!r} tensor {spec.name!r}: only the batch dimension may be "
+            f"dynamic in a shared-memory arena, got shape {list(spec.shape)}"
+        )
+
+
+def compute_layout(config: ModelConfig, capacity: int, name: str) -> dict[str, Any]:
+    """The plain-dict layout of an arena for `config` (no segment is created)."""
+    if capacity < 1:
+        raise ValueError(f"arena capacity must be ≥ 1, got {capacity}")
+    offset = 0
+    tensors: dict[str, dict[str, dict[str, Any]]] = {"inputs": {}, "outputs": {}}
+    for role, specs in (("inputs", config.inputs), ("outputs", config.outputs)):
+        for spec in specs:
+            _check_spec(config.name, spec)
+            tensors[role][spec.name] = {
+                "offset": offset,
+                "dtype": spec.dtype.str,
+                "shape": list(spec.item_shape),
+                "nbytes": spec.item_nbytes,
+            }
+            offset += _align(max(spec.item_nbytes, 1))
+    slot_nbytes = max(_align(offset), ALIGN)
+    return {
+        "name": name,
+        "model": config.name,
+        "capacity": capacity,
+        "slot_nbytes": slot_nbytes,
+        "size": slot_nbytes * capacity,
+        "inputs": tensors["inputs"],
+        "outputs": tensors["outputs"],
+    }
+
+
+def _attach_untracked(name: str) -> shared_memory.SharedMemory:
+    if sys.version_info >= (3, 13):
+        return shared_memory.SharedMemory(name=name, track=False)  # type: ignore[call-arg]
+    # 3.10–3.12 always register an attached segment with the resource tracker.
+    # Suppress that for the duration of the call (executor processes attach
+    # from their main thread before anything else touches the tracker).
+    original = resource_tracker.register
+
+    def _register(res_name: str, rtype: str) -> None:
+        if rtype != "shared_memory":
+            original(res_name, rtype)
+
+    resource_tracker.register = _register  # type: ignore[assignment]
+    try:
+        return shared_memory.SharedMemory(name=name)
+    finally:
+        resource_tracker.register = original  # type: ignore[assignment]
+
+
+def _release_segment(shm: shared_memory.SharedMemory, unlink: bool) -> None:
+    """Close the mapping (tolerating live numpy views) and unlink if owner."""
+    # BufferError: someone still holds a view into the buffer; the mapping
+    # goes away with the process. Unlinking below still removes the name.
+    with contextlib.suppress(BufferError):
+        shm.close()
+    if unlink:
+        with contextlib.suppress(FileNotFoundError):
+            shm.unlink()
+
+
+class Arena:
+    """A model's shared-memory slots (see the module docstring)."""
+
+    def __init__(
+        self, shm: shared_memory.SharedMemory, layout: dict[str, Any], owner: bool
+    ) -> None:
+        self._shm: shared_memory.SharedMemory | None = shm
+        self.layout = layout
+        self.owner = owner
+        self.capacity: int = int(layout["capacity"])
+        self.model: str = layout["model"]
+        self._views: dict[str, dict[str, np.ndarray]] = {"inputs": {}, "outputs": {}}
+        stride = int(layout["slot_nbytes"])
+        for role in ("inputs", "outputs"):
+            for tname, t in layout[role].items():
+                dtype = np.dtype(t["dtype"])
+                shape = tuple(int(d) for d in t["shape"])
+                item = np.ndarray(shape, dtype=dtype)  # only for its C strides
+                self._views[role][tname] = np.ndarray(
+                    (self.capacity, *shape),
+                    dtype=dtype,
+                    buffer=shm.buf,
+                    offset=int(t["offset"]),
+                    strides=(stride, *item.strides),
+                )
+        self._free: list[int] = list(range(self.capacity - 1, -1, -1))
+        self._in_use: set[int] = set()
+        self._finalizer = weakref.finalize(self, _release_segment, shm, owner)
+
+    # ----------------------------------------------------------------- create
+    @classmethod
+    def create(cls, config: ModelConfig, capacity: int) -> Arena:
+        """Create (parent side) a new segment for `config` with `capacity` slots."""
+        name = _segment_name(config.name)
+        layout = compute_layout(config, capacity, name)
+        shm = shared_memory.SharedMemory(name=name, create=True, size=layout["size"])
+        try:
+            return cls(shm, layout, owner=True)
+        except BaseException:
+            _release_segment(shm, unlink=True)
+            raise
+
+    @classmethod
+    def attach(cls, layout: Mapping[str, Any]) -> Arena:
+        """Attach (executor side) to an existing segment described by `layout`."""
+        layout = dict(layout)
+        shm = _attach_untracked(layout["name"])
+        try:
+            if shm.size < int(layout["size"]):
+                raise ValueError(
+                    f"segment {layout['name']!r} is {shm.size} bytes, layout needs {layout['size']}"
+                )
+            return cls(shm, layout, owner=False)
+        except BaseException:
+            _release_segment(shm, unlink=False)
+            raise
+
+    @property
+    def name(self) -> str:
+        return self.layout["name"]
+
+    @property
+    def closed(self) -> bool:
+        return self._shm is None
+
+    # ------------------------------------------------------- slots (parent)
+    def acquire(self) -> int | None:
+        """A free slot, or None when all `capacity` slots are in use."""
+        if not self._free:
+            return None
+        slot = self._free.pop()
+        self._in_use.add(slot)
+        return slot
+
+    def release(self, slot: int) -> None:
+        if slot not in self._in_use:
+            raise ValueError(f"arena {self.model!r}: slot {slot} is not in use")
+        self._in_use.remove(slot)
+        self._free.append(slot)
+
+    @property
+    def free_slots(self) -> int:
+        return len(self._free)
+
+    @property
+    def used_slots(self) -> int:
+        return len(self._in_use)
+
+    # ------------------------------------------------------- tensors (parent)
+    def write_inputs(self, slot: int, inputs: Mapping[str, np.ndarray]) -> None:
+        """Copy one request's inputs into `slot` (one copy per tensor).
+
+        Each array must have the spec's dtype and shape `item_shape` or
+        `(1, *item_shape)`; every input must be present and nothing else.
+        """
+        self._check_slot(slot)
+        views = self._views["inputs"]
+        missing = [n for n in views if n not in inputs]
+        if missing:
+            raise InvalidInput(f"model {self.model!r}: missing input tensor(s) {missing}")
+        extra = [n for n in inputs if n not in views]
+        if extra:
+            raise InvalidInput(
+                f"model {self.model!r}: unexpected input tensor(s) {extra}; expected {list(views)}"
+            )
+        for name, view in views.items():
+            array = np.asarray(inputs[name])
+            item_shape = view.shape[1:]
+            if array.dtype != view.dtype:
+                raise InvalidInput(
+                    f"model {self.model!r} input {name!r}: dtype {array.dtype} "
+                    f"but the model expects {view.dtype}"
+                )
+            if array.shape == (1, *item_shape):
+                array = array[0]
+            elif array.shape != item_shape:
+                raise InvalidInput(
+                    f"model {self.model!r} input {name!r}: shape {list(array.shape)} "
+                    f"but the model expects {[1, *item_shape]} (or {list(item_shape)})"
+                )
+            np.copyto(view[slot], array)
+
+    def read_outputs(self, slot: int, copy: bool = True) -> dict[str, np.ndarray]:
+        """One request's outputs, each with batch dimension 1.
+
+        With ``copy=False`` the arrays are views into shared memory: use them
+        before `release(slot)`.
+        """
+        self._check_slot(slot)
+        out = {}
+        for name, view in self._views["outputs"].items():
+            v = view[slot : slot + 1]
+            out[name] = v.copy() if copy else v
+        return out
+
+    def input_view(self, name: str, slot: int) -> np.ndarray:
+        """Writable view of one input tensor in `slot` (item_shape, no batch dim),
+        for callers that decode straight into shared memory."""
+        self._check_slot(slot)
+        return self._views["inputs"][name][slot]
+
+    # ----------------------------------------------------- batches (executor)
+    def gather(self, input_name: str, slots: list[int]) -> np.ndarray:
+        """The batch (len(slots), *item_shape) of one input: one copy."""
+        view = self._views["inputs"][input_name]
+        return np.ascontiguousarray(view[np.asarray(slots, dtype=np.intp)])
+
+    def scatter(self, output_name: str, slots: list[int], batch_output: np.ndarray) -> None:
+        """Write row i of `batch_output` into slot `slots[i]`: one copy."""
+        view = self._views["outputs"][output_name]
+        expected = (len(slots), *view.shape[1:])
+        batch_output = np.asarray(batch_output)
+        if batch_output.shape != expected:
+            raise ValueError(
+                f"model {self.model!r} output {output_name!r}: backend returned shape "
+                f"{list(batch_output.shape)}, expected {list(expected)}"
+            )
+        if batch_output.dtype != view.dtype and not np.can_cast(
+            batch_output.dtype, view.dtype, casting="same_kind"
+        ):
+            raise ValueError(
+                f"model {self.model!r} output {output_name!r}: backend returned dtype "
+                f"{batch_output.dtype}, expected {view.dtype}"
+            )
+        view[np.asarray(slots, dtype=np.intp)] = batch_output
+
+    @property
+    def input_names(self) -> list[str]:
+        return list(self._views["inputs"])
+
+    @property
+    def output_names(self) -> list[str]:
+        return list(self._views["outputs"])
+
+    # ------------------------------------------------------------- teardown
+    def close(self) -> None:
+        """Unmap (both sides); the owner also unlinks — prefer close_and_unlink."""
+        if self._shm is None:
+            return
+        self._views = {"inputs": {}, "outputs": {}}
+        self._shm = None
+        self._finalizer()  # runs _release_segment once
+
+    def close_and_unlink(self) -> None:
+        """Parent side: unmap and remove the segment name from /dev/shm."""
+        if not self.owner:
+            raise RuntimeError("only the arena's creator unlinks it")
+        self.close()
+
+    def _check_slot(self, slot: int) -> None:
+        if self._shm is None:
+            raise RuntimeError(f"arena {self.model!r} is closed")
+        if not 0 <= slot < self.capacity:
+            raise IndexError(f"arena {self.model!r}: slot {slot} out of range")
+
+    def __repr__(self) -> str:
+        return (
+            f"Arena(model={self.model!r}, name={self.name!r}, capacity={self.capacity}, "
+            f"used={self.used_slots})"
+        )

@@ -1,0 +1,391 @@
+"""The executor process: one per device, driven by small control messages.
+
+Started by `ExecutorPool` with the *spawn* context as
+``executor_main(conn, device, log_level)``. Everything that crosses the pipe
+is a tuple of ints, floats, strings, lists and dicts built by the parent (or
+by this process); tensor bytes live in shared-memory arenas and never cross
+it. Nothing here ever sees data from the network.
+
+Parent → executor (tuple tag first)::
+
+    ("load", req_id, [config_dict, ...], {model: arena_layout})
+    ("run", batch_id, model, [slot, ...], start_at)
+    ("profile", req_id, model, [batch_size, ...], warmup, repeats)
+    ("cancel", batch_id)          # best-effort preemption of a queued/running batch
+    ("stop",)
+
+Executor → parent::
+
+    ("loaded", req_id, {model: error_or_None}, {model: info_str})
+    ("done", batch_id, started_at, finished_at, error_or_None)
+    ("profiled", req_id, {batch_size: median_ms} or None, error_or_None)
+    ("stopped",)
+
+Clock: `start_at`, `started_at` and `finished_at` are `time.monotonic()`
+seconds — CLOCK_MONOTONIC is system-wide on Linux, and asyncio's `loop.time()`
+uses the same clock, so the parent can compare them with its own times.
+`start_at` ≤ now means "at once". `started_at` is taken just before the
+inputs are gathered, `finished_at` just after the outputs are scattered.
+
+Messages are executed strictly in order (a reader thread queues them; only
+"cancel" is acted on immediately). An exception inside a batch becomes the
+`error` string of its "done" reply ("cancelled" for a terminated batch); the
+loop keeps serving. The process exits on "stop" or when the parent's end of
+the pipe closes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import queue
+import signal
+import sys
+import threading
+import time
+import traceback
+from collections import OrderedDict
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from app.repository.config import ModelConfig, ProfileSpec, TensorSpec
+
+CANCELLED = "cancelled"
+
+log = logging.getLogger("app.runtime.executor")
+
+
+# ------------------------------------------------------- config ↔ plain dict
+def config_to_dict(config: ModelConfig) -> dict[str, Any]:
+    """A ModelConfig as plain picklable builtins (sent to executors)."""
+
+    def tensor(s: TensorSpec) -> dict[str, Any]:
+        return {"name": s.name, "datatype": s.datatype, "shape": list(s.shape)}
+
+    p = config.profile
+    return {
+        "name": config.name,
+        "backend": config.backend,
+        "directory": str(config.directory),
+        "inputs": [tensor(s) for s in config.inputs],
+        "outputs": [tensor(s) for s in config.outputs],
+        "max_batch_size": int(config.max_batch_size),
+        "slo_ms": float(config.slo_ms),
+        "model_file": None if config.model_file is None else str(config.model_file),
+        "profile": None
+        if p is None
+        else {
+            "alpha_ms": p.alpha_ms,
+            "beta_ms": p.beta_ms,
+            "latency_ms": None
+            if p.latency_ms is None
+            else {int(b): float(ms) for b, ms in p.latency_ms.items()},
+            "device": p.device,
+        },
+        "allow_slo_loosening": bool(config.allow_slo_loosening),
+        "devices": None if config.devices is None else list(config.devices),
+        "version": config.version,
+        "description": config.description,
+    }
+
+
+def config_from_dict(d: dict[str, Any] | ModelConfig) -> ModelConfig:
+    if isinstance(d, ModelConfig):
+        return d
+
+    def tensor(t: dict[str, Any]) -> TensorSpec:
+        return TensorSpec(t["name"], t["datatype"], tuple(int(x) for x in t["shape"]))
+
+    p = d.get("profile")
+    return ModelConfig(
+        name=d["name"],
+        backend=d["backend"],
+        directory=Path(d.get("directory") or "."),
+        inputs=tuple(tensor(t) for t in d["inputs"]),
+        outputs=tuple(tensor(t) for t in d["outputs"]),
+        max_batch_size=int(d["max_batch_size"]),
+        slo_ms=float(d["slo_ms"]),
+        model_file=None if d.get("model_file") is None else Path(d["model_file"]),
+        profile=None
+        if p is None
+        else ProfileSpec(
+            alpha_ms=p.get("alpha_ms"),
+            beta_ms=p.get("beta_ms"),
+            latency_ms=None
+            if p.get("latency_ms") is None
+            else {int(b): float(ms) for b, ms in p["latency_ms"].items()},
+            device=p.get("device"),
+        ),
+        allow_slo_loosening=bool(d.get("allow_slo_loosening", False)),
+        devices=None if d.get("devices") is None else tuple(d["devices"]),
+        version=str(d.get("version", "1")),
+        description=str(d.get("description", "")),
+    )
+
+
+# ------------------------------------------------------------------ helpers
+def synthetic_inputs(config: ModelConfig, batch: int, seed: int = 0) -> dict[str, np.ndarray]:
+    """Inputs of the right dtype and shape: randn for floats, zeros otherwise."""
+    rng = np.random.default_rng(seed)
+    out = {}
+    for spec in config.inputs:
+        shape = (batch, *spec.item_shape)
+        if spec.dtype.kind == "f":
+            out[spec.name] = rng.standard_normal(shape).astype(spec.dtype)
+        else:
+            out[spec.name] = np.zeros(shape, dtype=spec.dtype)
+    return out
+
+
+def set_process_title(title: str) -> None:
+    """Best effort: setproctitle if installed, else the Linux thread name."""
+    try:
+        import setproctitle  # type: ignore[import-not-found]
+
+        setproctitle.setproctitle(title)
+        return
+    except ImportError:
+        pass
+    if sys.platform.startswith("linux"):
+        try:
+            import ctypes
+
+            libc = ctypes.CDLL(None)
+            libc.prctl(15, title.encode()[:15], 0, 0, 0)  # PR_SET_NAME
+        except Exception:
+            pass
+
+
+def _error_text(exc: BaseException) -> str:
+    text = f"{type(exc).__name__}: {exc}"
+    return text if len(text) <= 2000 else text[:2000] + "…"
+
+
+# -------------------------------------------------------------- the process
+class Executor:
+    """State of one executor process (used by `executor_main`)."""
+
+    def __init__(self, conn: Any, device: dict[str, Any]) -> None:
+        from app.runtime.arena import Arena  # noqa: F401  (import cost up front)
+
+        self.conn = conn
+        self.device = device
+        self.name: str = device["name"]
+        self.configs: dict[str, ModelConfig] = {}
+        self.backends: dict[str, Any] = {}
+        self.arenas: dict[str, Any] = {}
+        self.inbox: queue.SimpleQueue[tuple] = queue.SimpleQueue()
+        self._lock = threading.Lock()
+        self._cancelled: OrderedDict[int, None] = OrderedDict()
+        self._current: int | None = None
+        self._current_backend: Any = None
+        self._wake = threading.Event()
+
+    # reader thread ---------------------------------------------------------
+    def read_loop(self) -> None:
+        while True:
+            try:
+                msg = self.conn.recv()
+            except (EOFError, OSError):
+                self.inbox.put(("stop",))
+                return
+            if isinstance(msg, tuple) and msg and msg[0] == "cancel":
+                self._cancel(int(msg[1]))
+                continue
+            self.inbox.put(msg)
+            if isinstance(msg, tuple) and msg and msg[0] == "stop":
+                return
+
+    def _cancel(self, batch_id: int) -> None:
+        with self._lock:
+            self._cancelled[batch_id] = None
+            while len(self._cancelled) > 4096:
+                self._cancelled.popitem(last=False)
+            if self._current == batch_id:
+                self._wake.set()
+                backend = self._current_backend
+                if backend is not None and hasattr(backend, "terminate"):
+                    backend.terminate()
+
+    # main thread -----------------------------------------------------------
+    def serve(self) -> None:
+        while True:
+            msg = self.inbox.get()
+            try:
+                tag = msg[0]
+                if tag == "run":
+                    self.run(int(msg[1]), str(msg[2]), [int(s) for s in msg[3]], float(msg[4]))
+                elif tag == "load":
+                    self.load(int(msg[1]), msg[2], msg[3])
+                elif tag == "profile":
+                    self.profile(int(msg[1]), str(msg[2]), msg[3], int(msg[4]), int(msg[5]))
+                elif tag == "stop":
+                    self.shutdown()
+                    return
+                else:
+                    log.error("%s: unknown message %r", self.name, tag)
+            except (BrokenPipeError, EOFError, ConnectionResetError):
+                self.shutdown(reply=False)
+                return
+            except Exception:  # a malformed message must not kill the loop
+                log.exception("%s: failed to handle %r", self.name, msg[:1])
+
+    def send(self, msg: tuple) -> None:
+        self.conn.send(msg)
+
+    def load(self, req_id: int, configs: list[Any], layouts: dict[str, Any]) -> None:
+        from app.runtime.arena import Arena
+        from app.runtime.backends import make_backend
+
+        errors: dict[str, str | None] = {}
+        info: dict[str, str] = {}
+        for raw in configs:
+            name = raw.name if isinstance(raw, ModelConfig) else str(raw.get("name"))
+            try:
+                config = config_from_dict(raw)
+                backend = make_backend(
+                    config,
+                    self.device["kind"],
+                    int(self.device.get("index", 0)),
+                    int(self.device.get("threads", 1)),
+                )
+                backend.load(config)
+                arena = Arena.attach(layouts[name]) if name in layouts else None
+                old = self.arenas.pop(name, None)
+                if old is not None:
+                    old.close()
+                self.configs[name] = config
+                self.backends[name] = backend
+                if arena is not None:
+                    self.arenas[name] = arena
+                providers = getattr(backend, "providers", None)
+                info[name] = f"{config.backend}" + (f" {providers}" if providers else "")
+                errors[name] = None
+                log.info("%s: loaded %s (%s)", self.name, name, info[name])
+            except Exception as exc:
+                log.warning("%s: loading %s failed: %s", self.name, name, exc)
+                errors[name] = _error_text(exc)
+        self.send(("loaded", req_id, errors, info))
+
+    def _wait_until(self, start_at: float) -> None:
+        remaining = start_at - time.monotonic()
+        if remaining > 0.002 and self._wake.wait(remaining - 0.002):
+            return  # cancelled while waiting
+        while time.monotonic() < start_at and not self._wake.is_set():
+            pass
+
+    def run(self, batch_id: int, model: str, slots: list[int], start_at: float) -> None:
+        backend = self.backends.get(model)
+        with self._lock:
+            cancelled = batch_id in self._cancelled
+            self._cancelled.pop(batch_id, None)
+            self._current = batch_id
+            self._current_backend = backend
+            self._wake.clear()
+        error: str | None = None
+        started = time.monotonic()
+        try:
+            if cancelled:
+                error = CANCELLED
+            else:
+                self._wait_until(start_at)
+                started = time.monotonic()
+                error = CANCELLED if self._wake.is_set() else self._execute(model, backend, slots)
+        finally:
+            with self._lock:
+                self._current = None
+                self._current_backend = None
+                self._cancelled.pop(batch_id, None)
+        finished = time.monotonic()
+        self.send(("done", batch_id, started, finished, error))
+
+    def _execute(self, model: str, backend: Any, slots: list[int]) -> str | None:
+        from app.runtime.backends import Terminated
+
+        try:
+            if backend is None:
+                raise KeyError(f"model {model!r} is not loaded on {self.name}")
+            arena = self.arenas.get(model)
+            if arena is None:
+                raise KeyError(f"model {model!r} has no arena on {self.name}")
+            if not slots:
+                raise ValueError("empty batch")
+            for s in slots:
+                if not 0 <= s < arena.capacity:
+                    raise IndexError(f"slot {s} out of range (capacity {arena.capacity})")
+            inputs = {n: arena.gather(n, slots) for n in arena.input_names}
+            outputs = backend.run(inputs)
+            for n in arena.output_names:
+                if n not in outputs:
+                    raise KeyError(f"backend returned no output {n!r}")
+                arena.scatter(n, slots, outputs[n])
+            return None
+        except Terminated:
+            return CANCELLED
+        except Exception as exc:
+            log.debug("%s: batch on %s failed:\n%s", self.name, model, traceback.format_exc())
+            return _error_text(exc)
+
+    def profile(
+        self, req_id: int, model: str, batch_sizes: list[int], warmup: int, repeats: int
+    ) -> None:
+        try:
+            backend = self.backends.get(model)
+            if backend is None:
+                raise KeyError(f"model {model!r} is not loaded on {self.name}")
+            config = self.configs[model]
+            result: dict[int, float] = {}
+            for b in batch_sizes:
+                b = int(b)
+                inputs = synthetic_inputs(config, b)
+                for _ in range(max(0, warmup)):
+                    backend.run(inputs)
+                times = []
+                for _ in range(max(1, repeats)):
+                    t0 = time.perf_counter()
+                    backend.run(inputs)
+                    times.append((time.perf_counter() - t0) * 1000.0)
+                result[b] = float(np.median(times))
+            self.send(("profiled", req_id, result, None))
+        except (BrokenPipeError, EOFError, ConnectionResetError):
+            raise
+        except Exception as exc:
+            self.send(("profiled", req_id, None, _error_text(exc)))
+
+    def shutdown(self, reply: bool = True) -> None:
+        for arena in self.arenas.values():
+            arena.close()
+        self.arenas.clear()
+        self.backends.clear()
+        if reply:
+            with contextlib.suppress(BrokenPipeError, EOFError, ConnectionResetError, OSError):
+                self.send(("stopped",))
+
+
+def executor_main(conn: Any, device: dict[str, Any], log_level: int = logging.WARNING) -> None:
+    """Entry point of an executor process (spawn target)."""
+    name = str(device.get("name", "executor"))
+    logging.basicConfig(
+        level=log_level,
+        format=f"%(asctime)s executor[{name}] %(levelname)s %(message)s",
+    )
+    # Ctrl-C reaches the whole process group; the parent stops us in order.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    set_process_title(f"dsrv-{name}")
+    cpus = device.get("cpus")
+    if cpus and hasattr(os, "sched_setaffinity"):
+        try:
+            os.sched_setaffinity(0, {int(c) for c in cpus})
+        except OSError as exc:
+            log.warning("%s: cannot pin to CPUs %s: %s", name, cpus, exc)
+    executor = Executor(conn, device)
+    reader = threading.Thread(target=executor.read_loop, name=f"{name}-reader", daemon=True)
+    reader.start()
+    try:
+        executor.serve()
+    finally:
+        with contextlib.suppress(OSError):
+            conn.close()

@@ -1,0 +1,509 @@
+"""Parent side of the executors: device detection and an asyncio-friendly pool.
+
+`ExecutorPool` spawns one executor process per `ExecutorDevice` (spawn
+context), tells each which models to load, and then only sends small control
+messages (see `app.runtime.executor` for the protocol). Replies are read on the
+event loop with `loop.add_reader` on the pipe's file descriptor (a reader
+thread with `call_soon_threadsafe` where the loop has no `add_reader`), so
+nothing blocks the loop; `on_done` is called on the loop thread.
+
+Clock: all times are `time.monotonic()` seconds, the clock of asyncio's
+`loop.time()`; pass `start_at = loop.time() + delay` (or ≤ now for "at once").
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import logging
+import multiprocessing as mp
+import os
+import shutil
+import subprocess
+import threading
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import asdict, dataclass
+from typing import Any, Literal
+
+from app.errors import ExecutorFailed
+from app.repository.config import ModelConfig
+from app.runtime.arena import Arena
+from app.runtime.backends import backend_supports
+from app.runtime.executor import CANCELLED, config_to_dict, executor_main
+
+log = logging.getLogger("app.runtime.pool")
+
+DeviceKind = Literal["cpu", "cuda", "emulated"]
+# on_done(device_id, batch_id, started_at, finished_at, error_or_None)
+DoneCallback = Callable[[int, int, float, float, "str | None"], None]
+
+__all__ = [
+    "CANCELLED",
+    "DoneCallback",
+    "ExecutorDevice",
+    "ExecutorPool",
+    "detect_devices",
+]
+
+
+@dataclass(frozen=True)
+class ExecutorDevice:
+    """One executor process: a GPU, a CPU slice or an emulated device.
+
+    `index` is the CUDA device ordinal (among visible devices) for "cuda";
+    `threads` the intra-op threads of a CPU slice; `cpus` optionally pins the
+    process to those cores.
+    """
+
+    id: int
+    kind: DeviceKind
+    name: str
+    index: int = 0
+    threads: int = 1
+    cpus: tuple[int, ...] | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["cpus"] = None if self.cpus is None else list(self.cpus)
+        return d
+
+
+# ---------------------------------------------------------------- detection
+def _visible_cores() -> list[int]:
+    if hasattr(os, "sched_getaffinity"):
+        return sorted(os.sched_getaffinity(0))
+    return list(range(os.cpu_count() or 1))
+
+
+def cuda_device_count() -> int:
+    """GPUs usable by onnxruntime: 0 unless it has the CUDA EP; then
+    CUDA_VISIBLE_DEVICES if set, else the lines of `nvidia-smi -L`."""
+    try:
+        import onnxruntime as ort
+
+        if "CUDAExecutionProvider" not in ort.get_available_providers():
+            return 0
+    except ImportError:
+        return 0
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None:
+        count = 0
+        for entry in visible.split(","):
+            entry = entry.strip()
+            if not entry or entry == "-1":
+                break  # CUDA stops at the first invalid entry
+            count += 1
+        return count
+    smi = shutil.which("nvidia-smi")
+    if smi is None:
+        return 0
+    try:
+        out = subprocess.run([smi, "-L"], capture_output=True, text=True, timeout=10, check=False)
+    except (OSError, subprocess.SubprocessError):
+        return 0
+    if out.returncode != 0:
+        return 0
+    return sum(1 for line in out.stdout.splitlines() if line.startswith("GPU "))
+
+
+def detect_devices(
+    cpu_slices: int | None = None,
+    threads_per_slice: int | None = None,
+    emulated: int = 0,
+    *,
+    gpus: int | None = None,
+) -> list[ExecutorDevice]:
+    """The executor layout of this machine.
+
+    One "cuda" device per GPU (see `cuda_device_count`; `gpus` overrides it).
+    CPU slices: `cpu_slices=None` means one slice with every visible core when
+    there is no GPU and none when there is; `0` none; `n` that many slices of
+    `threads_per_slice` threads (default: cores // n), each pinned to its own
+    cores when they fit. Then `emulated` emulated devices.
+    """
+    n_gpus = cuda_device_count() if gpus is None else gpus
+    devices: list[ExecutorDevice] = []
+    ids = itertools.count()
+    for i in range(n_gpus):
+        devices.append(ExecutorDevice(next(ids), "cuda", f"cuda:{i}", index=i))
+    slices = (0 if n_gpus else 1) if cpu_slices is None else cpu_slices
+    if slices < 0:
+        raise ValueError(f"cpu_slices must be ≥ 0, got {cpu_slices}")
+    if slices:
+        cores = _visible_cores()
+        threads = threads_per_slice or max(1, len(cores) // slices)
+        pin = slices > 1 and slices * threads <= len(cores)
+        for i in range(slices):
+            cpus = tuple(cores[i * threads : (i + 1) * threads]) if pin else None
+            devices.append(
+                ExecutorDevice(next(ids), "cpu", f"cpu:{i}", index=i, threads=threads, cpus=cpus)
+            )
+    if emulated < 0:
+        raise ValueError(f"emulated must be ≥ 0, got {emulated}")
+    for i in range(emulated):
+        devices.append(ExecutorDevice(next(ids), "emulated", f"emulated:{i}", index=i))
+    return devices
+
+
+def model_allowed_on(config: ModelConfig, device: ExecutorDevice) -> bool:
+    """Backend supports the device kind, and ModelConfig.devices (kinds or
+    names) includes it when set."""
+    if not backend_supports(config.backend, device.kind):
+        return False
+    if config.devices is None:
+        return True
+    return device.kind in config.devices or device.name in config.devices
+
+
+# --------------------------------------------------------------------- pool
+class _Worker:
+    def __init__(self, device: ExecutorDevice) -> None:
+        self.device = device
+        self.process: Any = None
+        self.conn: Any = None
+        self.models: list[str] = []
+        self.load_errors: dict[str, str] = {}
+        self.load_info: dict[str, str] = {}
+        self.inflight: dict[int, str] = {}  # batch_id → model
+        self.dead = False
+        self.stopping = False
+        self.reader_fd: int | None = None
+        self.reader_thread: threading.Thread | None = None
+
+
+class ExecutorPool:
+    """Executor processes for `devices`, serving `configs` through `arenas`.
+
+    `configs`: ModelConfigs (a mapping by name or an iterable); `arenas`: one
+    parent-created `Arena` per model that will be run (the pool owns them and
+    unlinks them in `stop`). `on_done(device_id, batch_id, started_at,
+    finished_at, error)` is called on the event loop thread for every
+    submitted batch exactly once — with an error string when the batch failed,
+    was cancelled (`CANCELLED`), or its executor died/stopped first (then
+    started_at == finished_at == the time it was noticed).
+    """
+
+    def __init__(
+        self,
+        devices: Sequence[ExecutorDevice],
+        configs: Mapping[str, ModelConfig] | Iterable[ModelConfig],
+        arenas: Mapping[str, Arena],
+        on_done: DoneCallback,
+        *,
+        log_level: int | None = None,
+    ) -> None:
+        self.devices: dict[int, ExecutorDevice] = {d.id: d for d in devices}
+        if len(self.devices) != len(devices):
+            raise ValueError("device ids must be unique")
+        if isinstance(configs, Mapping):
+            self.configs: dict[str, ModelConfig] = dict(configs)
+        else:
+            self.configs = {c.name: c for c in configs}
+        self.arenas: dict[str, Arena] = dict(arenas)
+        self.on_done = on_done
+        self.log_level = log.getEffectiveLevel() if log_level is None else log_level
+        self._workers: dict[int, _Worker] = {d.id: _Worker(d) for d in devices}
+        self._waiters: dict[int, tuple[_Worker, asyncio.Future]] = {}
+        self._req_ids = itertools.count(1)
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._started = False
+        self._stopped = False
+
+    # ----------------------------------------------------------- placement
+    def placement(self, device_id: int) -> list[str]:
+        """Models the device will load (backend supports it, config allows it)."""
+        device = self.devices[device_id]
+        return [n for n, c in self.configs.items() if model_allowed_on(c, device)]
+
+    def models_on(self, device_id: int) -> list[str]:
+        """Models loaded successfully on the device."""
+        return list(self._workers[device_id].models)
+
+    def devices_for(self, model: str) -> list[int]:
+        return [i for i, w in self._workers.items() if model in w.models and not w.dead]
+
+    def load_errors(self, device_id: int) -> dict[str, str]:
+        return dict(self._workers[device_id].load_errors)
+
+    def load_info(self, device_id: int) -> dict[str, str]:
+        """Per loaded model, a short description (backend, ORT providers)."""
+        return dict(self._workers[device_id].load_info)
+
+    def alive(self, device_id: int) -> bool:
+        w = self._workers[device_id]
+        return not w.dead and w.process is not None and w.process.is_alive()
+
+    def inflight(self, device_id: int) -> dict[int, str]:
+        return dict(self._workers[device_id].inflight)
+
+    # -------------------------------------------------------------- start
+    async def start(self, timeout: float = 300.0) -> None:
+        """Spawn every executor and load its models (in parallel).
+
+        A model that fails to load on a device is logged and left out of
+        `models_on(device)`; see `load_errors`. Raises ExecutorFailed if an
+        executor does not come up at all.
+        """
+        if self._started:
+            raise RuntimeError("pool already started")
+        self._started = True
+        self._loop = asyncio.get_running_loop()
+        ctx = mp.get_context("spawn")
+        try:
+            for w in self._workers.values():
+                parent, child = ctx.Pipe(duplex=True)
+                w.conn = parent
+                w.process = ctx.Process(
+                    target=executor_main,
+                    args=(child, w.device.to_dict(), self.log_level),
+                    name=f"executor-{w.device.name}",
+                    daemon=True,
+                )
+                w.process.start()
+                child.close()
+                self._add_reader(w)
+            loads = [self._load(w) for w in self._workers.values()]
+            await asyncio.wait_for(asyncio.gather(*loads), timeout)
+        except BaseException:
+            await self.stop(timeout=2.0)
+            raise
+        for w in self._workers.values():
+            log.info(
+                "executor %s (pid %s): %s",
+                w.device.name,
+                w.process.pid,
+                ", ".join(f"{m} [{w.load_info.get(m, '')}]" for m in w.models) or "no models",
+            )
+
+    async def _load(self, w: _Worker) -> None:
+        names = self.placement(w.device.id)
+        configs = [config_to_dict(self.configs[n]) for n in names]
+        layouts = {n: self.arenas[n].layout for n in names if n in self.arenas}
+        req = next(self._req_ids)
+        fut = self._expect(req, w)
+        self._send(w, ("load", req, configs, layouts))
+        errors, info = await fut
+        for name, err in errors.items():
+            if err is None:
+                w.models.append(name)
+            else:
+                w.load_errors[name] = err
+                log.warning("executor %s: model %s failed to load: %s", w.device.name, name, err)
+        w.load_info.update(info)
+
+    # ------------------------------------------------------------- submit
+    def submit(
+        self, device_id: int, batch_id: int, model: str, slots: Sequence[int], start_at: float
+    ) -> None:
+        """Queue a batch on the device (non-blocking). Its inputs must already
+        be in `slots` of the model's arena; outputs land in the same slots
+        before `on_done` is called. Raises ExecutorFailed at once when the
+        device is dead or does not have the model."""
+        w = self._workers[device_id]
+        if w.dead or w.stopping or self._stopped:
+            raise ExecutorFailed(f"executor {w.device.name} is not running")
+        if model not in w.models:
+            raise ExecutorFailed(f"model {model!r} is not loaded on {w.device.name}")
+        if batch_id in w.inflight:
+            raise ValueError(f"batch {batch_id} is already in flight on {w.device.name}")
+        w.inflight[batch_id] = model
+        try:
+            self._send(w, ("run", int(batch_id), model, [int(s) for s in slots], float(start_at)))
+        except ExecutorFailed:
+            w.inflight.pop(batch_id, None)
+            raise
+
+    def cancel(self, device_id: int, batch_id: int) -> bool:
+        """Best-effort preemption: a queued batch is skipped, a running one is
+        terminated (ORT RunOptions.terminate / emulated hold aborted). Its
+        on_done then carries error == CANCELLED — or no error if it finished
+        first. Returns False if the batch is not in flight."""
+        w = self._workers[device_id]
+        if batch_id not in w.inflight or w.dead:
+            return False
+        try:
+            self._send(w, ("cancel", int(batch_id)))
+        except ExecutorFailed:
+            return False
+        return True
+
+    async def profile(
+        self,
+        device_id: int,
+        model: str,
+        batch_sizes: Sequence[int],
+        warmup: int = 3,
+        repeats: int = 10,
+        timeout: float | None = None,
+    ) -> dict[int, float]:
+        """Median ms per batch size of synthetic inputs run on the device
+        (after `warmup` runs each). Queued behind batches already submitted."""
+        w = self._workers[device_id]
+        if w.dead or self._stopped:
+            raise ExecutorFailed(f"executor {w.device.name} is not running")
+        if model not in w.models:
+            raise ExecutorFailed(f"model {model!r} is not loaded on {w.device.name}")
+        req = next(self._req_ids)
+        fut = self._expect(req, w)
+        self._send(
+            w, ("profile", req, model, [int(b) for b in batch_sizes], int(warmup), int(repeats))
+        )
+        result, error = await asyncio.wait_for(fut, timeout)
+        if error is not None:
+            raise ExecutorFailed(f"profiling {model} on {w.device.name} failed: {error}")
+        return {int(b): float(ms) for b, ms in result.items()}
+
+    # --------------------------------------------------------------- stop
+    async def stop(self, timeout: float = 5.0) -> None:
+        """Stop every executor: queued batches run first (their on_done
+        fires), then the process exits; after `timeout` stragglers are killed
+        and their in-flight batches fail. Finally the arenas are unlinked."""
+        if self._stopped:
+            return
+        self._stopped = True
+        for w in self._workers.values():
+            w.stopping = True
+            if w.process is not None and not w.dead:
+                with contextlib.suppress(OSError, ValueError):
+                    w.conn.send(("stop",))
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline and any(
+            w.process is not None and w.process.is_alive() for w in self._workers.values()
+        ):
+            await asyncio.sleep(0.01)
+        for w in self._workers.values():
+            p = w.process
+            if p is None:
+                continue
+            if p.is_alive():
+                log.warning(
+                    "executor %s did not stop in %.1f s; killing it", w.device.name, timeout
+                )
+                p.kill()
+                p.join(2.0)
+            else:
+                p.join(0)
+            self._drain(w)
+            self._mark_dead(w, f"executor {w.device.name} stopped")
+        for arena in self.arenas.values():
+            try:
+                arena.close_and_unlink()
+            except Exception:
+                log.exception("unlinking arena %s failed", arena.name)
+
+    # ---------------------------------------------------------- internals
+    def _expect(self, req: int, w: _Worker) -> asyncio.Future:
+        assert self._loop is not None
+        fut = self._loop.create_future()
+        self._waiters[req] = (w, fut)
+        return fut
+
+    def _send(self, w: _Worker, msg: tuple) -> None:
+        try:
+            w.conn.send(msg)
+        except (OSError, ValueError) as exc:  # broken pipe / closed connection
+            self._mark_dead(w, f"executor {w.device.name} is gone: {exc}")
+            raise ExecutorFailed(f"executor {w.device.name} is not running") from exc
+
+    def _add_reader(self, w: _Worker) -> None:
+        assert self._loop is not None
+        fd = w.conn.fileno()
+        try:
+            self._loop.add_reader(fd, self._on_readable, w)
+            w.reader_fd = fd
+        except NotImplementedError:  # e.g. Windows proactor loop
+            loop = self._loop
+
+            def pump() -> None:
+                while True:
+                    try:
+                        msg = w.conn.recv()
+                    except (EOFError, OSError):
+                        loop.call_soon_threadsafe(self._on_eof, w)
+                        return
+                    loop.call_soon_threadsafe(self._handle, w, msg)
+
+            w.reader_thread = threading.Thread(
+                target=pump, name=f"pool-{w.device.name}", daemon=True
+            )
+            w.reader_thread.start()
+
+    def _remove_reader(self, w: _Worker) -> None:
+        if w.reader_fd is not None and self._loop is not None:
+            with contextlib.suppress(ValueError, OSError, RuntimeError):
+                self._loop.remove_reader(w.reader_fd)
+            w.reader_fd = None
+
+    def _on_readable(self, w: _Worker) -> None:
+        try:
+            while w.conn.poll():
+                self._handle(w, w.conn.recv())
+        except (EOFError, OSError):
+            self._on_eof(w)
+
+    def _drain(self, w: _Worker) -> None:
+        if w.conn is None or w.conn.closed:
+            return
+        try:
+            while w.conn.poll():
+                self._handle(w, w.conn.recv())
+        except (EOFError, OSError):
+            pass
+
+    def _on_eof(self, w: _Worker) -> None:
+        if w.stopping:
+            self._mark_dead(w, f"executor {w.device.name} stopped")
+            return
+        code = w.process.exitcode if w.process is not None else None
+        log.error("executor %s exited unexpectedly (exit code %s)", w.device.name, code)
+        self._mark_dead(w, f"executor {w.device.name} died (exit code {code})")
+
+    def _mark_dead(self, w: _Worker, reason: str) -> None:
+        self._remove_reader(w)
+        if not w.dead:
+            w.dead = True
+            with contextlib.suppress(OSError):
+                w.conn.close()
+        now = time.monotonic()
+        for batch_id in list(w.inflight):
+            w.inflight.pop(batch_id, None)
+            self._call_on_done(w.device.id, batch_id, now, now, reason)
+        for req, (owner, fut) in list(self._waiters.items()):
+            if owner is w:
+                self._waiters.pop(req, None)
+                if not fut.done():
+                    fut.set_exception(ExecutorFailed(reason))
+
+    def _call_on_done(
+        self, device_id: int, batch_id: int, started: float, finished: float, error: str | None
+    ) -> None:
+        try:
+            self.on_done(device_id, batch_id, started, finished, error)
+        except Exception:
+            log.exception("on_done callback failed for batch %s", batch_id)
+
+    def _handle(self, w: _Worker, msg: Any) -> None:
+        tag = msg[0]
+        if tag == "done":
+            _, batch_id, started, finished, error = msg
+            if w.inflight.pop(batch_id, None) is None:
+                log.warning("executor %s: reply for unknown batch %s", w.device.name, batch_id)
+                return
+            self._call_on_done(w.device.id, batch_id, started, finished, error)
+        elif tag == "loaded":
+            _, req, errors, info = msg
+            self._resolve(req, (errors, info))
+        elif tag == "profiled":
+            _, req, result, error = msg
+            self._resolve(req, (result, error))
+        elif tag == "stopped":
+            pass
+        else:
+            log.warning("executor %s: unknown reply %r", w.device.name, tag)
+
+    def _resolve(self, req: int, value: Any) -> None:
+        entry = self._waiters.pop(req, None)
+        if entry is not None and not entry[1].done():
+            entry[1].set_result(value)

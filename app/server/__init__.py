@@ -1,0 +1,2 @@
+"""The live daemon: the dispatcher that drives the scheduling core, and the
+service the HTTP layer calls."""

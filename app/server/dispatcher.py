@@ -1,0 +1,239 @@
+"""The live driver of the scheduling core — Symphony's RankThread as a coroutine.
+
+The core is sans-IO: this module feeds it the event loop's monotonic clock
+(`loop.time()`, the same CLOCK_MONOTONIC the executor processes report in),
+arms one `loop.call_at` for the core's next wakeup, and carries out its
+decisions: a Dispatch goes to the executor of that device (which waits for
+the batch's start time itself), a Drop fails the requests' futures with the
+reason, and a finished batch resolves its requests' futures with their
+outputs, read from their shared-memory slots.
+
+Symphony partitions models into sub-clusters of devices that load the same
+models (symphony.txt §4.1); likewise one core runs per *device group*: the
+devices that host exactly the same set of models.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from app.errors import Dropped, ExecutorFailed, ShuttingDown
+from app.scheduling.base import Scheduler
+from app.scheduling.types import Batch, Dispatch, Drop, DropReason, Preempt, Request
+
+log = logging.getLogger(__name__)
+
+# submit(device_id, batch_id, model, slots, start_at)
+Submit = Callable[[int, int, str, list[int], float], None]
+
+
+@dataclass
+class Pending:
+    """A request accepted and not yet answered."""
+
+    request: Request
+    slot: int
+    future: asyncio.Future
+    batch: Batch | None = None
+
+
+@dataclass
+class Finished:
+    """What the dispatcher tells the service about one request's batch."""
+
+    batch: Batch
+    started_at: float
+    finished_at: float
+    error: str | None
+
+
+@dataclass
+class CoreGroup:
+    """One scheduling core and the devices and models it owns."""
+
+    scheduler: Scheduler
+    models: frozenset[str]
+    devices: tuple[int, ...]
+    wakeup: asyncio.TimerHandle | None = None
+    wake_at: float | None = None
+    batches: dict[int, Batch] = field(default_factory=dict)
+
+
+class Dispatcher:
+    """`deadline_margin_s`: the core plans to finish this much before each
+    request's real deadline. Live timers fire late (event-loop latency), a
+    batch crosses a pipe and is gathered from shared memory; Symphony's
+    frontrun rule leaves only ℓ(b+1) − ℓ(b) = α of slack, less than that
+    jitter for small models, so without a margin on-time requests would be
+    pruned at the last moment."""
+
+    def __init__(
+        self,
+        groups: list[CoreGroup],
+        submit: Submit,
+        deadline_margin_s: float = 0.0,
+        timer_lead_s: float = 0.002,
+    ) -> None:
+        self.deadline_margin_s = deadline_margin_s
+        # Wake `timer_lead_s` before the core's next timer and advance the
+        # core to that timer's time: `call_at` fires late by up to a few ms
+        # under load, and a batch decided at `exec_at` must not be pruned for
+        # lateness the core cannot see. Its start time is then a little in
+        # the future, and the executor holds the batch until it.
+        self.timer_lead_s = timer_lead_s
+        self._clock = float("-inf")  # the core's time: never goes backwards
+        self.groups = groups
+        self._by_model = {model: group for group in groups for model in group.models}
+        self._submit = submit
+        self._ids = itertools.count(1)
+        self.pending: dict[int, Pending] = {}
+        self.closing = False
+
+    def group_of(self, model: str) -> CoreGroup | None:
+        return self._by_model.get(model)
+
+    # ---------------------------------------------------------------- intake
+
+    def submit_request(self, model: str, slot: int, slo_s: float) -> Pending:
+        """Hand a request (inputs already in `slot`) to its core; the caller
+        awaits `pending.future` for a `Finished` or an error."""
+        if self.closing:
+            raise ShuttingDown("server is shutting down")
+        loop = asyncio.get_running_loop()
+        group = self._by_model[model]
+        now = self._now()
+        request = Request(next(self._ids), model, now, now + slo_s - self.deadline_margin_s)
+        pending = Pending(request, slot, loop.create_future())
+        self.pending[request.id] = pending
+        self._apply(group, group.scheduler.add_request(request, now))
+        self._rearm(group)
+        return pending
+
+    # ------------------------------------------------------ executor replies
+
+    def batch_done(
+        self, device: int, batch_id: int, started_at: float, finished_at: float, error: str | None
+    ) -> None:
+        """Called on the event loop when an executor reports a batch."""
+        for group in self.groups:
+            batch = group.batches.pop(batch_id, None)
+            if batch is not None:
+                break
+        else:
+            log.warning("device %d reported unknown batch %d", device, batch_id)
+            return
+        finished = Finished(batch, started_at, finished_at, error)
+        for request in batch.requests:
+            pending = self.pending.pop(request.id, None)
+            if pending is not None and not pending.future.done():
+                pending.future.set_result(finished)
+        now = self._now()
+        self._apply(group, group.scheduler.batch_finished(device, batch_id, now))
+        self._rearm(group)
+
+    # ------------------------------------------------------------- decisions
+
+    def _apply(self, group: CoreGroup, decisions: list) -> None:
+        for decision in decisions:
+            if isinstance(decision, Dispatch):
+                batch = decision.batch
+                if log.isEnabledFor(logging.DEBUG):
+                    log.debug(
+                        "dispatch batch %d: %s ×%d on device %d at %+.1f ms",
+                        batch.id,
+                        batch.model,
+                        batch.size,
+                        batch.device,
+                        (batch.start_at - asyncio.get_running_loop().time()) * 1000,
+                    )
+                group.batches[batch.id] = batch
+                slots = []
+                for request in batch.requests:
+                    pending = self.pending[request.id]
+                    pending.batch = batch
+                    slots.append(pending.slot)
+                try:
+                    self._submit(batch.device, batch.id, batch.model, slots, batch.start_at)
+                except Exception as exc:  # the executor is gone: answer, do not hang
+                    log.error("submit to device %d failed: %s", batch.device, exc)
+                    group.batches.pop(batch.id, None)
+                    self._fail(batch.requests, ExecutorFailed(f"device {batch.device}: {exc}"))
+            elif isinstance(decision, Drop):
+                if log.isEnabledFor(logging.DEBUG):
+                    now = asyncio.get_running_loop().time()
+                    log.debug(
+                        "drop %d (%s): deadlines in %s ms",
+                        len(decision.requests),
+                        decision.reason.value,
+                        [round((r.deadline - now) * 1000, 1) for r in decision.requests[:5]],
+                    )
+                error_reason = decision.reason.value
+                message = _DROP_MESSAGES.get(decision.reason, "request dropped")
+                self._fail(decision.requests, Dropped(message, error_reason))
+            elif isinstance(decision, Preempt):
+                # Executors cannot stop a batch yet (preemption issue); its
+                # requests were re-queued or dropped by the core already, and
+                # its completion report will be ignored as unknown.
+                group.batches.pop(decision.batch_id, None)
+
+    def _fail(self, requests: list[Request], error: Exception) -> None:
+        for request in requests:
+            pending = self.pending.pop(request.id, None)
+            if pending is not None and not pending.future.done():
+                pending.future.set_exception(error)
+
+    def _rearm(self, group: CoreGroup) -> None:
+        wake_at = group.scheduler.next_wakeup()
+        if wake_at == group.wake_at:
+            return
+        if group.wakeup is not None:
+            group.wakeup.cancel()
+            group.wakeup = None
+        group.wake_at = wake_at
+        if wake_at is not None:
+            loop = asyncio.get_running_loop()
+            group.wakeup = loop.call_at(wake_at - self.timer_lead_s, self._on_wakeup, group)
+
+    def _on_wakeup(self, group: CoreGroup) -> None:
+        due = group.wake_at
+        group.wakeup = None
+        group.wake_at = None
+        now = self._now(at_least=due)
+        self._apply(group, group.scheduler.advance(now))
+        self._rearm(group)
+
+    def _now(self, at_least: float | None = None) -> float:
+        """The loop's clock, but never earlier than a time already given to a core."""
+        now = asyncio.get_running_loop().time()
+        if at_least is not None and at_least > now:
+            now = at_least
+        if now < self._clock:
+            now = self._clock
+        self._clock = now
+        return now
+
+    # -------------------------------------------------------------- shutdown
+
+    def fail_all(self, error: Exception) -> int:
+        """Answer every request still waiting with `error`; return how many."""
+        self.closing = True
+        waiting = [p.request for p in self.pending.values()]
+        self._fail(waiting, error)
+        for group in self.groups:
+            if group.wakeup is not None:
+                group.wakeup.cancel()
+                group.wakeup = None
+        return len(waiting)
+
+
+_DROP_MESSAGES = {
+    DropReason.DEADLINE: "dropped: the deadline cannot be met",
+    DropReason.QUEUE_TIMEOUT: "dropped: waited longer than the queue timeout",
+    DropReason.PREEMPTED: "dropped: preempted and the deadline can no longer be met",
+    DropReason.OVERLOADED: "dropped: server overloaded",
+    DropReason.NOT_SERVED: "dropped: no device serves this model",
+}

@@ -1,0 +1,49 @@
+"""What the HTTP layer needs from the server (implemented by the dispatcher)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+import numpy as np
+
+from app.repository.config import ModelConfig
+
+
+@dataclass
+class InferResult:
+    model: str
+    request_id: str | None
+    outputs: dict[str, np.ndarray]  # each with the batch dimension (1, ...)
+    queue_ms: float  # arrival → batch start
+    exec_ms: float  # batch execution
+    batch_size: int  # size of the batch it ran in
+    device: str
+
+
+class InferenceService(Protocol):
+    """Raises the errors of app.errors (ModelNotFound, InvalidInput, Dropped, ...)."""
+
+    def model_names(self) -> list[str]: ...
+
+    def model_config(self, name: str) -> ModelConfig: ...
+
+    def model_ready(self, name: str) -> bool: ...
+
+    def server_ready(self) -> bool: ...
+
+    def repository_index(self) -> list[dict[str, str]]:
+        """[{name, version, state: READY|UNAVAILABLE|LOADING, reason}]"""
+        ...
+
+    async def infer(
+        self,
+        model: str,
+        inputs: dict[str, np.ndarray],
+        *,
+        slo_ms: float | None = None,
+        request_id: str | None = None,
+    ) -> InferResult:
+        """`inputs` are validated against the model config by the HTTP layer
+        (names, datatypes, shapes with a batch dimension of 1)."""
+        ...

@@ -1,0 +1,87 @@
+"""Server settings from environment variables (and the CLI, which sets them).
+
+| variable | default | meaning |
+|---|---|---|
+| MODEL_REPOSITORY | bundled `models/` | model repository root |
+| POLICY | symphony | scheduling policy (any of `app.scheduling.policy_names()`) |
+| POLICY_OPTIONS | {} | JSON object of policy options, e.g. {"stagger_slack": 2} |
+| HOST / PORT | 127.0.0.1 / 8000 | where uvicorn binds (loopback unless told otherwise) |
+| CPU_SLICES | auto | CPU executor processes for ONNX models (1 without a GPU, 0 with) |
+| THREADS_PER_SLICE | cores / slices | ONNX Runtime intra-op threads per CPU slice |
+| EMULATED_DEVICES | 2 | emulated devices for emulated models (0: none) |
+| ARENA_SLOTS | 1024 | shared-memory slots per model: requests in flight at once |
+| DEADLINE_MARGIN_MS | 3 | plan to finish this much before each deadline (timer, IPC jitter) |
+| SHUTDOWN_GRACE_S | 5 | on SIGTERM, how long in-flight requests may take to finish |
+| PROFILE_BATCH_SIZES | 1,2,4,8,16,32 | batch sizes the profiler measures at load (≤ max batch) |
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from app.scheduling.registry import policy_names
+
+BUNDLED_REPOSITORY = Path(__file__).resolve().parent.parent.parent / "models"
+
+
+@dataclass(frozen=True)
+class Settings:
+    repository: Path = BUNDLED_REPOSITORY
+    policy: str = "symphony"
+    policy_options: dict[str, object] = field(default_factory=dict)
+    host: str = "127.0.0.1"
+    port: int = 8000
+    cpu_slices: int | None = None
+    threads_per_slice: int | None = None
+    emulated_devices: int = 2
+    arena_slots: int = 1024
+    shutdown_grace_s: float = 5.0
+    deadline_margin_ms: float = 3.0
+    profile_batch_sizes: tuple[int, ...] = (1, 2, 4, 8, 16, 32)
+
+    @classmethod
+    def from_env(cls, env: dict[str, str] | None = None) -> Settings:
+        env = dict(os.environ if env is None else env)
+        policy = env.get("POLICY", "symphony")
+        if policy not in policy_names():
+            raise ValueError(f"POLICY={policy!r} is not a policy; choose one of {policy_names()}")
+        try:
+            options = json.loads(env.get("POLICY_OPTIONS", "{}"))
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"POLICY_OPTIONS is not JSON: {exc}") from None
+        if not isinstance(options, dict):
+            raise ValueError("POLICY_OPTIONS must be a JSON object")
+        sizes = tuple(
+            int(s) for s in env.get("PROFILE_BATCH_SIZES", "1,2,4,8,16,32").split(",") if s
+        )
+        threads = env.get("THREADS_PER_SLICE")
+        return cls(
+            repository=Path(env.get("MODEL_REPOSITORY", str(BUNDLED_REPOSITORY))),
+            policy=policy,
+            policy_options=options,
+            host=env.get("HOST", "127.0.0.1"),
+            port=_int(env, "PORT", 8000, 0),
+            cpu_slices=_int(env, "CPU_SLICES", None, 0),
+            threads_per_slice=int(threads) if threads else None,
+            emulated_devices=_int(env, "EMULATED_DEVICES", 2, 0),
+            arena_slots=_int(env, "ARENA_SLOTS", 1024, 1),
+            shutdown_grace_s=float(env.get("SHUTDOWN_GRACE_S", "5")),
+            deadline_margin_ms=float(env.get("DEADLINE_MARGIN_MS", "3")),
+            profile_batch_sizes=sizes,
+        )
+
+
+def _int(env: dict[str, str], key: str, default: int | None, minimum: int) -> int | None:
+    raw = env.get(key)
+    if raw is None:
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ValueError(f"{key}={raw!r} is not an integer") from None
+    if value < minimum:
+        raise ValueError(f"{key} must be ≥ {minimum}, got {value}")
+    return value

@@ -1,0 +1,232 @@
+"""The daemon end to end: a real `python -m app serve` process on an ephemeral
+loopback port, real executor processes and ONNX Runtime, a tiny repository."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import numpy as np
+import onnx
+import onnxruntime
+import pytest
+from onnx import TensorProto, helper
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _dense_model(path: Path, seed: int = 3, width: int = 8) -> None:
+    rng = np.random.default_rng(seed)
+    weight = rng.standard_normal((width, width)).astype(np.float32) / np.sqrt(width)
+    bias = rng.standard_normal(width).astype(np.float32)
+    graph = helper.make_graph(
+        [
+            helper.make_node("MatMul", ["input", "W"], ["hidden"]),
+            helper.make_node("Add", ["hidden", "B"], ["pre"]),
+            helper.make_node("Relu", ["pre"], ["output"]),
+        ],
+        "dense",
+        [helper.make_tensor_value_info("input", TensorProto.FLOAT, ["batch", width])],
+        [helper.make_tensor_value_info("output", TensorProto.FLOAT, ["batch", width])],
+        [
+            helper.make_tensor("W", TensorProto.FLOAT, weight.shape, weight.flatten()),
+            helper.make_tensor("B", TensorProto.FLOAT, bias.shape, bias),
+        ],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.save(model, path)
+
+
+def _repository(root: Path) -> Path:
+    dense = root / "dense"
+    dense.mkdir(parents=True)
+    _dense_model(dense / "model.onnx")
+    (dense / "config.yaml").write_text(
+        "backend: onnx\n"
+        "model_file: model.onnx\n"
+        "max_batch_size: 16\n"
+        "slo_ms: 200\n"
+        "inputs: [{name: input, datatype: FP32, shape: [-1, 8]}]\n"
+        "outputs: [{name: output, datatype: FP32, shape: [-1, 8]}]\n"
+    )
+    echo = root / "echo"
+    echo.mkdir()
+    (echo / "config.yaml").write_text(
+        "backend: emulated\n"
+        "max_batch_size: 32\n"
+        "slo_ms: 500\n"
+        "profile: {alpha_ms: 0.5, beta_ms: 10.0}\n"
+        "devices: [emulated]\n"
+        "inputs: [{name: x, datatype: FP32, shape: [-1, 4]}]\n"
+        "outputs: [{name: y, datatype: FP32, shape: [-1, 4]}]\n"
+    )
+    return root
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _our_segments() -> set[str]:
+    return {p.name for p in Path("/dev/shm").iterdir()} if Path("/dev/shm").exists() else set()
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    repo = _repository(tmp_path_factory.mktemp("repo"))
+    port = _free_port()
+    env = dict(
+        os.environ,
+        CPU_SLICES="1",
+        THREADS_PER_SLICE="1",
+        EMULATED_DEVICES="1",
+        PROFILE_BATCH_SIZES="1,4,16",
+    )
+    shm_before = _our_segments()
+    log_path = tmp_path_factory.mktemp("log") / "server.log"
+    log_file = log_path.open("w")
+    process = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "app",
+            "serve",
+            "--port",
+            str(port),
+            "--repository",
+            str(repo),
+            "--log-level",
+            "info",
+        ],
+        cwd=ROOT,
+        env=env,
+        stdout=log_file,
+        stderr=subprocess.STDOUT,
+    )
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"server exited early:\n{log_path.read_text()}")
+        try:
+            if httpx.get(f"{url}/v2/health/ready", timeout=1).status_code == 200:
+                break
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.2)
+    else:
+        process.kill()
+        raise RuntimeError(f"server not ready in 60 s:\n{log_path.read_text()}")
+    yield {"url": url, "process": process, "repo": repo, "shm_before": shm_before, "log": log_path}
+    if process.poll() is None:
+        process.kill()
+        process.wait()
+    log_file.close()
+
+
+def test_infer_matches_onnxruntime(server):
+    x = np.random.default_rng(0).standard_normal((1, 8)).astype(np.float32)
+    reply = httpx.post(
+        f"{server['url']}/infer", json={"model": "dense", "inputs": {"input": x.tolist()}}
+    )
+    assert reply.status_code == 200, reply.text
+    body = reply.json()
+    got = np.array(body["outputs"]["output"]["data"], dtype=np.float32).reshape(1, 8)
+    session = onnxruntime.InferenceSession(str(server["repo"] / "dense" / "model.onnx"))
+    (expected,) = session.run(None, {"input": x})
+    assert np.allclose(got, expected, atol=1e-5)
+    assert body["timing"]["batch_size"] >= 1
+
+
+def test_tritonclient_binary_and_json(server):
+    tritonhttp = pytest.importorskip("tritonclient.http")
+    client = tritonhttp.InferenceServerClient(server["url"].removeprefix("http://"))
+    x = np.random.default_rng(1).standard_normal((1, 8)).astype(np.float32)
+    session = onnxruntime.InferenceSession(str(server["repo"] / "dense" / "model.onnx"))
+    (expected,) = session.run(None, {"input": x})
+    for binary in (True, False):
+        tensor = tritonhttp.InferInput("input", [1, 8], "FP32")
+        tensor.set_data_from_numpy(x, binary_data=binary)
+        wanted = tritonhttp.InferRequestedOutput("output", binary_data=binary)
+        result = client.infer("dense", [tensor], outputs=[wanted])
+        assert np.allclose(result.as_numpy("output"), expected, atol=1e-5)
+
+
+def test_concurrent_requests_are_batched_and_rows_stay_with_their_request(server):
+    async def burst():
+        async with httpx.AsyncClient(base_url=server["url"], timeout=10) as client:
+            rows = [np.full((1, 4), i, dtype=np.float32) for i in range(64)]
+            replies = await asyncio.gather(
+                *[
+                    client.post("/infer", json={"model": "echo", "inputs": {"x": r.tolist()}})
+                    for r in rows
+                ]
+            )
+            return rows, replies
+
+    rows, replies = asyncio.run(burst())
+    assert all(r.status_code == 200 for r in replies), [
+        r.text for r in replies if r.status_code != 200
+    ]
+    for row, reply in zip(rows, replies, strict=True):
+        assert reply.json()["outputs"]["y"]["data"] == row.tolist()
+    sizes = [reply.json()["timing"]["batch_size"] for reply in replies]
+    assert max(sizes) > 1
+    metrics = httpx.get(f"{server['url']}/metrics").text
+    values = {}
+    for line in metrics.splitlines():
+        if line.startswith(('batch_size_sum{model="echo"', 'batch_size_count{model="echo"')):
+            name, value = line.rsplit(" ", 1)
+            values[name.split("{")[0]] = float(value)
+    # Mean executed batch size for the echo model, as /metrics reports it.
+    assert values["batch_size_count"] >= 2
+    assert values["batch_size_sum"] / values["batch_size_count"] > 1.0
+
+
+def test_impossible_slo_is_dropped_with_503_and_reason(server):
+    reply = httpx.post(
+        f"{server['url']}/infer",
+        json={"model": "echo", "inputs": {"x": [[1, 2, 3, 4]]}, "slo_ms": 0.01},
+    )
+    assert reply.status_code == 503
+    assert "deadline" in reply.text
+
+
+@pytest.mark.parametrize(
+    ("body", "status"),
+    [
+        ({"model": "nope", "inputs": {"x": [[1, 2, 3, 4]]}}, 404),
+        ({"model": "echo", "inputs": {"x": [[1, 2, 3]]}}, 400),
+        ({"model": "echo", "inputs": {"wrong": [[1, 2, 3, 4]]}}, 400),
+        ({"model": "echo"}, 400),
+    ],
+)
+def test_malformed_requests_get_4xx_and_server_keeps_serving(server, body, status):
+    reply = httpx.post(f"{server['url']}/infer", json=body)
+    assert reply.status_code in (status, 422) if status == 400 else reply.status_code == status
+    assert "error" in reply.json()
+    ok = httpx.post(
+        f"{server['url']}/infer", json={"model": "echo", "inputs": {"x": [[1, 2, 3, 4]]}}
+    )
+    assert ok.status_code == 200, ok.text
+
+
+def test_sigterm_shuts_down_and_frees_shared_memory(server):
+    process = server["process"]
+    process.send_signal(signal.SIGTERM)
+    # uvicorn shuts down gracefully, then re-raises the signal it caught.
+    assert process.wait(timeout=30) in (0, -signal.SIGTERM)
+    log = server["log"].read_text()
+    assert "Application shutdown complete" in log, log
+    leaked = _our_segments() - server["shm_before"]
+    assert not leaked, leaked
