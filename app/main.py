@@ -19,6 +19,7 @@ log = logging.getLogger("app.server")
 
 def create_app(settings: Settings | None = None) -> FastAPI:
     settings = settings or Settings.from_env()
+    _ensure_logging()
     metrics = Metrics()
     holder: dict[str, LiveService] = {}
 
@@ -43,6 +44,17 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         return service
 
     return create_api(get_service, metrics, lifespan=lifespan, title="deadline-serve")
+
+
+def _ensure_logging() -> None:
+    """Under plain `uvicorn app.main:app` nothing configures the root logger;
+    give our loggers a handler so start-up says what was loaded where."""
+    app_logger = logging.getLogger("app")
+    if not logging.getLogger().handlers and not app_logger.handlers:
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+        app_logger.addHandler(handler)
+        app_logger.setLevel(logging.INFO)
 
 
 def __getattr__(name: str) -> FastAPI:
