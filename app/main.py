@@ -43,7 +43,15 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             raise ModelNotReady("server is starting")
         return service
 
-    return create_api(get_service, metrics, lifespan=lifespan, title="deadline-serve")
+    return create_api(
+        get_service,
+        metrics,
+        lifespan=lifespan,
+        title="deadline-serve",
+        max_body_bytes=settings.max_body_bytes,
+        admin_token=settings.admin_token,
+        bind_host=settings.host,
+    )
 
 
 def _ensure_logging() -> None:

@@ -16,6 +16,8 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+MAX_SLO_MS = 3_600_000.0  # 1 hour: a larger per-request SLO is a client's mistake
+
 StrictNonNegInt = Annotated[int, Field(strict=True, ge=0)]
 StrictInt = Annotated[int, Field(strict=True)]
 SloMs = Annotated[
@@ -23,11 +25,13 @@ SloMs = Annotated[
     Field(
         strict=True,
         gt=0,
+        le=MAX_SLO_MS,
         allow_inf_nan=False,
         description=(
-            "Per-request SLO in milliseconds (deadline = arrival + slo_ms). A tighter SLO than "
-            "the model's is always allowed; a looser one only if the model config sets "
-            "allow_slo_loosening, else the request is rejected with 400."
+            "Per-request SLO in milliseconds (deadline = arrival + slo_ms), finite, more than "
+            "0 and at most 3600000 (1 hour). A tighter SLO than the model's is always allowed; "
+            "a looser one only if the model config sets allow_slo_loosening, else the request "
+            "is rejected with 400."
         ),
     ),
 ]
@@ -51,9 +55,10 @@ class ErrorResponse(BaseModel):
         default=None,
         description=(
             "Stable short code: invalid_input, invalid_request, malformed_request, "
-            "model_not_found, model_not_ready, deadline (or another drop reason), overloaded, "
-            "executor_failed, shutting_down, not_ready, payload_too_large, "
-            "unsupported_encoding, not_found, method_not_allowed, internal."
+            "invalid_model_name, model_not_found, model_not_ready, deadline (or another drop "
+            "reason), overloaded, executor_failed, shutting_down, not_ready, payload_too_large, "
+            "unsupported_encoding, unauthorized, management_disabled, not_found, "
+            "method_not_allowed, internal."
         ),
     )
 

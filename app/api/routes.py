@@ -19,8 +19,22 @@ Error mapping: a `ServingError` → its `.status` (InvalidInput 400,
 ModelNotFound 404, Dropped 503 with its reason, Overloaded 429 with
 Retry-After, ...); malformed bodies (bad JSON, truncated or lying binary
 sizes, bad headers) 400; bodies that do not fit the schema 422; body over
-`max_body_bytes` 413; unsupported Content-Encoding 415; anything unexpected
-500 (logged).
+`max_body_bytes` 413; unsupported Content-Encoding 415; a model name that
+cannot be a model's (`../x`, NUL bytes, ...) 400 before the service is asked;
+management routes without a valid token 401, or 403 when they are off (see
+app.api.security); anything unexpected 500 (logged).
+
+Limits (each answered with a 4xx JSON error before anything is allocated for
+the tensors): the body size (`max_body_bytes`, default 64 MiB, env
+`MAX_BODY_BYTES` where the server reads its settings), the decompressed size
+of a gzip/deflate body (the same limit), one item per request (batch dimension
+1: the scheduler forms batches up to the model's max_batch_size), tensor
+shapes fixed by the model config (a variable dimension is bounded by the body
+size), and a per-request SLO of at most `MAX_SLO_MS` (1 hour).
+
+Nothing from the network is unpickled or evaluated: JSON is parsed by
+pydantic/json, and binary tensor data is read with `numpy.frombuffer` as one
+of the numeric datatypes of the model config (never an object dtype).
 
 Request bodies are read and validated by the handlers (not by FastAPI's body
 parameters) so that binary bodies, gzip/deflate request compression and
@@ -47,6 +61,7 @@ from starlette.requests import ClientDisconnect
 
 from app.api import models as m
 from app.api.metrics import Metrics
+from app.api.security import check_model_name, require_token, short_repr
 from app.api.tensors import (
     check_datatype,
     check_input_names,
@@ -73,6 +88,7 @@ SERVER_NAME = "deadline-serve"
 EXTENSIONS = ["binary_tensor_data", "model_configuration"]
 HEADER_LENGTH = "Inference-Header-Content-Length"
 DEFAULT_MAX_BODY_BYTES = 64 * 1024 * 1024  # Triton's default --http-max-input-size
+MAX_BODY_BYTES_ENV = "MAX_BODY_BYTES"  # where the server's settings read max_body_bytes
 
 ServiceProvider = Callable[[], InferenceService]
 M = TypeVar("M", bound=BaseModel)
@@ -132,10 +148,12 @@ def error_response(
 
 async def _serving_error_handler(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, ServingError)
-    headers = {"Retry-After": "1"} if isinstance(exc, Overloaded) else None
+    headers = dict(getattr(exc, "headers", None) or {})
+    if isinstance(exc, Overloaded):
+        headers.setdefault("Retry-After", "1")
     if exc.status >= 500 and exc.status != 503:
         log.error("%s %s: %s", request.method, request.url.path, exc.message)
-    return error_response(exc.status, exc.message, exc.reason, headers)
+    return error_response(exc.status, exc.message, exc.reason, headers or None)
 
 
 async def _validation_error_handler(request: Request, exc: Exception) -> Response:
@@ -149,7 +167,11 @@ async def _validation_error_handler(request: Request, exc: Exception) -> Respons
 async def _http_error_handler(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, StarletteHTTPException)
     reason = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
-    return error_response(exc.status_code, str(exc.detail), reason, exc.headers)
+    message = str(exc.detail)
+    if exc.status_code in (404, 405) and message in ("Not Found", "Method Not Allowed"):
+        what = "no such route" if exc.status_code == 404 else "method not allowed"
+        message = f"{what}: {request.method} {short_repr(request.url.path)}"
+    return error_response(exc.status_code, message, reason, exc.headers)
 
 
 async def _unexpected_error_handler(request: Request, exc: Exception) -> Response:
@@ -166,6 +188,8 @@ def format_validation_errors(errors: Sequence[Any], raw: Any = None, *, limit: i
         if len(loc) == 3 and loc[0] == "inputs" and loc[2] in _NATIVE_UNION_TAGS:
             # native tensor that is neither a list nor {data, shape}: one message
             loc, msg = loc[:2], "expected a (nested) list of numbers or an object {data, shape}"
+        if loc and loc[-1] == "slo_ms":
+            msg += f" (milliseconds: more than 0, at most {m.MAX_SLO_MS:.0f} = 1 hour)"
         text = _loc_text(loc, raw)
         line = f"{text}: {msg}" if text else msg
         if line not in parts:
@@ -325,22 +349,32 @@ def _result_output(result: InferResult, name: str) -> np.ndarray:
 
 
 def _config(service: InferenceService, name: str, version: str | None = None) -> ModelConfig:
+    """The model's config; `name` is checked to be a safe model name first, so
+    the service is never asked about `../x`, absolute paths or NUL bytes."""
+    check_model_name(name)
     try:
         config = service.model_config(name)
     except KeyError:
-        raise ModelNotFound(f"unknown model '{name}'") from None
+        raise ModelNotFound(f"unknown model {short_repr(name)}") from None
     if version is not None and version != config.version:
         raise ModelNotFound(
-            f"model '{name}' has no version '{version}' (available: {config.version})"
+            f"model {short_repr(name)} has no version {short_repr(version)} "
+            f"(available: {config.version})"
         )
     return config
 
 
 def _decode_v2_inputs(
-    config: ModelConfig, req: m.V2InferRequest, binary: memoryview, header_length: int | None
+    config: ModelConfig,
+    req: m.V2InferRequest,
+    binary: memoryview,
+    header_length: int | None,
+    max_elements: int,
 ) -> dict[str, np.ndarray]:
     """The request's tensors, checked against the model; `header_length` is the
-    Inference-Header-Content-Length (None: no header, the body is all JSON)."""
+    Inference-Header-Content-Length (None: no header, the body is all JSON).
+    Every shape is checked (against the config and `max_elements`) before
+    its tensor is built."""
     check_input_names(config, [i.name for i in req.inputs])
     specs = spec_map(config.inputs)
 
@@ -373,7 +407,7 @@ def _decode_v2_inputs(
     for inp in req.inputs:
         spec = specs[inp.name]
         check_datatype(inp.name, spec, inp.datatype)
-        shape = check_shape(inp.name, spec, inp.shape)
+        shape = check_shape(inp.name, spec, inp.shape, max_elements=max_elements)
         params = inp.parameters
         extra = (params.model_extra or {}) if params is not None else {}
         if "shared_memory_region" in extra:
@@ -489,7 +523,10 @@ def _split_v2_body(body: bytes, header_value: str | None) -> tuple[bytes, memory
 # ------------------------------------------------------------------ the router
 
 _ERRORS = {
-    400: {"model": m.ErrorResponse, "description": "Invalid input or malformed body."},
+    400: {
+        "model": m.ErrorResponse,
+        "description": "Invalid input, invalid model name or malformed body.",
+    },
     404: {"model": m.ErrorResponse, "description": "Unknown model."},
     413: {"model": m.ErrorResponse, "description": "Body too large."},
     415: {"model": m.ErrorResponse, "description": "Unsupported Content-Encoding."},
@@ -501,7 +538,15 @@ _ERRORS = {
         "model not ready, or shutting down.",
     },
 }
-_NOT_FOUND = {404: _ERRORS[404]}
+_UNAVAILABLE = {
+    503: {"model": m.ErrorResponse, "description": "The server is starting or shutting down."}
+}
+# routes that look a model up by the name in their path
+_NOT_FOUND = {
+    400: {"model": m.ErrorResponse, "description": "Not a valid model name (e.g. '../x')."},
+    404: _ERRORS[404],
+    **_UNAVAILABLE,
+}
 
 
 def _ref(model: type[BaseModel]) -> dict[str, str]:
@@ -615,7 +660,9 @@ def build_router(
         for name, value in req.inputs.items():
             spec = specs[name]
             if isinstance(value, m.TensorData):
-                shape = check_shape(name, spec, value.shape, batch_optional=True)
+                shape = check_shape(
+                    name, spec, value.shape, batch_optional=True, max_elements=max_body_bytes
+                )
                 inputs[name] = decode_json_tensor(name, spec, value.data, shape)
             else:
                 inputs[name] = decode_json_tensor(name, spec, value, None)
@@ -775,8 +822,8 @@ def build_router(
         return m.ModelReadyResponse(name=name, ready=True)
 
     _ready_responses = {
-        400: {"model": m.ErrorResponse, "description": "Not ready."},
         **_NOT_FOUND,
+        400: {"model": m.ErrorResponse, "description": "Not ready, or not a valid model name."},
     }
 
     @router.get(
@@ -816,7 +863,7 @@ def build_router(
         )
         req = parse_model(m.V2InferRequest, header, what)
         inputs = _decode_v2_inputs(
-            config, req, binary, None if header_value is None else len(header)
+            config, req, binary, None if header_value is None else len(header), max_body_bytes
         )
         chosen = _v2_requested_outputs(config, req)
         slo_ms = resolve_slo(config, req.parameters.slo_ms if req.parameters else None)
@@ -852,7 +899,7 @@ def build_router(
     @router.post(
         "/v2/repository/index",
         response_model=list[m.RepositoryModel],
-        responses={400: _ERRORS[400], 422: _ERRORS[422]},
+        responses={code: _ERRORS[code] for code in (400, 413, 415, 422, 503)},
         tags=["v2"],
         summary="Models in the repository",
         operation_id="v2_repository_index",
@@ -937,8 +984,22 @@ def install(
     metrics: Metrics,
     *,
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+    admin_token: str | None = None,
+    bind_host: str = "127.0.0.1",
 ) -> FastAPI:
-    """Add the API's routes, exception handlers and OpenAPI request schemas to `app`."""
+    """Add the API's routes, exception handlers and OpenAPI request schemas to `app`.
+
+    `max_body_bytes` caps request bodies (413 above it; settings: MAX_BODY_BYTES).
+    `admin_token` (settings: ADMIN_TOKEN) and `bind_host` (HOST) configure the
+    guard of management routes, `app.state.require_admin`: a dependency for
+    `Depends(...)` (see app.api.security.require_token).
+    """
+    if isinstance(max_body_bytes, bool) or not isinstance(max_body_bytes, int):
+        raise TypeError(f"max_body_bytes must be an int, got {max_body_bytes!r}")
+    if max_body_bytes < 1:
+        raise ValueError(f"max_body_bytes must be ≥ 1, got {max_body_bytes}")
+    app.state.max_body_bytes = max_body_bytes
+    app.state.require_admin = require_token(admin_token, host=bind_host)
     app.include_router(build_router(get_service, metrics, max_body_bytes=max_body_bytes))
     app.add_exception_handler(ServingError, _serving_error_handler)
     app.add_exception_handler(RequestValidationError, _validation_error_handler)
@@ -953,9 +1014,12 @@ def create_api(
     metrics: Metrics,
     *,
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+    admin_token: str | None = None,
+    bind_host: str = "127.0.0.1",
     **fastapi_kwargs: Any,
 ) -> FastAPI:
-    """A FastAPI app serving the API. `fastapi_kwargs` go to FastAPI (e.g. lifespan)."""
+    """A FastAPI app serving the API. `fastapi_kwargs` go to FastAPI (e.g. lifespan);
+    the other options are `install`'s."""
     fastapi_kwargs.setdefault("title", SERVER_NAME)
     fastapi_kwargs.setdefault("version", _server_version())
     fastapi_kwargs.setdefault(
@@ -963,11 +1027,19 @@ def create_api(
         "Deadline-aware DNN inference server: native JSON API and the KServe v2 / Open "
         "Inference Protocol REST API with the binary tensor data extension.",
     )
-    return install(FastAPI(**fastapi_kwargs), get_service, metrics, max_body_bytes=max_body_bytes)
+    return install(
+        FastAPI(**fastapi_kwargs),
+        get_service,
+        metrics,
+        max_body_bytes=max_body_bytes,
+        admin_token=admin_token,
+        bind_host=bind_host,
+    )
 
 
 __all__ = [
     "DEFAULT_MAX_BODY_BYTES",
+    "MAX_BODY_BYTES_ENV",
     "Metrics",
     "build_router",
     "create_api",

@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from app.api.models import MAX_SLO_MS
 from app.errors import InvalidInput
 from app.repository.config import DATATYPES, ModelConfig, TensorSpec
 
@@ -49,11 +50,19 @@ def _expected_text(spec: TensorSpec) -> str:
 
 
 def check_shape(
-    name: str, spec: TensorSpec, shape: Sequence[int], *, batch_optional: bool = False
+    name: str,
+    spec: TensorSpec,
+    shape: Sequence[int],
+    *,
+    batch_optional: bool = False,
+    max_elements: int | None = None,
 ) -> tuple[int, ...]:
     """Validate a request tensor's shape; returns it with the batch dimension.
 
     With `batch_optional`, a shape without the batch dimension gets one of 1.
+    The model config fixes every dimension but the batch one (which must be
+    1); a variable dimension (-1) is bounded by `max_elements` elements, so
+    no shape can make the server allocate more than the body could carry.
     """
     shape = tuple(shape)
     if any(isinstance(d, bool) or not isinstance(d, int) or d < 0 for d in shape):
@@ -78,6 +87,13 @@ def check_shape(
         if want >= 0 and got != want:
             raise InvalidInput(
                 f"input '{name}': expected shape {_expected_text(spec)}, got {_fmt_shape(shape)}"
+            )
+    if max_elements is not None:
+        count = math.prod(shape)
+        if count > max_elements:
+            raise InvalidInput(
+                f"input '{name}': shape {_fmt_shape(shape)} has {count} elements, more than a "
+                f"request may carry ({max_elements}, the request body limit)"
             )
     return shape
 
@@ -109,7 +125,12 @@ def _as_numeric_array(name: str, spec: TensorSpec, data: Any) -> np.ndarray:
     if kind == "b":
         raise InvalidInput(f"input '{name}': expected {_element_text(spec)}, got booleans")
     if target.kind in "iu":
-        if kind == "f" and not (np.all(np.isfinite(raw)) and np.all(raw == np.floor(raw))):
+        if kind == "f" and not np.all(np.isfinite(raw)):
+            raise InvalidInput(
+                f"input '{name}': expected {_element_text(spec)}, got NaN or Infinity "
+                "(allowed only in floating-point tensors)"
+            )
+        if kind == "f" and not np.all(raw == np.floor(raw)):
             raise InvalidInput(
                 f"input '{name}': expected {_element_text(spec)}, got non-integer values"
             )
@@ -206,6 +227,10 @@ def resolve_slo(config: ModelConfig, slo_ms: float | None) -> float | None:
         return None
     if not math.isfinite(slo_ms) or slo_ms <= 0:
         raise InvalidInput(f"slo_ms must be a positive number of milliseconds, got {slo_ms}")
+    if slo_ms > MAX_SLO_MS:
+        raise InvalidInput(
+            f"slo_ms {slo_ms:g} is too large: at most {MAX_SLO_MS:.0f} ms (1 hour) per request"
+        )
     if slo_ms > config.slo_ms and not config.allow_slo_loosening:
         raise InvalidInput(
             f"slo_ms {slo_ms:g} is looser than model '{config.name}' SLO of "

@@ -12,6 +12,8 @@
 | ARENA_SLOTS | 1024 | shared-memory slots per model: requests in flight at once |
 | DEADLINE_MARGIN_MS | 3 | plan to finish this much before each deadline (timer, IPC jitter) |
 | SHUTDOWN_GRACE_S | 5 | on SIGTERM, how long in-flight requests may take to finish |
+| MAX_BODY_BYTES | 67108864 | largest request body accepted (413 above) |
+| ADMIN_TOKEN | none | bearer token for management routes (off on non-loopback hosts without one) |
 | PROFILE_BATCH_SIZES | 1,2,4,8,16,32 | batch sizes the profiler measures at load (≤ max batch) |
 """
 
@@ -40,6 +42,8 @@ class Settings:
     arena_slots: int = 1024
     shutdown_grace_s: float = 5.0
     deadline_margin_ms: float = 3.0
+    max_body_bytes: int = 64 << 20
+    admin_token: str | None = None
     profile_batch_sizes: tuple[int, ...] = (1, 2, 4, 8, 16, 32)
 
     @classmethod
@@ -70,6 +74,8 @@ class Settings:
             arena_slots=_int(env, "ARENA_SLOTS", 1024, 1),
             shutdown_grace_s=float(env.get("SHUTDOWN_GRACE_S", "5")),
             deadline_margin_ms=float(env.get("DEADLINE_MARGIN_MS", "3")),
+            max_body_bytes=_int(env, "MAX_BODY_BYTES", 64 << 20, 1),
+            admin_token=env.get("ADMIN_TOKEN") or None,
             profile_batch_sizes=sizes,
         )
 

@@ -1,0 +1,154 @@
+"""Access control for management routes, and safe model names from URLs.
+
+Management routes (repository load/unload, policy or settings changes) are
+guarded by `require_token`, a FastAPI dependency::
+
+    guard = require_token(admin_token, host=bind_host)
+    router = APIRouter(prefix="/v2/repository", dependencies=[Depends(guard)])
+
+or, on an app built by `create_api(..., admin_token=..., bind_host=...)`, the
+guard it made: `Depends(app.state.require_admin)`.
+
+| token configured | bound to          | a request to a management route               |
+|------------------|-------------------|-----------------------------------------------|
+| yes              | anything          | needs `Authorization: Bearer <token>` (else 401) |
+| no               | loopback (default)| allowed: only local processes can connect       |
+| no               | non-loopback      | 403: management is off until ADMIN_TOKEN is set |
+
+The token comes from the `ADMIN_TOKEN` environment variable (the lead wires it
+into `Settings`); the comparison is constant-time. Inference, health, metadata
+and metrics routes never need the token.
+
+`check_model_name` is applied to every model name that comes from a request
+(URL path or body) before the service is asked about it, so a name can never
+name a path outside the model repository (`../x`, `/etc/passwd`, `a%2Fb`,
+NUL bytes, ...).
+"""
+
+from __future__ import annotations
+
+import hmac
+import ipaddress
+from collections.abc import Awaitable, Callable
+
+from fastapi import Security
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+
+from app.errors import InvalidInput, ServingError
+from app.repository.loader import validate_model_name
+
+ADMIN_TOKEN_ENV = "ADMIN_TOKEN"
+MAX_MODEL_NAME_LENGTH = 255  # one path component on every common file system
+
+
+class Unauthorized(ServingError):
+    """A management route without a valid bearer token (RFC 6750: 401 + WWW-Authenticate)."""
+
+    status = 401
+    reason = "unauthorized"
+
+    def __init__(self, message: str, *, invalid_token: bool = False) -> None:
+        super().__init__(message)
+        challenge = 'Bearer realm="management"'
+        if invalid_token:
+            challenge += ', error="invalid_token"'
+        self.headers = {"WWW-Authenticate": challenge}
+
+
+class ManagementDisabled(ServingError):
+    """Management routes are off: bound to a non-loopback host without a token."""
+
+    status = 403
+    reason = "management_disabled"
+
+
+class InvalidModelName(InvalidInput):
+    reason = "invalid_model_name"
+
+
+def short_repr(text: str, limit: int = 80) -> str:
+    """`repr(text)`, cut to about `limit` characters (error messages echo client input)."""
+    if len(text) <= limit:
+        return repr(text)
+    return repr(text[:limit]) + f"... ({len(text)} characters)"
+
+
+def check_model_name(name: str) -> str:
+    """`name` if it can be a model's name (one safe path component), else 400."""
+    if len(name) > MAX_MODEL_NAME_LENGTH:
+        raise InvalidModelName(
+            f"invalid model name {short_repr(name)}: longer than {MAX_MODEL_NAME_LENGTH} characters"
+        )
+    try:
+        return validate_model_name(name)
+    except ValueError:
+        raise InvalidModelName(
+            f"invalid model name {short_repr(name)}: a model name is one path component of "
+            "letters, digits, '_', '.' and '-', without '..'"
+        ) from None
+
+
+def is_loopback(host: str) -> bool:
+    """Whether binding to `host` accepts connections from this machine only."""
+    host = host.strip().strip("[]")
+    if host.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False  # a host name other than localhost: assume reachable from outside
+
+
+def management_enabled(token: str | None, host: str) -> bool:
+    """Management routes are on with a token, or without one on a loopback host."""
+    return bool(token) or is_loopback(host)
+
+
+_bearer = HTTPBearer(
+    auto_error=False,
+    description=f"Management routes: `Authorization: Bearer <{ADMIN_TOKEN_ENV}>`.",
+)
+
+
+def require_token(token: str | None, *, host: str = "127.0.0.1") -> Callable[..., Awaitable[None]]:
+    """A FastAPI dependency guarding management routes (see the module docstring).
+
+    `token` is the configured ADMIN_TOKEN (None or "" for none), `host` the
+    address the server binds. Errors are `ServingError`s, answered as
+    `{"error", "reason"}` JSON by the handlers `install` adds.
+    """
+    expected = token.encode() if token else None
+    loopback = is_loopback(host)
+
+    async def guard(
+        credentials: HTTPAuthorizationCredentials | None = Security(_bearer),  # noqa: B008
+    ) -> None:
+        if expected is None:
+            if loopback:
+                return
+            raise ManagementDisabled(
+                f"management routes are disabled: the server is bound to {host!r}, which is not "
+                f"a loopback address, and no {ADMIN_TOKEN_ENV} is set"
+            )
+        if credentials is None:
+            raise Unauthorized(
+                "this route needs an 'Authorization: Bearer <token>' header "
+                f"(the server's {ADMIN_TOKEN_ENV})"
+            )
+        if not hmac.compare_digest(credentials.credentials.encode(), expected):
+            raise Unauthorized("invalid bearer token", invalid_token=True)
+
+    return guard
+
+
+__all__ = [
+    "ADMIN_TOKEN_ENV",
+    "InvalidModelName",
+    "ManagementDisabled",
+    "Unauthorized",
+    "check_model_name",
+    "is_loopback",
+    "management_enabled",
+    "require_token",
+    "short_repr",
+]

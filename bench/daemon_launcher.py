@@ -1,0 +1,102 @@
+"""Start and stop this project's daemon (`python -m app serve`) for benchmarks.
+
+handle = start_daemon(repository, port, policy="symphony", emulated_devices=4)
+... drive http://127.0.0.1:port ...
+stop_daemon(handle)
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+
+@dataclass
+class DaemonHandle:
+    process: subprocess.Popen
+    url: str
+    startup_s: float
+    log_path: Path
+
+
+def start_daemon(
+    repository: Path,
+    port: int,
+    *,
+    policy: str = "symphony",
+    policy_options: dict[str, Any] | None = None,
+    emulated_devices: int = 2,
+    cpu_slices: int | None = None,
+    threads_per_slice: int | None = None,
+    startup_timeout_s: float = 120.0,
+    extra_env: dict[str, str] | None = None,
+) -> DaemonHandle:
+    """Start the daemon on 127.0.0.1:`port`; return once /v2/health/ready is 200."""
+    log_path = Path(tempfile.mkdtemp(prefix="daemon-")) / "daemon.log"
+    env = dict(os.environ, POLICY=policy, EMULATED_DEVICES=str(emulated_devices))
+    if policy_options:
+        env["POLICY_OPTIONS"] = json.dumps(policy_options)
+    if cpu_slices is not None:
+        env["CPU_SLICES"] = str(cpu_slices)
+    if threads_per_slice is not None:
+        env["THREADS_PER_SLICE"] = str(threads_per_slice)
+    env.update(extra_env or {})
+    log = log_path.open("wb")
+    started = time.monotonic()
+    process = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "app",
+            "serve",
+            "--port",
+            str(port),
+            "--repository",
+            str(Path(repository).resolve()),
+            "--log-level",
+            "warning",
+        ],
+        cwd=REPO_ROOT,
+        env=env,
+        stdin=subprocess.DEVNULL,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
+    log.close()
+    url = f"http://127.0.0.1:{port}"
+    while time.monotonic() - started < startup_timeout_s:
+        if process.poll() is not None:
+            raise RuntimeError(f"daemon exited with {process.returncode}:\n{log_path.read_text()}")
+        try:
+            if httpx.get(f"{url}/v2/health/ready", timeout=1.0).status_code == 200:
+                return DaemonHandle(process, url, time.monotonic() - started, log_path)
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.1)
+    process.kill()
+    raise RuntimeError(f"daemon not ready in {startup_timeout_s} s:\n{log_path.read_text()}")
+
+
+def stop_daemon(handle: DaemonHandle, timeout_s: float = 30.0) -> int | None:
+    """SIGTERM (graceful shutdown), then SIGKILL if it does not exit in time."""
+    process = handle.process
+    if process.poll() is None:
+        process.send_signal(signal.SIGTERM)
+        try:
+            process.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+    return process.returncode
