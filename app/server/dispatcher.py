@@ -1,7 +1,7 @@
 """The live driver of the scheduling core — Symphony's RankThread as a coroutine.
 
-The core is sans-IO: this module feeds it the event loop's monotonic clock
-(`loop.time()`, the same CLOCK_MONOTONIC the executor processes report in),
+The core is sans-IO: this module feeds it the monotonic clock
+(`time.monotonic()`, the same CLOCK_MONOTONIC the executor processes report in),
 arms one `loop.call_at` for the core's next wakeup, and carries out its
 decisions: a Dispatch goes to the executor of that device (which waits for
 the batch's start time itself), a Drop fails the requests' futures with the
@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -148,7 +149,7 @@ class Dispatcher:
                         batch.model,
                         batch.size,
                         batch.device,
-                        (batch.start_at - asyncio.get_running_loop().time()) * 1000,
+                        (batch.start_at - time.monotonic()) * 1000,
                     )
                 group.batches[batch.id] = batch
                 slots = []
@@ -164,7 +165,7 @@ class Dispatcher:
                     self._fail(batch.requests, ExecutorFailed(f"device {batch.device}: {exc}"))
             elif isinstance(decision, Drop):
                 if log.isEnabledFor(logging.DEBUG):
-                    now = asyncio.get_running_loop().time()
+                    now = time.monotonic()
                     log.debug(
                         "drop %d (%s): deadlines in %s ms",
                         len(decision.requests),
@@ -195,8 +196,11 @@ class Dispatcher:
             group.wakeup = None
         group.wake_at = wake_at
         if wake_at is not None:
+            # Scheduled relative to time.monotonic(): some loops (uvloop) keep
+            # a millisecond, per-iteration cached loop.time().
+            delay = wake_at - self.timer_lead_s - time.monotonic()
             loop = asyncio.get_running_loop()
-            group.wakeup = loop.call_at(wake_at - self.timer_lead_s, self._on_wakeup, group)
+            group.wakeup = loop.call_later(max(delay, 0.0), self._on_wakeup, group)
 
     def _on_wakeup(self, group: CoreGroup) -> None:
         due = group.wake_at
@@ -207,8 +211,9 @@ class Dispatcher:
         self._rearm(group)
 
     def _now(self, at_least: float | None = None) -> float:
-        """The loop's clock, but never earlier than a time already given to a core."""
-        now = asyncio.get_running_loop().time()
+        """The monotonic clock (the one executors report in), never earlier
+        than a time already given to a core."""
+        now = time.monotonic()
         if at_least is not None and at_least > now:
             now = at_least
         if now < self._clock:

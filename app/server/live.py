@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from dataclasses import dataclass
 
 import numpy as np
@@ -297,7 +298,7 @@ class LiveService:
                 self.metrics.request_dropped(model, "executor_failed")
                 raise ExecutorFailed(f"executor failed: {finished.error}")
             outputs = state.arena.read_outputs(slot)
-            now = asyncio.get_running_loop().time()
+            now = time.monotonic()
             request = pending.request
             latency = now - request.arrival
             queue = max(0.0, finished.started_at - request.arrival)
@@ -336,7 +337,7 @@ class LiveService:
         assert self.dispatcher is not None
         while True:
             await asyncio.sleep(period_s)
-            now = asyncio.get_running_loop().time()
+            now = time.monotonic()
             total = bad = 0.0
             idle = []
             for group in self.dispatcher.groups:
