@@ -34,7 +34,6 @@ import datetime as _dt
 import hashlib
 import json
 import logging
-import math
 import os
 import platform
 import re
@@ -42,11 +41,12 @@ import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any
 
 import numpy as np
 import yaml
 
+from app.config_fields import FieldReader
 from app.repository.config import DATATYPES, ModelConfig, ProfileSpec, TensorSpec
 from app.scheduling.profile import LatencyProfile
 
@@ -118,7 +118,7 @@ def load_model_config(directory: Path) -> ModelConfig:
 def parse_model_config(doc: Any, directory: Path, source: str | None = None) -> ModelConfig:
     """Validate a parsed config document for the model in `directory`."""
     directory = Path(directory)
-    ctx = _Ctx(source or str(directory / CONFIG_FILE))
+    ctx = FieldReader(source or str(directory / CONFIG_FILE))
     name = directory.name
     if doc is None:
         ctx.fail("top level", "the file is empty")
@@ -191,7 +191,7 @@ def parse_model_config(doc: Any, directory: Path, source: str | None = None) -> 
     )
 
 
-def _parse_model_file(ctx: _Ctx, doc: Mapping, backend: str, directory: Path) -> Path | None:
+def _parse_model_file(ctx: FieldReader, doc: Mapping, backend: str, directory: Path) -> Path | None:
     raw = doc.get("model_file")
     if backend == "emulated":
         if raw is not None:
@@ -213,7 +213,7 @@ def _parse_model_file(ctx: _Ctx, doc: Mapping, backend: str, directory: Path) ->
     return path
 
 
-def _parse_tensors(ctx: _Ctx, raw: Any, where: str) -> tuple[TensorSpec, ...]:
+def _parse_tensors(ctx: FieldReader, raw: Any, where: str) -> tuple[TensorSpec, ...]:
     if not isinstance(raw, list) or not raw:
         ctx.fail(where, "must be a non-empty list of {name, datatype, shape}")
     specs: list[TensorSpec] = []
@@ -238,7 +238,7 @@ def _parse_tensors(ctx: _Ctx, raw: Any, where: str) -> tuple[TensorSpec, ...]:
     return tuple(specs)
 
 
-def _parse_shape(ctx: _Ctx, raw: Any, where: str) -> tuple[int, ...]:
+def _parse_shape(ctx: FieldReader, raw: Any, where: str) -> tuple[int, ...]:
     if not isinstance(raw, list):
         ctx.fail(f"{where}.shape", f"must be a list of dimensions like [-1, 4096], got {raw!r}")
     dims = list(raw)
@@ -254,7 +254,7 @@ def _parse_shape(ctx: _Ctx, raw: Any, where: str) -> tuple[int, ...]:
     return (-1, *dims)
 
 
-def _parse_profile(ctx: _Ctx, raw: Any, where: str, max_batch: int) -> ProfileSpec:
+def _parse_profile(ctx: FieldReader, raw: Any, where: str, max_batch: int) -> ProfileSpec:
     ctx.keys(raw, where, _PROFILE_KEYS)
     if "latency_ms" in raw:
         if "alpha_ms" in raw or "beta_ms" in raw:
@@ -283,63 +283,6 @@ def _parse_profile(ctx: _Ctx, raw: Any, where: str, max_batch: int) -> ProfileSp
     if alpha + beta <= 0:
         ctx.fail(where, "alpha_ms and beta_ms cannot both be 0")
     return ProfileSpec(alpha_ms=alpha, beta_ms=beta)
-
-
-class _Ctx:
-    """Error reporting and typed access; every message starts with the file and
-    the field (the style of app.workloads.spec)."""
-
-    def __init__(self, source: str) -> None:
-        self.source = source
-
-    def fail(self, where: str, msg: str) -> NoReturn:
-        raise ValueError(f"{self.source}: {where}: {msg}")
-
-    def keys(
-        self, raw: Any, where: str, allowed: frozenset[str], required: tuple[str, ...] = ()
-    ) -> None:
-        if not isinstance(raw, Mapping):
-            self.fail(where, f"must be a mapping, got {type(raw).__name__}")
-        unknown = sorted(str(k) for k in raw if k not in allowed)
-        if unknown:
-            self.fail(where, f"unknown key(s) {unknown}; allowed: {sorted(allowed)}")
-        for key in required:
-            if key not in raw:
-                self.fail(where, f"missing required key '{key}'")
-
-    def number(
-        self,
-        raw: Mapping,
-        key: Any,
-        where: str,
-        *,
-        above: float | None = None,
-        at_least: float | None = None,
-        integer: bool = False,
-    ) -> Any:
-        value = raw.get(key)
-        if value is None:
-            self.fail(where, "missing required value")
-        if isinstance(value, str):  # PyYAML reads `5e3` as a string
-            try:
-                value = float(value)
-            except ValueError:
-                self.fail(where, f"must be a number, got {value!r}")
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            self.fail(where, f"must be a number, got {value!r}")
-        if not math.isfinite(value):
-            self.fail(where, f"must be finite, got {value}")
-        if integer:
-            if value != int(value):
-                self.fail(where, f"must be an integer, got {value}")
-            value = int(value)
-        else:
-            value = float(value)
-        if above is not None and not value > above:
-            self.fail(where, f"must be > {above:g}, got {value:g}")
-        if at_least is not None and value < at_least:
-            self.fail(where, f"must be ≥ {at_least:g}, got {value:g}")
-        return value
 
 
 # --------------------------------------------------------------------------- repository

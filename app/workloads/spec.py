@@ -47,11 +47,12 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any
 
 import numpy as np
 import yaml
 
+from app.config_fields import FieldReader
 from app.scheduling.model import ModelInfo
 from app.scheduling.profile import LatencyProfile
 from app.scheduling.types import DeviceInfo
@@ -200,7 +201,7 @@ def load_workload(path: str | Path) -> Workload:
 def parse_workload(doc: dict, base_dir: Path, source: str = "<workload>") -> Workload:
     """Validate a parsed YAML document; `base_dir` resolves relative trace
     paths and `source` names the file in error messages."""
-    ctx = _Ctx(source)
+    ctx = FieldReader(source)
     ctx.keys(doc, "top level", _TOP_KEYS, required=("duration_s", "devices", "models"))
     name = doc.get("name", Path(source).stem if source != "<workload>" else "workload")
     if not isinstance(name, str) or not name:
@@ -222,68 +223,7 @@ def parse_workload(doc: dict, base_dir: Path, source: str = "<workload>") -> Wor
     return Workload(name, duration, seed, devices, models, jitter, preempt)
 
 
-class _Ctx:
-    """Error reporting and typed field access, every message prefixed by the
-    file and the field's path in it."""
-
-    def __init__(self, source: str) -> None:
-        self.source = source
-
-    def fail(self, where: str, msg: str) -> NoReturn:
-        raise ValueError(f"{self.source}: {where}: {msg}")
-
-    def keys(
-        self, raw: Any, where: str, allowed: frozenset[str], required: tuple[str, ...] = ()
-    ) -> None:
-        if not isinstance(raw, Mapping):
-            self.fail(where, f"must be a mapping, got {type(raw).__name__}")
-        unknown = sorted(str(k) for k in raw if k not in allowed)
-        if unknown:
-            self.fail(where, f"unknown key(s) {unknown}; allowed: {sorted(allowed)}")
-        for key in required:
-            if key not in raw:
-                self.fail(where, f"missing required key '{key}'")
-
-    def number(
-        self,
-        raw: Mapping,
-        key: str,
-        where: str,
-        *,
-        default: Any = _MISSING,
-        above: float | None = None,
-        at_least: float | None = None,
-        integer: bool = False,
-    ) -> Any:
-        if key not in raw or raw[key] is None:
-            if default is _MISSING:
-                self.fail(where, "missing required value")
-            return default
-        value = raw[key]
-        # PyYAML reads `5e3` (no dot) as a string; accept numeric strings.
-        if isinstance(value, str):
-            try:
-                value = float(value)
-            except ValueError:
-                self.fail(where, f"must be a number, got {value!r}")
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            self.fail(where, f"must be a number, got {value!r}")
-        if not math.isfinite(value):
-            self.fail(where, f"must be finite, got {value}")
-        if integer:
-            if value != int(value):
-                self.fail(where, f"must be an integer, got {value}")
-            value = int(value)
-        else:
-            value = float(value)
-        if above is not None and not value > above:
-            self.fail(where, f"must be > {above:g}, got {value:g}")
-        if at_least is not None and value < at_least:
-            self.fail(where, f"must be ≥ {at_least:g}, got {value:g}")
-        return value
-
-
-def _parse_devices(ctx: _Ctx, raw: Any) -> list[DeviceSpec]:
+def _parse_devices(ctx: FieldReader, raw: Any) -> list[DeviceSpec]:
     if isinstance(raw, int) and not isinstance(raw, bool):
         if raw < 1:
             ctx.fail("devices", f"must be ≥ 1, got {raw}")
@@ -316,7 +256,7 @@ def _parse_devices(ctx: _Ctx, raw: Any) -> list[DeviceSpec]:
     return devices
 
 
-def _parse_arrival(ctx: _Ctx, raw: Any, where: str, base_dir: Path) -> ArrivalSpec:
+def _parse_arrival(ctx: FieldReader, raw: Any, where: str, base_dir: Path) -> ArrivalSpec:
     if not isinstance(raw, Mapping):
         ctx.fail(where, f"must be a mapping like {{process: poisson}}, got {raw!r}")
     process = raw.get("process")
@@ -345,7 +285,7 @@ def _parse_arrival(ctx: _Ctx, raw: Any, where: str, base_dir: Path) -> ArrivalSp
     return ArrivalSpec(process, params)
 
 
-def _parse_mmpp(ctx: _Ctx, raw: Mapping, where: str) -> dict[str, Any]:
+def _parse_mmpp(ctx: FieldReader, raw: Mapping, where: str) -> dict[str, Any]:
     states_raw = raw.get("states")
     if not isinstance(states_raw, list) or not states_raw:
         ctx.fail(f"{where}.states", "must be a non-empty list of {rate, dwell_s}")
@@ -368,7 +308,7 @@ def _parse_mmpp(ctx: _Ctx, raw: Mapping, where: str) -> dict[str, Any]:
     return {"states": states, "order": order, "initial": initial}
 
 
-def _parse_trace(ctx: _Ctx, raw: Mapping, where: str, base_dir: Path) -> dict[str, Any]:
+def _parse_trace(ctx: FieldReader, raw: Mapping, where: str, base_dir: Path) -> dict[str, Any]:
     file = raw.get("file")
     if not isinstance(file, str) or not file:
         ctx.fail(f"{where}.file", "missing trace file path (a CSV in the Azure Functions format)")
@@ -391,7 +331,7 @@ def _parse_trace(ctx: _Ctx, raw: Mapping, where: str, base_dir: Path) -> dict[st
     }
 
 
-def _parse_profile(ctx: _Ctx, raw: Any, where: str, max_batch: int) -> LatencyProfile:
+def _parse_profile(ctx: FieldReader, raw: Any, where: str, max_batch: int) -> LatencyProfile:
     ctx.keys(raw, where, frozenset({"alpha_ms", "beta_ms", "latency_ms"}))
     if "latency_ms" in raw:
         if "alpha_ms" in raw or "beta_ms" in raw:
@@ -434,7 +374,7 @@ class _Entry:
 
 
 def _parse_models(
-    ctx: _Ctx, doc: Mapping, default_arrival: ArrivalSpec, base_dir: Path
+    ctx: FieldReader, doc: Mapping, default_arrival: ArrivalSpec, base_dir: Path
 ) -> list[ModelSpec]:
     raw_models = doc["models"]
     if not isinstance(raw_models, list) or not raw_models:
@@ -483,7 +423,7 @@ def _parse_models(
     ]
 
 
-def _resolve_rates(ctx: _Ctx, doc: Mapping, entries: list[_Entry]) -> list[float | None]:
+def _resolve_rates(ctx: FieldReader, doc: Mapping, entries: list[_Entry]) -> list[float | None]:
     """Per-model rate: explicit `rate`, or `total_rate` split by share or
     popularity over the rate-driven models; None for self-rated processes."""
     for e in entries:
@@ -531,7 +471,7 @@ def _resolve_rates(ctx: _Ctx, doc: Mapping, entries: list[_Entry]) -> list[float
     return rates
 
 
-def _popularity(ctx: _Ctx, raw: Any, n: int) -> np.ndarray:
+def _popularity(ctx: FieldReader, raw: Any, n: int) -> np.ndarray:
     """Weights summing to 1, in model order (the first model is the most
     popular under Zipf, as in Symphony §5.2.1)."""
     if raw == "even":
