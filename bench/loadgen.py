@@ -17,14 +17,24 @@ schedule is never shifted to catch up. How far behind the generator fell is
 reported (`generator.send_lag_*`), and the run is flagged
 (`generator.fell_behind`) when more than 1 % of sends left over
 `--lag-threshold-ms` (5 ms) late: its numbers then measure the generator as
-well as the server. "Sent" is when httpcore finished writing the request onto
-the socket (its `trace` extension), so time spent in the client library and
-waiting for a pooled connection counts as lag, not as server latency.
+well as the server. "Sent" is when the request was written to its socket,
+so time spent in the client and waiting for a free pooled connection counts
+as lag, not as server latency.
 
-**Workers.** One asyncio process (httpx.AsyncClient, HTTP/1.1 keep-alive,
-enough pooled connections, pre-opened before the start) sustains a few
-thousand requests/s; with `--workers N`, N processes each take every N-th
-arrival and start on a common monotonic `t0`.
+**Client.** Control-plane calls (metadata, checks) use httpx. The requests
+themselves go, by default (`--client raw`), through a small asyncio HTTP/1.1
+client: each model's whole request (request line, headers, JSON body) is
+built once as bytes and written with one `transport.write` on a pooled
+keep-alive connection (enough of them, opened before the start). It costs
+~0.1 ms of CPU per request, so one process keeps p99 send lag under 2 ms up
+to ~10 000 requests/s on an idle core. `--client httpx` sends through
+httpx.AsyncClient instead (send time from httpcore's `trace` extension); it
+costs ~1.5-2.5 ms of CPU per request here, too much to share a 2-core box
+with the server above a few hundred requests/s.
+
+**Workers.** With `--workers N`, N processes (spawned) each take every N-th
+arrival and start on a common CLOCK_MONOTONIC `t0`. Scripts that call
+`run_load(workers>1)` need the usual `if __name__ == "__main__":` guard.
 
 **Bounded.** Only loopback targets (127.0.0.0/8, ::1, localhost) are
 accepted. Each request has a hard timeout of its model's SLO + margin
@@ -62,9 +72,11 @@ model not on the server).
 Importable API (for bench.compare and tests)::
 
     targets = await prepare_targets(url, workload)          # optional, reusable
-    result = await run_load(url, workload, rate_scale=1.0)  # -> LiveResult
-    result.summary["overall"]["goodput_rps"], result.to_dict()
+    targets = build_targets(workload, {name: v2_inputs})    # servers without /v2 metadata
+    result = await run_load(url, workload, rate_scale=1.0, targets=targets)  # -> LiveResult
+    result.summary["overall"]["goodput_rps"], result.to_dict(), result.records
     cap, probes = find_live_capacity(url, workload)         # sync (asyncio.run per probe)
+    doc = build_document(workload, path, result, cap, probes)  # the --json document
 """
 
 from __future__ import annotations
@@ -922,8 +934,11 @@ def _reason(status: int, content: bytes) -> str:
 # --------------------------------------------------------------------------- worker processes
 
 
-def _worker_main(plan: _Plan, conn: Any, progress: Any, slot: int) -> None:
+def _worker_main(conn: Any, progress: Any, slot: int) -> None:
+    # The plan comes through the pipe, not as a Process argument: a spawn
+    # payload the child never reads (it died importing) blocks the parent.
     try:
+        plan = conn.recv()
         asyncio.run(_worker_async(plan, conn, progress, slot))
     except BaseException as exc:  # report anything to the parent, then exit
         with contextlib.suppress(Exception):
@@ -969,15 +984,20 @@ async def _run_workers(
     shared = ctx.Array("q", 2 * len(plans), lock=False)
     pipes, procs = [], []
     try:
-        for w, plan in enumerate(plans):
+        for w in range(len(plans)):
             parent, child = ctx.Pipe()
             proc = ctx.Process(
-                target=_worker_main, args=(plan, child, shared, w), daemon=True, name=f"loadgen-{w}"
+                target=_worker_main, args=(child, shared, w), daemon=True, name=f"loadgen-{w}"
             )
             proc.start()
             child.close()
             pipes.append(parent)
             procs.append(proc)
+        for w, (plan, conn) in enumerate(zip(plans, pipes, strict=True)):
+            try:
+                await asyncio.to_thread(conn.send, plan)
+            except OSError:
+                raise RunFailed(f"load generator worker {w} exited on start") from None
         for conn in pipes:
             kind, payload = await _recv(conn, 60.0)
             if kind != "ready":
@@ -1294,6 +1314,7 @@ def find_live_capacity(
     probe_duration_s: float | None = DEFAULT_PROBE_DURATION_S,
     settle_s: float = 0.5,
     max_requests: int = DEFAULT_MAX_REQUESTS,
+    targets: Sequence[ModelTarget] | None = None,
     on_probe: Callable[[float], ProgressCallback | None] | None = None,
     **run_kwargs: Any,
 ) -> tuple[CapacityResult, dict[float, LiveResult]]:
@@ -1301,12 +1322,14 @@ def find_live_capacity(
     over short live runs (`find_capacity` of the simulator). Synchronous: each
     probe is an `asyncio.run(run_load(...))`; from async code call it through
     `asyncio.to_thread`. Returns the search and every probe's LiveResult by
-    scale. `on_probe(scale)` may return a progress callback for that probe."""
+    scale. `on_probe(scale)` may return a progress callback for that probe;
+    `run_kwargs` go to every `run_load` (workers, client, ...)."""
     duration = probe_duration_s or workload.duration_s
     short = dataclasses.replace(workload, duration_s=float(duration))
     nominal = short.offered_rate() * short.duration_s
     max_scale = 1024.0 if nominal <= 0 else max(hi, min(1024.0, max_requests / nominal / 1.2))
-    targets = asyncio.run(prepare_targets(url, short))
+    if targets is None:
+        targets = asyncio.run(prepare_targets(url, short))
     results: dict[float, LiveResult] = {}
 
     def probe(scale: float) -> LiveResult:
@@ -1687,7 +1710,8 @@ def _main(argv: list[str] | None, err: Any) -> int:
         err.print(
             f"[yellow]warning:[/] the generator fell behind: {100 * g['behind_fraction']:.2f} % "
             f"of sends over {g['lag_threshold_ms']:g} ms late (p99 {g['send_lag_p99_ms']:.2f} ms, "
-            f"max {g['send_lag_max_ms']:.2f} ms); try --workers",
+            f"max {g['send_lag_max_ms']:.2f} ms): latencies include the generator's delay "
+            "(busy machine? simultaneous bursts? more --workers on a bigger machine)",
             highlight=False,
         )
     doc = build_document(workload, path, result, capacity, probes, server)

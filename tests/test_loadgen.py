@@ -262,8 +262,10 @@ def test_slow_server_does_not_shift_the_schedule(tmp_path):
     assert rec.sent.max() < workload.duration_s + 0.05
     lat = rec.latency_ms
     assert (lat >= 300.0).all()
-    # latency = completion - intended ≥ completion - sent
-    assert (lat >= (rec.latency_ms - lag) - 1e-9).all()
+    # A closed loop would wait for answers; this one sent ~60 requests (0.3 s
+    # at 200 r/s) before the first answer came back.
+    first_answer = np.min(rec.intended + lat / 1000.0)
+    assert np.count_nonzero(rec.sent < first_answer) >= 40
     o = result.summary["overall"]
     assert o["late_fraction"] == pytest.approx(1.0)
     assert o["goodput_rps"] == 0.0
