@@ -118,15 +118,16 @@ class Dispatcher:
 
     def batch_done(
         self, device: int, batch_id: int, started_at: float, finished_at: float, error: str | None
-    ) -> None:
-        """Called on the event loop when an executor reports a batch."""
+    ) -> Batch | None:
+        """Called on the event loop when an executor reports a batch; returns
+        the batch, or None for one the core no longer tracks (preempted)."""
         for group in self.groups:
             batch = group.batches.pop(batch_id, None)
             if batch is not None:
                 break
         else:
             log.warning("device %d reported unknown batch %d", device, batch_id)
-            return
+            return None
         finished = Finished(batch, started_at, finished_at, error)
         for request in batch.requests:
             pending = self.pending.pop(request.id, None)
@@ -135,6 +136,7 @@ class Dispatcher:
         now = self._now()
         self._apply(group, group.scheduler.batch_finished(device, batch_id, now))
         self._rearm(group)
+        return batch
 
     # ------------------------------------------------------------- decisions
 

@@ -325,12 +325,9 @@ class LiveService:
     ) -> None:
         if self.dispatcher is None:
             return
-        for group in self.dispatcher.groups:
-            batch = group.batches.get(batch_id)
-            if batch is not None:
-                self.metrics.batch_executed(batch.model, self._device(device).name, batch.size)
-                break
-        self.dispatcher.batch_done(device, batch_id, started_at, finished_at, error)
+        batch = self.dispatcher.batch_done(device, batch_id, started_at, finished_at, error)
+        if batch is not None and error is None:
+            self.metrics.batch_executed(batch.model, self._device(device).name, batch.size)
 
     async def _publish_signals(self, period_s: float = 5.0) -> None:
         """Symphony's autoscaling signals (§4.4) to /metrics, every period."""
