@@ -40,7 +40,13 @@ class Backend(Protocol):
     def run(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]: ...
 
 
-def spin_until(deadline: float, spin_s: float = 0.002) -> None:
+# An emulated device sleeps, then spins only this long for accuracy: with the
+# executor's timer slack at 1 µs (executor.py) a wake-up is ~0.1 ms late, and
+# a longer spin would burn a core per busy device on a small CPU box.
+EMULATED_SPIN_S = 0.0002
+
+
+def spin_until(deadline: float, spin_s: float = EMULATED_SPIN_S) -> None:
     """Sleep until `deadline` (time.monotonic()), spinning the last `spin_s`
     for sub-millisecond accuracy."""
     remaining = deadline - time.monotonic()
@@ -236,7 +242,7 @@ class EmulatedBackend:
                 outputs[name] = np.zeros((batch, *spec.item_shape), dtype=spec.dtype)
         # Hold the device: interruptible sleep, short spin at the end.
         remaining = deadline - time.monotonic()
-        if remaining > 0.002 and self._abort.wait(remaining - 0.002):
+        if remaining > EMULATED_SPIN_S and self._abort.wait(remaining - EMULATED_SPIN_S):
             raise Terminated("run terminated")
         spin_until(deadline)
         if self._abort.is_set():
