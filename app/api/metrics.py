@@ -23,6 +23,9 @@ Metric names (with `namespace`, default "", as a `<namespace>_` prefix):
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Any
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.exposition import choose_encoder
 
@@ -54,12 +57,27 @@ LATENCY_BUCKETS_S = (
 BATCH_BUCKETS = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128, 256, 512, 1024)
 
 
+@dataclass(frozen=True)
+class _ModelSeries:
+    """One model's labelled children, looked up once: `labels()` per request
+    costs more than the increment itself on the hot path."""
+
+    requests: Any
+    goodput: Any
+    late: Any
+    latency: Any
+    queue_delay: Any
+    request_batch_size: Any
+    batch_size: Any
+
+
 class Metrics:
     """The server's metrics on one `CollectorRegistry` (a fresh one by default)."""
 
     def __init__(self, registry: CollectorRegistry | None = None, namespace: str = "") -> None:
         self.registry = registry if registry is not None else CollectorRegistry()
         reg, ns = self.registry, namespace
+        self._by_model: dict[str, _ModelSeries] = {}
         self.requests = Counter(
             "requests", "Requests received.", ["model"], namespace=ns, registry=reg
         )
@@ -136,8 +154,23 @@ class Metrics:
 
     # -- what the service calls -------------------------------------------------
 
+    def _series(self, model: str) -> _ModelSeries:
+        series = self._by_model.get(model)
+        if series is None:
+            series = _ModelSeries(
+                self.requests.labels(model),
+                self.goodput.labels(model),
+                self.late.labels(model),
+                self.latency.labels(model),
+                self.queue_delay.labels(model),
+                self.request_batch_size.labels(model),
+                self.batch_size.labels(model),
+            )
+            self._by_model[model] = series
+        return series
+
     def request_received(self, model: str) -> None:
-        self.requests.labels(model).inc()
+        self._series(model).requests.inc()
 
     def request_finished(
         self,
@@ -147,17 +180,18 @@ class Metrics:
         batch_size: int,
         within_slo: bool,
     ) -> None:
-        (self.goodput if within_slo else self.late).labels(model).inc()
-        self.latency.labels(model).observe(latency_s)
-        self.queue_delay.labels(model).observe(queue_s)
-        self.request_batch_size.labels(model).observe(batch_size)
+        series = self._series(model)
+        (series.goodput if within_slo else series.late).inc()
+        series.latency.observe(latency_s)
+        series.queue_delay.observe(queue_s)
+        series.request_batch_size.observe(batch_size)
 
     def request_dropped(self, model: str, reason: str) -> None:
         self.dropped.labels(model, reason).inc()
 
     def batch_executed(self, model: str, device: str, size: int) -> None:
         self.batches.labels(model, str(device)).inc()
-        self.batch_size.labels(model).observe(size)
+        self._series(model).batch_size.observe(size)
 
     def set_device_busy(self, device: str, fraction: float) -> None:
         self.busy_fraction.labels(str(device)).set(fraction)

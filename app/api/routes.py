@@ -60,6 +60,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 
 from app.api import models as m
+from app.api.fastpath import InferEndpoints, install_fast_path
 from app.api.metrics import Metrics
 from app.api.security import check_model_name, require_token, short_repr
 from app.api.tensors import (
@@ -148,6 +149,11 @@ def error_response(
 
 async def _serving_error_handler(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, ServingError)
+    return serving_error_response(request, exc)
+
+
+def serving_error_response(request: Request, exc: ServingError) -> Response:
+    """The JSON error answer to a ServingError (FastAPI's handler and the fast path)."""
     headers = dict(getattr(exc, "headers", None) or {})
     if isinstance(exc, Overloaded):
         headers.setdefault("Retry-After", "1")
@@ -940,6 +946,10 @@ def build_router(
         data, content_type = metrics.render(request.headers.get("accept"))
         return Response(data, media_type=content_type)
 
+    # The inference routes' short way through the ASGI stack (app.api.fastpath).
+    router.infer_endpoints = InferEndpoints(  # type: ignore[attr-defined]
+        native=infer, v2=v2_infer, on_error=serving_error_response
+    )
     return router
 
 
@@ -1000,7 +1010,9 @@ def install(
         raise ValueError(f"max_body_bytes must be ≥ 1, got {max_body_bytes}")
     app.state.max_body_bytes = max_body_bytes
     app.state.require_admin = require_token(admin_token, host=bind_host)
-    app.include_router(build_router(get_service, metrics, max_body_bytes=max_body_bytes))
+    router = build_router(get_service, metrics, max_body_bytes=max_body_bytes)
+    app.include_router(router)
+    install_fast_path(app, router.infer_endpoints)  # type: ignore[attr-defined]
     app.add_exception_handler(ServingError, _serving_error_handler)
     app.add_exception_handler(RequestValidationError, _validation_error_handler)
     app.add_exception_handler(StarletteHTTPException, _http_error_handler)

@@ -1,0 +1,86 @@
+"""The inference routes' short way through the ASGI stack (app.api.fastpath):
+which paths it takes, that it bypasses FastAPI's router for them and only for
+them, and that its answers are the routed ones (tests/test_api.py runs every
+inference case through it)."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+from fastapi.routing import APIRoute
+
+from app.api import Metrics, create_api
+from app.api.fastpath import match_infer_path
+from tests.test_api import GOOD_V2, FakeService
+
+pytestmark = pytest.mark.anyio
+
+
+@pytest.fixture
+def anyio_backend():
+    return "asyncio"
+
+
+@pytest.mark.parametrize(
+    ("path", "expected"),
+    [
+        ("/infer", ("", None)),
+        ("/v2/models/add_one/infer", ("add_one", None)),
+        ("/v2/models/add_one/versions/3/infer", ("add_one", "3")),
+        ("/v2/models//infer", None),
+        ("/v2/models/a/b/infer", None),
+        ("/v2/models/a/versions//infer", None),
+        ("/v2/models/a/version/1/infer", None),
+        ("/v2/models/add_one", None),
+        ("/v2/models/add_one/ready", None),
+        ("/infer/", None),
+        ("/v2/infer", None),
+    ],
+)
+def test_match_infer_path(path, expected):
+    assert match_infer_path(path) == expected
+
+
+@pytest.fixture
+def routed_calls(monkeypatch):
+    """Paths FastAPI's router handled (APIRoute.handle), in order."""
+    calls: list[str] = []
+    original = APIRoute.handle
+
+    async def counting(self, scope, receive, send):
+        calls.append(scope["path"])
+        await original(self, scope, receive, send)
+
+    monkeypatch.setattr(APIRoute, "handle", counting)
+    return calls
+
+
+async def test_inference_bypasses_the_router_and_the_rest_does_not(routed_calls):
+    service = FakeService()
+    app = create_api(lambda: service, Metrics(), max_body_bytes=1 << 20)
+    transport = httpx.ASGITransport(app=app, raise_app_exceptions=False)
+    async with httpx.AsyncClient(transport=transport, base_url="http://t") as client:
+        r = await client.post("/v2/models/add_one/infer", json=GOOD_V2)
+        assert r.status_code == 200
+        assert r.json()["outputs"][0]["data"] == [2.0, 3.0, 4.0, 5.0]
+        r = await client.post("/v2/models/add_one/versions/1/infer", json=GOOD_V2)
+        assert r.status_code == 200
+        r = await client.post("/infer", json={"model": "add_one", "inputs": {"x": [1, 2, 3, 4]}})
+        assert r.status_code == 200 and r.json()["outputs"]["y"]["data"] == [[2.0, 3.0, 4.0, 5.0]]
+        assert routed_calls == []
+
+        # Errors from the fast path are the API's JSON errors.
+        r = await client.post("/v2/models/nope/infer", json=GOOD_V2)
+        assert r.status_code == 404 and "nope" in r.json()["error"]
+        r = await client.post("/v2/models/busy/infer", json=GOOD_V2)
+        assert r.status_code == 429 and r.headers["retry-after"] == "1"
+        r = await client.post("/infer", json={"model": "broken", "inputs": {"x": [1, 2, 3, 4]}})
+        assert r.status_code == 500 and r.json()["reason"] == "internal"
+        assert routed_calls == []
+
+        # Other methods on an inference path, and other routes, are FastAPI's.
+        r = await client.get("/v2/models/add_one/infer")
+        assert r.status_code == 405 and r.json()["reason"] == "method_not_allowed"
+        r = await client.get("/v2/models/add_one")
+        assert r.status_code == 200
+        assert routed_calls == ["/v2/models/add_one"]
