@@ -115,22 +115,28 @@ def test_drop_timer_answers_a_hopeless_request_before_its_deadline():
 
 
 @pytest.mark.parametrize(
-    ("pruning", "dropped_count", "batch_size", "left_queued"),
+    ("pruning", "rate", "dropped_count", "batch_size", "left_queued"),
     [
         # Window: heads go until a batch of the remaining size fits: 10 (needs
         # 12 ms, head dl 20.5 ms) ✗, 9 (11 ms, 21.0) ✗, 8 (10 ms, 21.5) ✗, 7 (9 ms, 22.0) ✓.
-        ("window", 3, 7, 0),
+        ("window", 20.0, 3, 7, 0),
         # Prefix (literal): nobody is dropped; the batch shrinks to what the
         # head allows: ℓ(b) ≤ 20.5 − 12 = 8.5 ms ⇒ b = 6; four stay queued.
-        ("prefix", 0, 6, 4),
+        ("prefix", 900.0, 0, 6, 4),
+        # Adaptive at λ ≈ 30/s: one device keeps up with batches of 1, so the
+        # batch shrinks to 6 as with prefix and nobody is dropped.
+        ("adaptive", 20.0, 0, 6, 4),
+        # Adaptive at λ ≈ 900/s: only batches of b ≥ 18 (b/(b+2) ms ≥ 0.9/ms)
+        # keep up, so a batch of 6 would not do: it drops like the window.
+        ("adaptive", 900.0, 3, 7, 0),
     ],
 )
 def test_pruning_window_keeps_batch_size_prefix_shrinks_it(
-    pruning, dropped_count, batch_size, left_queued
+    pruning, rate, dropped_count, batch_size, left_queued
 ):
     # ℓ(b) = b + 2 ms, SLO 20 ms. Ten requests queue (0.5 … 5 ms) behind a
     # device busy until 12 ms.
-    info = model(alpha_ms=1.0, beta_ms=2.0, slo_ms=20.0)
+    info = model(alpha_ms=1.0, beta_ms=2.0, slo_ms=20.0, expected_rate=rate)
     block = blocker(12.0)
     sched = make_scheduler("symphony-wc", [info, block], devices(1), pruning=pruning)
     (busy,) = dispatches(sched.add_request(request(block, 0.0), 0.0))
