@@ -333,7 +333,8 @@ def markdown_table(results: Sequence[SystemResult]) -> str:
         p50, p99 = overall.get("latency_p50_ms"), overall.get("latency_p99_ms")
         latency = f"{p50:.1f} / {p99:.1f}" if p50 is not None and p99 is not None else "—"
         lines.append(
-            f"| {r.label} | {r.capacity_rps:,.0f} ({r.capacity_status}) | {ratio} | {latency} "
+            f"| {r.label} | {r.capacity_rps:,.0f} ({r.capacity_status}) | {ratio} "
+            f"| {overall['offered_rps']:,.0f} | {latency} "
             f"| {overall['slo_attainment']:.2%} | {r.startup_s:.1f} |"
         )
     return "\n".join(lines)
