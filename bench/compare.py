@@ -111,6 +111,7 @@ class Options:
     cdf_fraction: float | None  # CDF run at this fraction of the system's capacity
     screen_scale: float | None
     workers: int
+    ray_waits_s: tuple[float, ...] | None = None  # None: ray_grid.WAITS_S
 
 
 # ------------------------------------------------------------------ measuring
@@ -233,13 +234,18 @@ def run_ray(
     from bench.peers.ray_serve_launcher import start_ray_serve
     from bench.peers.ray_serve_launcher import stop as stop_ray
 
+    if setup.repository == REPO_ROOT / "models":
+        from app.repository.bundled import ensure_bundled_models
+
+        ensure_bundled_models(setup.repository)  # the ONNX files are built on first use
     index = load_repository(setup.repository)
     names = [m.name for m in workload.models]
     grid = candidate_grid(
         [
             target_from_config(index.models[m.name], cpu_threads=setup.cpu_threads, slo_ms=m.slo_ms)
             for m in workload.models
-        ]
+        ],
+        **({"waits_s": options.ray_waits_s} if options.ray_waits_s is not None else {}),
     )
     targets = ray_targets(setup, workload)
 
@@ -417,6 +423,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="rate scale of Ray's grid screening (default: the daemon's capacity scale, else 1)",
     )
     p.add_argument("--workers", type=int, default=1, help="load-generator processes")
+    p.add_argument(
+        "--ray-waits",
+        default=None,
+        help="Ray Serve batch_wait_timeout values to try, in ms, comma-separated "
+        "(default: 0,1,2,5)",
+    )
     p.add_argument("--out", type=Path, default=REPO_ROOT / "bench" / "results")
     return p
 
@@ -437,6 +449,7 @@ def main(argv: list[str] | None = None) -> int:
         args.cdf_fraction,
         args.screen_scale,
         args.workers,
+        (tuple(float(v) / 1000.0 for v in args.ray_waits.split(",")) if args.ray_waits else None),
     )
     for key in args.workload:
         setup = SETUPS[key]
