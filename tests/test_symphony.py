@@ -74,7 +74,7 @@ def test_earliest_free_device_goes_to_the_candidate_with_earliest_exec_at():
     a = model("a", alpha_ms=10.0, beta_ms=10.0, slo_ms=100.0, expected_rate=1000.0)
     b = model("b", alpha_ms=10.0, beta_ms=10.0, slo_ms=95.0, expected_rate=1000.0)
     block = blocker(75.0)
-    sched = SymphonyScheduler([a, b, block], devices(1))
+    sched = SymphonyScheduler([a, b, block], devices(1), grant_by="exec_at")
     (busy,) = dispatches(sched.add_request(request(block, 0.0), 0.0))
     assert busy.batch.finish_at == pytest.approx(0.075)
     sched.add_request(request(a, 0.001), 0.001)
@@ -90,6 +90,33 @@ def test_earliest_free_device_goes_to_the_candidate_with_earliest_exec_at():
     (dropped,) = drops(sched.advance(sched.next_wakeup()))
     assert [r.model for r in dropped.requests] == ["a"]
     assert dropped.reason is DropReason.DEADLINE
+
+
+@pytest.mark.parametrize(("grant_by", "served"), [("slack", {"x", "y"}), ("exec_at", {"x"})])
+def test_freed_device_goes_to_the_candidate_with_least_slack(grant_by, served):
+    # Both candidates are schedulable at once (λ ≈ 1/s ⇒ βλ < 1) and wait for a
+    # device busy until 50 ms. "x" (ℓ(1) = 60 ms, SLO 200) arrived first but
+    # can start as late as 141 ms; "y" (ℓ(1) = 11 ms, SLO 70) only until 61 ms.
+    # Least slack first runs y at 50-61 ms and x at 61-121 ms: both make it.
+    # App. C's earliest exec_at runs x first, and y is dropped.
+    x = model("x", alpha_ms=50.0, beta_ms=10.0, slo_ms=200.0, expected_rate=1.0)
+    y = model("y", alpha_ms=1.0, beta_ms=10.0, slo_ms=70.0, expected_rate=1.0)
+    block = blocker(50.0)
+    sched = SymphonyScheduler([x, y, block], devices(1), grant_by=grant_by)
+    (busy,) = dispatches(sched.add_request(request(block, 0.0), 0.0))
+    assert dispatches(sched.add_request(request(x, 0.001), 0.001)) == []
+    assert dispatches(sched.add_request(request(y, 0.002), 0.002)) == []
+    assert set(sched.waiting) == {"x", "y"}
+    decisions = sched.batch_finished(0, busy.batch.id, 0.050)
+    ran = {d.batch.model: d.batch for d in dispatches(decisions)}
+    while (wake := sched.next_wakeup()) is not None:
+        for batch in (d.batch for d in dispatches(sched.advance(wake))):
+            ran[batch.model] = batch
+        for batch in list(sched.in_flight.values()):
+            for d in dispatches(sched.batch_finished(batch.device, batch.id, batch.finish_at)):
+                ran[d.batch.model] = d.batch
+    assert set(ran) == served
+    assert all(b.finish_at <= min(r.deadline for r in b.requests) + 1e-12 for b in ran.values())
 
 
 def test_drop_timer_answers_a_hopeless_request_before_its_deadline():
@@ -168,5 +195,7 @@ def test_unknown_policy_and_bad_option_are_clear_errors():
         make_scheduler("nope", [info], devices(1))
     with pytest.raises(ValueError, match="pruning must be"):
         make_scheduler("symphony", [info], devices(1), pruning="sideways")
+    with pytest.raises(ValueError, match="grant_by must be"):
+        make_scheduler("symphony", [info], devices(1), grant_by="size")
     with pytest.raises(ValueError, match="bad option for policy 'symphony'"):
         make_scheduler("symphony", [info], devices(1), colour="blue")

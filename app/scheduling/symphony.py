@@ -46,6 +46,14 @@ Deviations from the pseudo-code, each for a reason:
   else ``max(earliest, frontrun_at)``.
 * After a drop timer fires, the new candidate is re-announced to the rank
   logic (App. C leaves it unannounced until the next arrival).
+* A freed device goes to the waiting candidate with the least slack (the
+  earliest ``invalid_after``), not the earliest ``exec_at`` (App. C's
+  RankThread; ``grant_by="exec_at"``). Candidates that wait for a device are
+  all schedulable, so their ``exec_at`` is mostly when they became so; under
+  a burst that hands the device to a model with 30 ms of slack while another
+  model's heads expire. Least slack first raises the Table 5 zoo's capacity
+  from 6,424 to ~7,500 r/s and the bursty mix's from 290 to 322 r/s; a single
+  model (Table 4) is unaffected.
 """
 
 from __future__ import annotations
@@ -87,11 +95,15 @@ class SymphonyScheduler(Scheduler):
         pruning: str = "adaptive",
         max_batch: int | None = None,
         stagger_slack: float | None = None,
+        grant_by: str = "slack",
         **options: float,
     ) -> None:
         super().__init__(models, devices, **options)
         if pruning not in PRUNING_RULES:
             raise ValueError(f"pruning must be one of {PRUNING_RULES}, got {pruning!r}")
+        if grant_by not in ("exec_at", "slack"):
+            raise ValueError(f"grant_by must be 'exec_at' or 'slack', got {grant_by!r}")
+        self.grant_by = grant_by
         self.work_conserving = work_conserving
         self.pruning = pruning
         self._window = pruning != "prefix"
@@ -353,7 +365,10 @@ class SymphonyScheduler(Scheduler):
         for name in [n for n, c in waiting.items() if free_at > c.invalid_after]:
             del waiting[name]
         if waiting:
-            name = min(waiting, key=lambda n: waiting[n].exec_at)
+            if self.grant_by == "slack":
+                name = min(waiting, key=lambda n: waiting[n].invalid_after)
+            else:
+                name = min(waiting, key=lambda n: waiting[n].exec_at)
             self.free_at[device] = _INF
             self._granted_device(name, device, free_at, now)
         self._set_device_timer()
