@@ -166,6 +166,28 @@ class SymphonyScheduler(Scheduler):
         else:
             self._on_device_timer(now)
 
+    # ------------------------------------------------------------ device faults
+
+    def _on_device_down(self, device: int, now: float) -> None:
+        # Out of `free_at`, the device is never the earliest-free one.
+        self.free_at.pop(device, None)
+        self._set_device_timer()
+
+    def _on_device_up(self, device: int, now: float) -> None:
+        self.free_at[device] = now
+        # A waiting candidate gets it through the device timer (due now).
+        self._set_device_timer()
+
+    def _requeue(self, requests: list[Request], now: float) -> None:
+        names = []
+        for request in requests:
+            self.queues[request.model].add(request)
+            if request.model not in names:
+                names.append(request.model)
+        for name in names:
+            self._update_candidate(self.models[name], -_INF, 1.0, now)
+            self._inform_candidate(name, now)
+
     # ---------------------------------------------------------- model "thread"
 
     def _update_candidate(
@@ -276,6 +298,8 @@ class SymphonyScheduler(Scheduler):
 
     def _earliest_device(self) -> tuple[int, float]:
         free_at = self.free_at
+        if not free_at:  # every device is down: nothing is ever free
+            return -1, _INF
         device = min(free_at, key=free_at.__getitem__)
         return device, free_at[device]
 
@@ -306,6 +330,9 @@ class SymphonyScheduler(Scheduler):
 
     def _on_device_timer(self, now: float) -> None:
         device, free_at = self._earliest_device()
+        if free_at == _INF:  # the device went down since the timer was set
+            self._set_device_timer()
+            return
         waiting = self.waiting
         for name in [n for n, c in waiting.items() if free_at > c.invalid_after]:
             del waiting[name]
