@@ -206,6 +206,36 @@ def test_with_every_device_down_requests_are_still_answered(policy):
     assert r.id in sim.finished
 
 
+def test_symphony_pushes_back_batches_queued_behind_a_batch_that_ended_late():
+    # One device, ℓ(b) = b + 10 ms. B1 (1 request) runs 0–11 ms; B2 (4) is
+    # dispatched for when B1 should end (11 ms). B1 really ends at 17 ms, so
+    # B2 ends at 31 ms, not 25: the next batch must be planned from 31 ms.
+    # (Under sustained load the device is never idle, and without this the
+    # overruns of every batch add up: answers planned on time come late.)
+    info = model(alpha_ms=1.0, beta_ms=10.0, slo_ms=200.0, max_batch=4)
+    core = make_scheduler("symphony-wc", [info], devices(1))
+
+    def add(t: float, n: int) -> list[Batch]:
+        out = []
+        for _ in range(n):
+            out += [
+                d.batch
+                for d in core.add_request(_req(info.name, t, 0.2), t)
+                if isinstance(d, Dispatch)
+            ]
+        return out
+
+    (b1,) = add(0.0, 1)
+    assert (b1.start_at, b1.size) == (0.0, 1)
+    assert add(0.001, 4) == []
+    (b2,) = [d.batch for d in core.advance(core.next_wakeup()) if isinstance(d, Dispatch)]
+    assert (b2.start_at, b2.size) == (pytest.approx(0.011), 4)
+    core.batch_finished(0, b1.id, 0.017)  # 6 ms late
+    assert add(0.018, 4) == []
+    (b3,) = [d.batch for d in core.advance(core.next_wakeup()) if isinstance(d, Dispatch)]
+    assert b3.start_at == pytest.approx(0.031)
+
+
 # ----------------------------------------------------------- the live daemon
 
 # bench.overload's setup: one emulated model, ℓ(b) = 10·b + 50 ms, batches of
@@ -463,3 +493,45 @@ def test_sigterm_under_load_answers_everything_frees_shared_memory_and_restarts(
     finally:
         stop_daemon(again)
     assert not _segments(again.process.pid)
+
+
+class _DegradedService:
+    """Just enough of a service for /v2/health/ready."""
+
+    def __init__(self, alive: int, unavailable: list[str]) -> None:
+        self.alive, self.unavailable = alive, unavailable
+
+    def server_ready(self) -> bool:
+        return not self.unavailable
+
+    def capacity(self) -> dict[str, object]:
+        return {
+            "devices_alive": self.alive,
+            "devices_total": 2,
+            "models_unavailable": self.unavailable,
+        }
+
+
+@pytest.mark.parametrize(
+    ("alive", "unavailable", "status"),
+    [(2, [], 200), (1, [], 200), (0, ["slow"], 400)],
+)
+def test_readiness_reports_capacity_and_fails_when_a_model_has_no_live_device(
+    alive, unavailable, status
+):
+    from app.api import Metrics, create_api
+
+    app = create_api(lambda: _DegradedService(alive, unavailable), Metrics())
+
+    async def get():
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://t") as c:
+            return await c.get("/v2/health/ready")
+
+    reply = asyncio.run(get())
+    assert reply.status_code == status
+    if status == 200:
+        assert reply.json() == {"ready": True, "devices_alive": alive, "devices_total": 2}
+    else:
+        assert reply.json()["reason"] == "not_ready"
+        assert "no live device for slow (0/2 devices alive)" in reply.json()["error"]

@@ -146,13 +146,27 @@ class SymphonyScheduler(Scheduler):
 
     def _on_batch_finished(self, batch: Batch, now: float) -> None:
         device = batch.device
-        # A later batch may already be dispatched to this device (for when this
-        # one was predicted to end); then its prediction stands. Otherwise the
-        # device is free now, earlier or later than predicted.
-        if self.free_at[device] != now and not any(
-            b.device == device for b in self.in_flight.values()
-        ):
-            self.free_at[device] = now
+        if device not in self.free_at:  # down: device_up sets it afresh
+            return
+        queued = [b for b in self.in_flight.values() if b.device == device]
+        if not queued:
+            # The device is free now, earlier or later than predicted.
+            if self.free_at[device] != now:
+                self.free_at[device] = now
+                self._set_device_timer()
+            return
+        # Later batches are already dispatched to this device (for when this
+        # one was predicted to end). If it ended late, they start late: push
+        # the prediction back. Without this, under sustained load the device
+        # never falls idle, each batch's small overrun (IPC, gathering) adds
+        # up, and batches planned "on time" finish ever later.
+        if now <= batch.finish_at:
+            return
+        free = now
+        for b in sorted(queued, key=lambda b: b.start_at):
+            free = max(free, b.start_at) + (b.finish_at - b.start_at)
+        if free > self.free_at[device]:
+            self.free_at[device] = free
             self._set_device_timer()
 
     def _on_timer(self, key: Hashable, now: float) -> None:

@@ -185,6 +185,11 @@ class Dispatcher:
                         batch.device,
                         (batch.start_at - time.monotonic()) * 1000,
                     )
+                if batch.id not in group.scheduler.in_flight:
+                    # Its device failed while these decisions were carried
+                    # out (device_down, re-entered from a failed submit): the
+                    # core has re-planned the requests already.
+                    continue
                 group.batches[batch.id] = batch
                 slots = []
                 for request in batch.requests:
@@ -195,7 +200,8 @@ class Dispatcher:
                     self._submit(batch.device, batch.id, batch.model, slots, batch.start_at)
                 except Exception as exc:  # the executor is gone: answer, do not hang
                     log.error("submit to device %d failed: %s", batch.device, exc)
-                    group.batches.pop(batch.id, None)
+                    if group.batches.pop(batch.id, None) is None:
+                        continue  # device_down ran meanwhile and re-planned them
                     self._fail(batch.requests, ExecutorFailed(f"device {batch.device}: {exc}"))
             elif isinstance(decision, Drop):
                 if log.isEnabledFor(logging.DEBUG):
