@@ -20,6 +20,9 @@ import argparse
 import asyncio
 import contextlib
 import json
+import os
+import re
+import signal
 import socket
 import sys
 import tempfile
@@ -180,10 +183,37 @@ def per_second(answers: list[Answer], samples: list[tuple[float, float, float]],
     return rows
 
 
-async def _soak(url: str, pid: int, phases: list[tuple[float, float]]):
+def executor_pids(pid: int) -> dict[str, int]:
+    """Executor processes of daemon `pid` by device name (their process
+    title is `dsrv-<device>`)."""
+    found = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        comm = stat[stat.index("(") + 1 : stat.rindex(")")]
+        if int(stat[stat.rindex(")") + 2 :].split()[1]) == pid and comm.startswith("dsrv-"):
+            found[comm.removeprefix("dsrv-")] = int(entry.name)
+    return found
+
+
+async def _soak(
+    url: str, pid: int, phases: list[tuple[float, float]], kill_at: float | None = None
+):
     samples: list[tuple[float, float, float]] = []
     start = time.monotonic()
     done = asyncio.Event()
+
+    async def kill() -> None:
+        assert kill_at is not None
+        await asyncio.sleep(kill_at)
+        victim = executor_pids(pid).get("emulated:0")
+        if victim is not None:
+            os.kill(victim, signal.SIGKILL)
+            print(f"SIGKILL executor emulated:0 (pid {victim}) at {kill_at:.1f} s", flush=True)
 
     async def sample() -> None:
         while not done.is_set():
@@ -193,7 +223,10 @@ async def _soak(url: str, pid: int, phases: list[tuple[float, float]]):
                 await asyncio.wait_for(done.wait(), 0.5)
 
     sampler = asyncio.create_task(sample())
+    killer = asyncio.create_task(kill()) if kill_at is not None else None
     answers = await open_loop(url, phases)
+    if killer is not None:
+        await killer
     done.set()
     await sampler
     return answers, samples
@@ -221,6 +254,9 @@ def main(argv: list[str] | None = None) -> int:
         help="DEADLINE_MARGIN_MS of the daemon: HTTP and client overhead on a small "
         "shared machine is 10-30 ms under overload, which the default 3 ms does not cover",
     )
+    parser.add_argument(
+        "--kill-at", type=float, help="SIGKILL executor emulated:0 this many seconds in"
+    )
     parser.add_argument("--json", type=Path, help="write the per-second table here")
     args = parser.parse_args(argv)
 
@@ -242,9 +278,13 @@ def main(argv: list[str] | None = None) -> int:
         (args.calm_factor * CAPACITY_RPS, args.calm_s),
     ]
     try:
-        answers, samples = asyncio.run(_soak(handle.url, handle.process.pid, phases))
+        answers, samples = asyncio.run(_soak(handle.url, handle.process.pid, phases, args.kill_at))
     finally:
         code = stop_daemon(handle)
+    respawns = [
+        float(x)
+        for x in re.findall(r"again ([0-9.]+) s after it failed", handle.log_path.read_text())
+    ]
     rows = per_second(answers, samples, SLO_MS / 1000)
     over = [r for r in rows[1 : int(args.overload_s)]]  # skip the first second (ramp)
     calm = [r for r in rows[int(args.overload_s) + 1 :]]
@@ -262,6 +302,7 @@ def main(argv: list[str] | None = None) -> int:
         "daemon_rss_mb": {"min": min(s[1] for s in samples), "max": max(s[1] for s in samples)},
         "executors_rss_mb": {"min": min(s[2] for s in samples), "max": max(s[2] for s in samples)},
         "daemon_exit_code": code,
+        "respawn_s": respawns,
     }
     print(json.dumps(summary, indent=2))
     print(
