@@ -323,7 +323,7 @@ class LiveService:
                 # The client went away; the executor may still write into
                 # the slot, so free it only once the request is answered.
                 release = False
-                pending.future.add_done_callback(lambda _f: state.arena.release(slot))
+                pending.future.add_done_callback(lambda _f: self._settle(model, state, slot))
                 raise
             except Dropped as exc:
                 self.metrics.request_dropped(model, exc.reason)
@@ -352,9 +352,13 @@ class LiveService:
                 device=self._device(finished.batch.device).name,
             )
         finally:
-            self._outstanding[model] -= 1
             if release:
-                state.arena.release(slot)
+                self._settle(model, state, slot)
+
+    def _settle(self, model: str, state: ModelState, slot: int) -> None:
+        """A request is answered: its slot and its place in the queue are free."""
+        self._outstanding[model] -= 1
+        state.arena.release(slot)
 
     # ---------------------------------------------------------------- events
 
