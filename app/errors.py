@@ -46,6 +46,10 @@ class Overloaded(ServingError):
     status = 429
     reason = "overloaded"
 
+    def __init__(self, message: str, reason: str = "overloaded") -> None:
+        super().__init__(message)
+        self.reason = reason
+
 
 class ExecutorFailed(ServingError):
     status = 503

@@ -19,6 +19,8 @@ Metric names (with `namespace`, default "", as a `<namespace>_` prefix):
     bad_rate                               gauge: Symphony's bad rate (requests/s not served)
     idle_fraction                          gauge: Symphony's idle fraction of the devices
     advised_device_change                  gauge: devices to add (+) or remove (-)
+    executor_failures_total{device}        executors that died or hung
+    executor_respawn_seconds{device}       gauge: failure → serving again, last respawn
 """
 
 from __future__ import annotations
@@ -151,6 +153,20 @@ class Metrics:
             namespace=ns,
             registry=reg,
         )
+        self.executor_failures = Counter(
+            "executor_failures",
+            "Executor processes that died or hung (killed by the watchdog).",
+            ["device"],
+            namespace=ns,
+            registry=reg,
+        )
+        self.executor_respawn_seconds = Gauge(
+            "executor_respawn_seconds",
+            "Seconds from the last executor failure to serving again (respawned).",
+            ["device"],
+            namespace=ns,
+            registry=reg,
+        )
 
     # -- what the service calls -------------------------------------------------
 
@@ -168,6 +184,12 @@ class Metrics:
             )
             self._by_model[model] = series
         return series
+
+    def executor_failed(self, device: str) -> None:
+        self.executor_failures.labels(device).inc()
+
+    def executor_restarted(self, device: str, seconds_down: float) -> None:
+        self.executor_respawn_seconds.labels(device).set(seconds_down)
 
     def request_received(self, model: str) -> None:
         self._series(model).requests.inc()

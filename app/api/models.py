@@ -137,6 +137,10 @@ class LiveResponse(BaseModel):
 
 class ReadyResponse(BaseModel):
     ready: bool
+    # Capacity, where the service reports it: while an executor restarts the
+    # server stays ready with fewer devices alive.
+    devices_alive: int | None = None
+    devices_total: int | None = None
 
 
 class ModelReadyResponse(BaseModel):

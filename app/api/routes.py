@@ -719,6 +719,7 @@ def build_router(
     @router.get(
         "/v2/health/ready",
         response_model=m.ReadyResponse,
+        response_model_exclude_none=True,
         responses={400: {"model": m.ErrorResponse, "description": "Not ready."}},
         tags=["v2"],
         summary="Readiness (200: ready, 400: not ready)",
@@ -726,12 +727,26 @@ def build_router(
     )
     async def health_ready() -> m.ReadyResponse:
         try:
-            ready = bool(get_service().server_ready())
+            service = get_service()
+            ready = bool(service.server_ready())
         except ServingError as e:
             raise NotReady(f"server not ready: {e.message}") from None
+        capacity_of = getattr(service, "capacity", None)
+        capacity = capacity_of() if callable(capacity_of) else {}
         if not ready:
+            missing = capacity.get("models_unavailable")
+            if missing:
+                raise NotReady(
+                    f"server not ready: no live device for {', '.join(missing)} "
+                    f"({capacity.get('devices_alive')}/{capacity.get('devices_total')} "
+                    "devices alive)"
+                )
             raise NotReady("server not ready")
-        return m.ReadyResponse(ready=True)
+        return m.ReadyResponse(
+            ready=True,
+            devices_alive=capacity.get("devices_alive"),
+            devices_total=capacity.get("devices_total"),
+        )
 
     # -- KServe v2: models --------------------------------------------------------
 

@@ -9,6 +9,7 @@ raises `Terminated`.
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from typing import Any, Protocol, runtime_checkable
@@ -211,6 +212,11 @@ class EmulatedBackend:
         self.profile: LatencyProfile | None = None
         self._plan: list[tuple[str, str | None, TensorSpec]] = []
         self._abort = threading.Event()
+        # Fault injection for tests only: while the file named by
+        # EMULATED_HANG_FILE exists and is empty or holds this process's pid,
+        # a batch hangs (as a stuck kernel would) instead of finishing.
+        # Unset in normal use: no cost, no effect.
+        self._hang_file = os.environ.get("EMULATED_HANG_FILE") or None
 
     def load(self, config: ModelConfig) -> None:
         self.profile = profile_of(config)
@@ -240,6 +246,8 @@ class EmulatedBackend:
                 outputs[name] = inputs[source]
             else:
                 outputs[name] = np.zeros((batch, *spec.item_shape), dtype=spec.dtype)
+        if self._hang_file is not None and _hang_requested(self._hang_file):
+            deadline += 3600.0
         # Hold the device: interruptible sleep, short spin at the end.
         remaining = deadline - time.monotonic()
         if remaining > EMULATED_SPIN_S and self._abort.wait(remaining - EMULATED_SPIN_S):
@@ -251,6 +259,15 @@ class EmulatedBackend:
 
     def terminate(self) -> None:
         self._abort.set()
+
+
+def _hang_requested(path: str) -> bool:
+    try:
+        with open(path) as f:
+            target = f.read().strip()
+    except OSError:
+        return False
+    return target in ("", str(os.getpid()))
 
 
 def make_backend(config: ModelConfig, device_kind: str, device_index: int, threads: int):

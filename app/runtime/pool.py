@@ -9,6 +9,15 @@ nothing blocks the loop; `on_done` is called on the loop thread.
 
 Clock: all times are `time.monotonic()` seconds, the clock of asyncio's
 `loop.time()`; pass `start_at = loop.time() + delay` (or ≤ now for "at once").
+
+Faults. An executor that dies (crash, SIGKILL, OOM kill) is noticed as EOF on
+its pipe; one that hangs — its oldest batch running longer than
+`stuck_factor`·ℓ(b) + `stuck_margin_s` by `expected_latency` — is killed by a
+watchdog on the event loop. Either way `on_down(device, reason)` is called
+first (so the caller can re-plan the batches' requests), then every in-flight
+batch's `on_done` with an error, and the executor is respawned in the
+background: a fresh process loads the same models and re-attaches the same
+arenas; `on_up(device, seconds_down)` reports it serving again.
 """
 
 from __future__ import annotations
@@ -38,6 +47,11 @@ log = logging.getLogger("app.runtime.pool")
 DeviceKind = Literal["cpu", "cuda", "emulated"]
 # on_done(device_id, batch_id, started_at, finished_at, error_or_None)
 DoneCallback = Callable[[int, int, float, float, "str | None"], None]
+# on_down(device_id, reason); on_up(device_id, seconds it was out of service)
+DownCallback = Callable[[int, str], None]
+UpCallback = Callable[[int, float], None]
+# expected_latency(model, batch_size) -> seconds, or None when unknown
+LatencyOf = Callable[[str, int], "float | None"]
 
 __all__ = [
     "CANCELLED",
@@ -167,8 +181,16 @@ class _Worker:
         self.load_errors: dict[str, str] = {}
         self.load_info: dict[str, str] = {}
         self.inflight: dict[int, str] = {}  # batch_id → model
+        self.sizes: dict[int, tuple[int, float]] = {}  # batch_id → (size, start_at)
+        # When the executor last made progress (a reply, or work given to an
+        # idle executor): the oldest batch cannot have started before it.
+        self.progress_at = 0.0
         self.dead = False
+        self.loading = False  # a respawned process loading its models
         self.stopping = False
+        self.down_since: float | None = None
+        self.restarts = 0
+        self.last_respawn_s: float | None = None
         self.reader_fd: int | None = None
         self.reader_thread: threading.Thread | None = None
 
@@ -193,6 +215,13 @@ class ExecutorPool:
         on_done: DoneCallback,
         *,
         log_level: int | None = None,
+        on_down: DownCallback | None = None,
+        on_up: UpCallback | None = None,
+        respawn: bool = True,
+        expected_latency: LatencyOf | None = None,
+        stuck_factor: float = 10.0,
+        stuck_margin_s: float = 1.0,
+        load_timeout_s: float = 300.0,
     ) -> None:
         self.devices: dict[int, ExecutorDevice] = {d.id: d for d in devices}
         if len(self.devices) != len(devices):
@@ -210,6 +239,17 @@ class ExecutorPool:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._started = False
         self._stopped = False
+        self.on_down = on_down
+        self.on_up = on_up
+        self.respawn = respawn
+        # Watchdog: a batch running longer than factor·ℓ(b) + margin is a
+        # hung executor (0 disables it). `expected_latency` may be set later,
+        # once profiles are known.
+        self.expected_latency = expected_latency
+        self.stuck_factor = stuck_factor
+        self.stuck_margin_s = stuck_margin_s
+        self.load_timeout_s = load_timeout_s
+        self._tasks: set[asyncio.Task] = set()
 
     # ----------------------------------------------------------- placement
     def placement(self, device_id: int) -> list[str]:
@@ -233,7 +273,18 @@ class ExecutorPool:
 
     def alive(self, device_id: int) -> bool:
         w = self._workers[device_id]
-        return not w.dead and w.process is not None and w.process.is_alive()
+        return not w.dead and not w.loading and w.process is not None and w.process.is_alive()
+
+    def pid(self, device_id: int) -> int | None:
+        p = self._workers[device_id].process
+        return None if p is None else p.pid
+
+    def restarts(self, device_id: int) -> int:
+        return self._workers[device_id].restarts
+
+    def last_respawn_s(self, device_id: int) -> float | None:
+        """Seconds from the failure to serving again, of the last respawn."""
+        return self._workers[device_id].last_respawn_s
 
     def inflight(self, device_id: int) -> dict[int, str]:
         return dict(self._workers[device_id].inflight)
@@ -250,25 +301,16 @@ class ExecutorPool:
             raise RuntimeError("pool already started")
         self._started = True
         self._loop = asyncio.get_running_loop()
-        ctx = mp.get_context("spawn")
         try:
             for w in self._workers.values():
-                parent, child = ctx.Pipe(duplex=True)
-                w.conn = parent
-                w.process = ctx.Process(
-                    target=executor_main,
-                    args=(child, w.device.to_dict(), self.log_level),
-                    name=f"executor-{w.device.name}",
-                    daemon=True,
-                )
-                w.process.start()
-                child.close()
-                self._add_reader(w)
+                self._spawn(w)
             loads = [self._load(w) for w in self._workers.values()]
             await asyncio.wait_for(asyncio.gather(*loads), timeout)
         except BaseException:
             await self.stop(timeout=2.0)
             raise
+        if self.stuck_factor > 0:
+            self._background(self._watchdog())
         for w in self._workers.values():
             log.info(
                 "executor %s (pid %s): %s",
@@ -276,6 +318,100 @@ class ExecutorPool:
                 w.process.pid,
                 ", ".join(f"{m} [{w.load_info.get(m, '')}]" for m in w.models) or "no models",
             )
+
+    def _spawn(self, w: _Worker) -> None:
+        ctx = mp.get_context("spawn")
+        parent, child = ctx.Pipe(duplex=True)
+        w.conn = parent
+        w.dead = False
+        w.process = ctx.Process(
+            target=executor_main,
+            args=(child, w.device.to_dict(), self.log_level),
+            name=f"executor-{w.device.name}",
+            daemon=True,
+        )
+        w.process.start()
+        child.close()
+        self._add_reader(w)
+
+    def _background(self, coro: Any) -> None:
+        assert self._loop is not None
+        task = self._loop.create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _respawn(self, w: _Worker) -> None:
+        """Start a fresh process for a dead executor until one loads; then
+        report the device back (`on_up`) with the time it was out."""
+        backoff = 0.1
+        while not self._stopped:
+            _reap(w.process)
+            w.models, w.load_errors, w.load_info = [], {}, {}
+            w.loading = True
+            try:
+                self._spawn(w)
+                await asyncio.wait_for(self._load(w), self.load_timeout_s)
+            except (ExecutorFailed, TimeoutError, OSError) as exc:
+                log.error("respawning executor %s failed: %s", w.device.name, exc)
+                if w.process is not None and w.process.is_alive():
+                    w.process.kill()
+                self._mark_dead(w, f"executor {w.device.name} failed to restart")
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, 5.0)
+                continue
+            w.loading = False
+            if self._stopped:
+                return
+            down = time.monotonic() - (w.down_since or time.monotonic())
+            w.restarts += 1
+            w.last_respawn_s = down
+            w.down_since = None
+            log.warning(
+                "executor %s respawned (pid %s, restart %d): serving %s again %.3f s "
+                "after it failed",
+                w.device.name,
+                w.process.pid,
+                w.restarts,
+                ", ".join(w.models) or "no models",
+                down,
+            )
+            if self.on_up is not None:
+                try:
+                    self.on_up(w.device.id, down)
+                except Exception:
+                    log.exception("on_up callback failed for device %s", w.device.id)
+            return
+
+    async def _watchdog(self) -> None:
+        """Kill an executor whose oldest batch runs far beyond its profile."""
+        interval = min(0.1, max(self.stuck_margin_s / 4, 0.01))
+        while not self._stopped:
+            await asyncio.sleep(interval)
+            latency_of = self.expected_latency
+            if latency_of is None:
+                continue
+            now = time.monotonic()
+            for w in self._workers.values():
+                if w.dead or w.loading or w.stopping or not w.inflight:
+                    continue
+                batch_id = next(iter(w.inflight))  # executors run batches in order
+                model = w.inflight[batch_id]
+                size, start_at = w.sizes.get(batch_id, (1, now))
+                expected = latency_of(model, size)
+                if expected is None:
+                    continue
+                running_since = max(start_at, w.progress_at)
+                limit = self.stuck_factor * expected + self.stuck_margin_s
+                if now - running_since <= limit:
+                    continue
+                reason = (
+                    f"executor {w.device.name} stuck: batch {batch_id} of {model} ×{size} "
+                    f"running {now - running_since:.2f} s, profile says {expected * 1000:.1f} ms"
+                )
+                log.error("%s; killing it", reason)
+                with contextlib.suppress(OSError):
+                    w.process.kill()
+                self._mark_dead(w, reason)
 
     async def _load(self, w: _Worker) -> None:
         names = self.placement(w.device.id)
@@ -302,17 +438,21 @@ class ExecutorPool:
         before `on_done` is called. Raises ExecutorFailed at once when the
         device is dead or does not have the model."""
         w = self._workers[device_id]
-        if w.dead or w.stopping or self._stopped:
+        if w.dead or w.loading or w.stopping or self._stopped:
             raise ExecutorFailed(f"executor {w.device.name} is not running")
         if model not in w.models:
             raise ExecutorFailed(f"model {model!r} is not loaded on {w.device.name}")
         if batch_id in w.inflight:
             raise ValueError(f"batch {batch_id} is already in flight on {w.device.name}")
+        if not w.inflight:
+            w.progress_at = time.monotonic()
         w.inflight[batch_id] = model
+        w.sizes[batch_id] = (len(slots), float(start_at))
         try:
             self._send(w, ("run", int(batch_id), model, [int(s) for s in slots], float(start_at)))
         except ExecutorFailed:
             w.inflight.pop(batch_id, None)
+            w.sizes.pop(batch_id, None)
             raise
 
     def cancel(self, device_id: int, batch_id: int) -> bool:
@@ -363,6 +503,8 @@ class ExecutorPool:
         if self._stopped:
             return
         self._stopped = True
+        for task in list(self._tasks):  # watchdog, respawns
+            task.cancel()
         for w in self._workers.values():
             w.stopping = True
             if w.process is not None and not w.dead:
@@ -462,19 +604,33 @@ class ExecutorPool:
 
     def _mark_dead(self, w: _Worker, reason: str) -> None:
         self._remove_reader(w)
-        if not w.dead:
+        first = not w.dead
+        if first:
             w.dead = True
             with contextlib.suppress(OSError):
                 w.conn.close()
+        # A fault (not a stop, not a failed restart): tell the owner before
+        # failing the batches, so it can re-plan their requests, and respawn.
+        fault = first and not w.stopping and not self._stopped and not w.loading
+        if fault:
+            w.down_since = time.monotonic()
+            if self.on_down is not None:
+                try:
+                    self.on_down(w.device.id, reason)
+                except Exception:
+                    log.exception("on_down callback failed for device %s", w.device.id)
         now = time.monotonic()
         for batch_id in list(w.inflight):
             w.inflight.pop(batch_id, None)
+            w.sizes.pop(batch_id, None)
             self._call_on_done(w.device.id, batch_id, now, now, reason)
         for req, (owner, fut) in list(self._waiters.items()):
             if owner is w:
                 self._waiters.pop(req, None)
                 if not fut.done():
                     fut.set_exception(ExecutorFailed(reason))
+        if fault and self.respawn and self._loop is not None:
+            self._background(self._respawn(w))
 
     def _call_on_done(
         self, device_id: int, batch_id: int, started: float, finished: float, error: str | None
@@ -488,6 +644,8 @@ class ExecutorPool:
         tag = msg[0]
         if tag == "done":
             _, batch_id, started, finished, error = msg
+            w.progress_at = time.monotonic()
+            w.sizes.pop(batch_id, None)
             if w.inflight.pop(batch_id, None) is None:
                 log.warning("executor %s: reply for unknown batch %s", w.device.name, batch_id)
                 return
@@ -507,3 +665,13 @@ class ExecutorPool:
         entry = self._waiters.pop(req, None)
         if entry is not None and not entry[1].done():
             entry[1].set_result(value)
+
+
+def _reap(process: Any) -> None:
+    """Make sure a dead executor's process is gone and joined (no zombie)."""
+    if process is None:
+        return
+    with contextlib.suppress(Exception):
+        if process.is_alive():
+            process.kill()
+        process.join(1.0)

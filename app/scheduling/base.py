@@ -7,6 +7,8 @@ clock. It calls:
     batch_finished(device, batch_id, now) -> list[Decision]
     advance(now)                         -> list[Decision]   # fire due timers
     next_wakeup()                        -> float | None     # when to call advance
+    device_down(device, now)             -> list[Decision]   # a device failed
+    device_up(device, now)               -> list[Decision]   # it serves again
 
 and carries out the decisions: Dispatch (run a batch on a device at a start
 time), Drop (answer requests with an error and a reason), Preempt (stop the
@@ -75,6 +77,9 @@ class Scheduler:
         )
         self._out: list[Decision] = []
         self._next_batch_id = 1
+        # Devices out of service (crashed or stuck executor); policies never
+        # dispatch to them. Every device starts up.
+        self.down: set[int] = set()
 
     # ----------------------------------------------------------------- driver API
 
@@ -109,6 +114,52 @@ class Scheduler:
     def next_wakeup(self) -> float | None:
         return self.timers.next_time()
 
+    def device_down(self, device: int, now: float) -> list[Decision]:
+        """`device` stopped serving (its executor died or hung) at `now`.
+
+        The batches the core had on it are forgotten — the driver must ignore
+        their later failure reports — and their requests go back to their
+        queue when they can still finish alone (on any device, as after a
+        preemption), else they are dropped with DropReason.DEVICE_FAILED. The
+        policy stops sending work to the device until `device_up`.
+        """
+        if device not in self.devices:
+            raise ValueError(f"unknown device {device}")
+        if device not in self.down:
+            self.down.add(device)
+            lost = [b for b in self.in_flight.values() if b.device == device]
+            for batch in lost:
+                del self.in_flight[batch.id]
+                self.monitor.batch_ended(device, batch.start_at, now, 0, 0)
+            # The policy forgets the device first, so that the re-queued
+            # requests are not planned onto it again.
+            self._on_device_down(device, now)
+            back: list[Request] = []
+            failed: list[Request] = []
+            for batch in lost:
+                model = self.models[batch.model]
+                alone = now + self.delay(1) + self.latency(model, 1)
+                for request in batch.requests:
+                    (back if alone <= request.deadline else failed).append(request)
+            self._drop(failed, DropReason.DEVICE_FAILED)
+            if back:
+                self._requeue(back, now)
+        self._fire_timers(now)
+        return self._take()
+
+    def device_up(self, device: int, now: float) -> list[Decision]:
+        """`device` (marked down before) serves again from `now`: idle, empty."""
+        if device not in self.devices:
+            raise ValueError(f"unknown device {device}")
+        if device in self.down:
+            self.down.discard(device)
+            self._on_device_up(device, now)
+        self._fire_timers(now)
+        return self._take()
+
+    def devices_up(self) -> list[int]:
+        return [d for d in self.devices if d not in self.down]
+
     def signals(self, now: float) -> AutoscaleSignals:
         running = [(b.device, b.start_at) for b in self.in_flight.values()]
         return self.monitor.signals(now, running)
@@ -128,6 +179,20 @@ class Scheduler:
         raise NotImplementedError
 
     def _on_timer(self, key: Hashable, now: float) -> None:
+        raise NotImplementedError
+
+    def _on_device_down(self, device: int, now: float) -> None:
+        """Forget `device` (its batches are already gone from `in_flight`)."""
+        raise NotImplementedError
+
+    def _on_device_up(self, device: int, now: float) -> None:
+        """Take `device` back into service, idle from `now`."""
+        raise NotImplementedError
+
+    def _requeue(self, requests: list[Request], now: float) -> None:
+        """Put back requests of a failed batch (they can still finish alone)
+        and schedule them. Default: into their deadline queue; policies with
+        their own queues override it."""
         raise NotImplementedError
 
     # ------------------------------------------------------- helpers for policies

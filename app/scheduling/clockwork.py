@@ -106,14 +106,28 @@ class ClockworkScheduler(Scheduler):
         # on an idle slower device.
         self._schedule(now)
 
+    def _on_device_down(self, device: int, now: float) -> None:
+        self.busy.pop(device, None)
+
+    def _on_device_up(self, device: int, now: float) -> None:
+        self.free_at[device] = now
+        self._schedule(now)
+
+    def _requeue(self, requests: list[Request], now: float) -> None:
+        # Already admitted once: no queue-size check, just back in line.
+        for request in requests:
+            self.queues[request.model].add(request)
+        self._schedule(now)
+
     # ---------------------------------------------------------------- policy
 
     def _schedule(self, now: float) -> None:
         for name in self.models:
             self._drop_hopeless(name, now)
 
+        down = self.down
         idle = sorted(
-            (d for d in self.devices if d not in self.busy),
+            (d for d in self.devices if d not in self.busy and d not in down),
             key=lambda d: (self.free_at[d], d),
         )
         while idle:

@@ -84,6 +84,27 @@ class FlexScheduler(Scheduler):
                 self._run_next(device, now)
         self._set_drop_timer(now)
 
+    # ------------------------------------------------------------ device faults
+
+    def _on_device_down(self, device: int, now: float) -> None:
+        # Algorithm 1 loops over `current`: a device not in it gets no work.
+        self.current.pop(device, None)
+
+    def _on_device_up(self, device: int, now: float) -> None:
+        self.current[device] = None
+        self._run_next(device, now)
+        self._set_drop_timer(now)
+
+    def _requeue(self, requests: list[Request], now: float) -> None:
+        names = []
+        for request in requests:
+            self.queues[request.model].add(request)
+            if request.model not in names:
+                names.append(request.model)
+        for name in names:
+            self._offer_to_devices(now, name)
+        self._set_drop_timer(now)
+
     # ---------------------------------------------------------------- decisions
 
     def _offer_to_devices(self, now: float, changed: str) -> None:

@@ -114,6 +114,7 @@ class NexusScheduler(Scheduler):
         self.epoch_s = float(epoch_s)
         self.fill_devices = fill_devices
         self.frontends = frontends
+        # Devices the plan uses: those up (all, until one fails).
         self._device_ids: list[int] = list(self.devices)
         self._speed = min(d.speed for d in self.devices.values())
         self._sessions: dict[int, tuple[Session, ...]] = {d: () for d in self._device_ids}
@@ -152,8 +153,44 @@ class NexusScheduler(Scheduler):
             self._next_epoch = now + self.epoch_s
             self.timers.set(_EPOCH, self._next_epoch)
         device = self._enqueue(request)
-        if self._busy[device] is None:
+        if device is not None and self._busy[device] is None:
             self._serve(device, now)
+
+    def _on_device_down(self, device: int, now: float) -> None:
+        # Its queued requests were routed to it by the plan: route them again
+        # under a plan made for the devices still up.
+        orphans: list[Request] = []
+        for name, queue in self._dq[device].items():
+            orphans.extend(queue)
+            self.timers.cancel(("nexus", device, name))
+        self._dq[device] = {}
+        self._sessions[device] = ()
+        self._busy[device] = None
+        self._rr[device] = 0
+        self._replan_devices(now)
+        self._requeue(orphans, now)
+
+    def _on_device_up(self, device: int, now: float) -> None:
+        self._busy[device] = None
+        self._replan_devices(now)
+
+    def _requeue(self, requests: list[Request], now: float) -> None:
+        for request in requests:
+            device = self._enqueue(request)
+            if device is not None and self._busy[device] is None:
+                self._serve(device, now)
+
+    def _replan_devices(self, now: float) -> None:
+        """Re-plan over the devices up now (the epoch's rates, else the hints)."""
+        self._device_ids = self.devices_up()
+        if not self._device_ids:
+            self._routers = []
+            return
+        rates: dict[str, float | None] = {m: self.rates[m].rate(now) for m in self.models}
+        if not any(rates.values()):
+            rates = {m.name: m.expected_rate for m in self.models.values()}
+        self.plan = self._make_plan(rates)
+        self._apply(self.plan, now)
 
     def _on_batch_finished(self, batch: Batch, now: float) -> None:
         if self._busy.get(batch.device) == batch.id:
@@ -199,7 +236,7 @@ class NexusScheduler(Scheduler):
 
     def _replan(self, now: float) -> None:
         rates: dict[str, float | None] = {m: self.rates[m].rate(now) for m in self.models}
-        if not any(rates.values()):
+        if not any(rates.values()) or not self._device_ids:
             return
         self.epochs += 1
         self.plan = self._make_plan(rates)
@@ -240,7 +277,10 @@ class NexusScheduler(Scheduler):
                 if self._busy[device] is None:
                     self._serve(device, now)
 
-    def _enqueue(self, request: Request) -> int:
+    def _enqueue(self, request: Request) -> int | None:
+        if not self._routers:  # every device is down
+            self._drop([request], DropReason.NOT_SERVED)
+            return None
         router = self._routers[request.id % self.frontends][request.model]
         device = router.next()
         self._dq[device][request.model].add(request)

@@ -165,13 +165,27 @@ class SymphonyScheduler(Scheduler):
 
     def _on_batch_finished(self, batch: Batch, now: float) -> None:
         device = batch.device
-        # A later batch may already be dispatched to this device (for when this
-        # one was predicted to end); then its prediction stands. Otherwise the
-        # device is free now, earlier or later than predicted.
-        if self.free_at[device] != now and not any(
-            b.device == device for b in self.in_flight.values()
-        ):
-            self.free_at[device] = now
+        if device not in self.free_at:  # down: device_up sets it afresh
+            return
+        queued = [b for b in self.in_flight.values() if b.device == device]
+        if not queued:
+            # The device is free now, earlier or later than predicted.
+            if self.free_at[device] != now:
+                self.free_at[device] = now
+                self._set_device_timer()
+            return
+        # Later batches are already dispatched to this device (for when this
+        # one was predicted to end). If it ended late, they start late: push
+        # the prediction back. Without this, under sustained load the device
+        # never falls idle, each batch's small overrun (IPC, gathering) adds
+        # up, and batches planned "on time" finish ever later.
+        if now <= batch.finish_at:
+            return
+        free = now
+        for b in sorted(queued, key=lambda b: b.start_at):
+            free = max(free, b.start_at) + (b.finish_at - b.start_at)
+        if free > self.free_at[device]:
+            self.free_at[device] = free
             self._set_device_timer()
 
     def _on_timer(self, key: Hashable, now: float) -> None:
@@ -184,6 +198,28 @@ class SymphonyScheduler(Scheduler):
             self._inform_candidate(name, now)
         else:
             self._on_device_timer(now)
+
+    # ------------------------------------------------------------ device faults
+
+    def _on_device_down(self, device: int, now: float) -> None:
+        # Out of `free_at`, the device is never the earliest-free one.
+        self.free_at.pop(device, None)
+        self._set_device_timer()
+
+    def _on_device_up(self, device: int, now: float) -> None:
+        self.free_at[device] = now
+        # A waiting candidate gets it through the device timer (due now).
+        self._set_device_timer()
+
+    def _requeue(self, requests: list[Request], now: float) -> None:
+        names = []
+        for request in requests:
+            self.queues[request.model].add(request)
+            if request.model not in names:
+                names.append(request.model)
+        for name in names:
+            self._update_candidate(self.models[name], -_INF, 1.0, now)
+            self._inform_candidate(name, now)
 
     # ---------------------------------------------------------- model "thread"
 
@@ -331,6 +367,8 @@ class SymphonyScheduler(Scheduler):
 
     def _earliest_device(self) -> tuple[int, float]:
         free_at = self.free_at
+        if not free_at:  # every device is down: nothing is ever free
+            return -1, _INF
         device = min(free_at, key=free_at.__getitem__)
         return device, free_at[device]
 
@@ -361,6 +399,9 @@ class SymphonyScheduler(Scheduler):
 
     def _on_device_timer(self, now: float) -> None:
         device, free_at = self._earliest_device()
+        if free_at == _INF:  # the device went down since the timer was set
+            self._set_device_timer()
+            return
         waiting = self.waiting
         for name in [n for n, c in waiting.items() if free_at > c.invalid_after]:
             del waiting[name]

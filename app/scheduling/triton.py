@@ -175,14 +175,29 @@ class TritonScheduler(Scheduler):
         # ("timeout", model) or ("delay", model): re-evaluate everything.
         self._schedule(now)
 
+    def _on_device_down(self, device: int, now: float) -> None:
+        self.busy.pop(device, None)
+
+    def _on_device_up(self, device: int, now: float) -> None:
+        self.free_at[device] = now
+        self._schedule(now)
+
+    def _requeue(self, requests: list[Request], now: float) -> None:
+        # Already admitted once: no queue-size check, just back in line.
+        for request in requests:
+            self.fifo[request.model].add((request.arrival, request.id, request))
+            self.queues[request.model].add(request)
+        self._schedule(now)
+
     # ---------------------------------------------------------------- policy
 
     def _schedule(self, now: float) -> None:
         for name in self.models:
             self._reject_timed_out(name, now)
 
+        down = self.down
         idle = sorted(
-            (d for d in self.devices if d not in self.busy),
+            (d for d in self.devices if d not in self.busy and d not in down),
             key=lambda d: (self.free_at[d], d),
         )
         while idle:

@@ -28,6 +28,7 @@ class DropReason(str, Enum):
     PREEMPTED = "preempted"  # its batch was preempted and it can no longer make it
     OVERLOADED = "overloaded"  # refused at admission
     NOT_SERVED = "not_served"  # no device hosts its model
+    DEVICE_FAILED = "device_failed"  # its device failed mid-batch and it cannot make it elsewhere
 
 
 @dataclass(slots=True)

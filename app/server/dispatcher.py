@@ -93,6 +93,9 @@ class Dispatcher:
         self._ids = itertools.count(1)
         self.pending: dict[int, Pending] = {}
         self.closing = False
+        # Batches of failed devices: the core re-planned their requests, so
+        # the executor pool's failure report for them is expected and ignored.
+        self._forgotten: set[int] = set()
 
     def group_of(self, model: str) -> CoreGroup | None:
         return self._by_model.get(model)
@@ -126,7 +129,10 @@ class Dispatcher:
             if batch is not None:
                 break
         else:
-            log.warning("device %d reported unknown batch %d", device, batch_id)
+            if batch_id in self._forgotten:
+                self._forgotten.discard(batch_id)
+            else:
+                log.warning("device %d reported unknown batch %d", device, batch_id)
             return None
         finished = Finished(batch, started_at, finished_at, error)
         for request in batch.requests:
@@ -137,6 +143,32 @@ class Dispatcher:
         self._apply(group, group.scheduler.batch_finished(device, batch_id, now))
         self._rearm(group)
         return batch
+
+    # ---------------------------------------------------------- device faults
+
+    def device_down(self, device: int) -> None:
+        """The executor of `device` died or hung: its core re-queues or drops
+        the requests of the batches it had there (answered exactly once, by
+        their next batch or a Drop), and sends it nothing until `device_up`."""
+        group = self._group_of_device(device)
+        if group is None:
+            return
+        for batch_id, batch in list(group.batches.items()):
+            if batch.device == device:
+                del group.batches[batch_id]
+                self._forgotten.add(batch_id)
+        self._apply(group, group.scheduler.device_down(device, self._now()))
+        self._rearm(group)
+
+    def device_up(self, device: int) -> None:
+        group = self._group_of_device(device)
+        if group is None:
+            return
+        self._apply(group, group.scheduler.device_up(device, self._now()))
+        self._rearm(group)
+
+    def _group_of_device(self, device: int) -> CoreGroup | None:
+        return next((g for g in self.groups if device in g.devices), None)
 
     # ------------------------------------------------------------- decisions
 
@@ -153,6 +185,11 @@ class Dispatcher:
                         batch.device,
                         (batch.start_at - time.monotonic()) * 1000,
                     )
+                if batch.id not in group.scheduler.in_flight:
+                    # Its device failed while these decisions were carried
+                    # out (device_down, re-entered from a failed submit): the
+                    # core has re-planned the requests already.
+                    continue
                 group.batches[batch.id] = batch
                 slots = []
                 for request in batch.requests:
@@ -163,7 +200,8 @@ class Dispatcher:
                     self._submit(batch.device, batch.id, batch.model, slots, batch.start_at)
                 except Exception as exc:  # the executor is gone: answer, do not hang
                     log.error("submit to device %d failed: %s", batch.device, exc)
-                    group.batches.pop(batch.id, None)
+                    if group.batches.pop(batch.id, None) is None:
+                        continue  # device_down ran meanwhile and re-planned them
                     self._fail(batch.requests, ExecutorFailed(f"device {batch.device}: {exc}"))
             elif isinstance(decision, Drop):
                 if log.isEnabledFor(logging.DEBUG):
@@ -243,4 +281,5 @@ _DROP_MESSAGES = {
     DropReason.PREEMPTED: "dropped: preempted and the deadline can no longer be met",
     DropReason.OVERLOADED: "dropped: server overloaded",
     DropReason.NOT_SERVED: "dropped: no device serves this model",
+    DropReason.DEVICE_FAILED: "dropped: its device failed and the deadline can no longer be met",
 }

@@ -71,6 +71,8 @@ class LiveService:
         self.ready = False
         self.closing = False
         self._signals_task: asyncio.Task | None = None
+        # Per model, requests accepted and not yet answered (MAX_QUEUE).
+        self._outstanding: dict[str, int] = {}
 
     # ------------------------------------------------------------- lifecycle
 
@@ -102,7 +104,17 @@ class LiveService:
             name: Arena.create(config, settings.arena_slots)
             for name, config in index.models.items()
         }
-        self.pool = ExecutorPool(self.devices, list(index.models.values()), arenas, self._on_done)
+        self.pool = ExecutorPool(
+            self.devices,
+            list(index.models.values()),
+            arenas,
+            self._on_done,
+            on_down=self._on_device_down,
+            on_up=self._on_device_up,
+            respawn=settings.respawn,
+            stuck_factor=settings.stuck_factor,
+            stuck_margin_s=settings.stuck_margin_s,
+        )
         await self.pool.start()
         for name, config in index.models.items():
             devices = tuple(d.id for d in self.devices if name in self.pool.models_on(d.id))
@@ -118,6 +130,8 @@ class LiveService:
         self.dispatcher = Dispatcher(
             self._build_groups(), self.pool.submit, settings.deadline_margin_ms / 1000.0
         )
+        # The watchdog judges a batch by the profile the core plans with.
+        self.pool.expected_latency = self._expected_latency
         self._signals_task = asyncio.create_task(self._publish_signals())
         self.ready = True
         log.info(
@@ -229,7 +243,22 @@ class LiveService:
         return any(self.pool.alive(d) for d in state.devices)
 
     def server_ready(self) -> bool:
-        return self.ready and not self.closing
+        """Serving, and every model has at least one live device (while an
+        executor restarts, a model with another device stays ready)."""
+        if not self.ready or self.closing:
+            return False
+        return all(self.model_ready(name) for name in self.models)
+
+    def capacity(self) -> dict[str, object]:
+        """Devices alive / total and the models left without a live device
+        (the body of /v2/health/ready)."""
+        pool = self.pool
+        alive = [d.id for d in self.devices if pool is not None and pool.alive(d.id)]
+        return {
+            "devices_alive": len(alive),
+            "devices_total": len(self.devices),
+            "models_unavailable": sorted(n for n in self.models if not self.model_ready(n)),
+        }
 
     def repository_index(self) -> list[dict[str, str]]:
         index = [
@@ -271,11 +300,19 @@ class LiveService:
                 )
             slo = slo_ms
         state = self.models[model]
+        limit = self.settings.max_queue
+        outstanding = self._outstanding.get(model, 0)
+        if limit and outstanding >= limit:
+            self.metrics.request_dropped(model, "queue_full")
+            raise Overloaded(
+                f"model {model!r}: queue full ({limit} requests waiting)", "queue_full"
+            )
         slot = state.arena.acquire()
         if slot is None:
             self.metrics.request_dropped(model, "overloaded")
             raise Overloaded(f"model {model!r}: {self.settings.arena_slots} requests in flight")
         self.metrics.request_received(model)
+        self._outstanding[model] = outstanding + 1
         release = True
         try:
             state.arena.write_inputs(slot, inputs)
@@ -286,7 +323,7 @@ class LiveService:
                 # The client went away; the executor may still write into
                 # the slot, so free it only once the request is answered.
                 release = False
-                pending.future.add_done_callback(lambda _f: state.arena.release(slot))
+                pending.future.add_done_callback(lambda _f: self._settle(model, state, slot))
                 raise
             except Dropped as exc:
                 self.metrics.request_dropped(model, exc.reason)
@@ -316,9 +353,33 @@ class LiveService:
             )
         finally:
             if release:
-                state.arena.release(slot)
+                self._settle(model, state, slot)
+
+    def _settle(self, model: str, state: ModelState, slot: int) -> None:
+        """A request is answered: its slot and its place in the queue are free."""
+        self._outstanding[model] -= 1
+        state.arena.release(slot)
 
     # ---------------------------------------------------------------- events
+
+    def _expected_latency(self, model: str, batch_size: int) -> float | None:
+        state = self.models.get(model)
+        if state is None or state.profile is None:
+            return None
+        return state.profile.latency(min(max(batch_size, 1), state.config.max_batch_size))
+
+    def _on_device_down(self, device: int, reason: str) -> None:
+        log.error("device %s out of service: %s", self._device(device).name, reason)
+        self.metrics.executor_failed(self._device(device).name)
+        if self.dispatcher is not None:
+            self.dispatcher.device_down(device)
+
+    def _on_device_up(self, device: int, seconds_down: float) -> None:
+        name = self._device(device).name
+        log.warning("device %s back in service after %.3f s", name, seconds_down)
+        self.metrics.executor_restarted(name, seconds_down)
+        if self.dispatcher is not None:
+            self.dispatcher.device_up(device)
 
     def _on_done(
         self, device: int, batch_id: int, started_at: float, finished_at: float, error: str | None

@@ -10,6 +10,10 @@
 | THREADS_PER_SLICE | cores / slices | ONNX Runtime intra-op threads per CPU slice |
 | EMULATED_DEVICES | 2 | emulated devices for emulated models (0: none) |
 | ARENA_SLOTS | 1024 | shared-memory slots per model: requests in flight at once |
+| MAX_QUEUE | 0 | per model, requests accepted, not answered (429 queue_full above; 0: off) |
+| STUCK_FACTOR | 10 | batch past STUCK_FACTOR·ℓ(b) + STUCK_MARGIN_S: executor hung (0: off) |
+| STUCK_MARGIN_S | 1 | see STUCK_FACTOR; a hung executor is killed and respawned |
+| RESPAWN | 1 | restart an executor that died or hung (0: leave its device down) |
 | DEADLINE_MARGIN_MS | 3 | plan to finish this much before each deadline (timer, IPC jitter) |
 | SHUTDOWN_GRACE_S | 5 | on SIGTERM, how long in-flight requests may take to finish |
 | MAX_BODY_BYTES | 67108864 | largest request body accepted (413 above) |
@@ -40,6 +44,10 @@ class Settings:
     threads_per_slice: int | None = None
     emulated_devices: int = 2
     arena_slots: int = 1024
+    max_queue: int = 0
+    stuck_factor: float = 10.0
+    stuck_margin_s: float = 1.0
+    respawn: bool = True
     shutdown_grace_s: float = 5.0
     deadline_margin_ms: float = 3.0
     max_body_bytes: int = 64 << 20
@@ -72,6 +80,10 @@ class Settings:
             threads_per_slice=int(threads) if threads else None,
             emulated_devices=_int(env, "EMULATED_DEVICES", 2, 0),
             arena_slots=_int(env, "ARENA_SLOTS", 1024, 1),
+            max_queue=_int(env, "MAX_QUEUE", 0, 0),
+            stuck_factor=_float(env, "STUCK_FACTOR", 10.0),
+            stuck_margin_s=_float(env, "STUCK_MARGIN_S", 1.0),
+            respawn=env.get("RESPAWN", "1").strip().lower() not in ("0", "false", "no", "off"),
             shutdown_grace_s=float(env.get("SHUTDOWN_GRACE_S", "5")),
             deadline_margin_ms=float(env.get("DEADLINE_MARGIN_MS", "3")),
             max_body_bytes=_int(env, "MAX_BODY_BYTES", 64 << 20, 1),
@@ -90,4 +102,17 @@ def _int(env: dict[str, str], key: str, default: int | None, minimum: int) -> in
         raise ValueError(f"{key}={raw!r} is not an integer") from None
     if value < minimum:
         raise ValueError(f"{key} must be ≥ {minimum}, got {value}")
+    return value
+
+
+def _float(env: dict[str, str], key: str, default: float) -> float:
+    raw = env.get(key)
+    if raw is None:
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ValueError(f"{key}={raw!r} is not a number") from None
+    if not value >= 0:  # also rejects NaN
+        raise ValueError(f"{key} must be ≥ 0, got {value}")
     return value
