@@ -199,15 +199,28 @@ class EmulatedBackend:
     if it has the same item shape and dtype, else the first input (in config
     order) that has; zeros when none matches. Echoing lets tests check that
     every request gets its own row back in its own slot.
+
+    Preemption: `terminate()` stops the hold at once, or — with
+    `parameters: {preemption_delay_ms: d}` in config.yaml — d ms later, to
+    emulate a device that only stops at its next exit point. A batch whose
+    hold ends before that finishes normally (the stop lost the race).
     """
 
     def __init__(self, *_: Any, **__: Any) -> None:
         self.profile: LatencyProfile | None = None
+        self.preemption_delay_s = 0.0
         self._plan: list[tuple[str, str | None, TensorSpec]] = []
         self._abort = threading.Event()
 
     def load(self, config: ModelConfig) -> None:
         self.profile = profile_of(config)
+        delay = config.extra.get("preemption_delay_ms", 0.0)
+        if not isinstance(delay, (int, float)) or isinstance(delay, bool) or delay < 0:
+            raise ValueError(
+                f"model {config.name!r}: parameters.preemption_delay_ms must be a "
+                f"number ≥ 0, got {delay!r}"
+            )
+        self.preemption_delay_s = float(delay) / 1000.0
         plan = []
         for out in config.outputs:
             candidates = sorted(config.inputs, key=lambda s: s.name != out.name)
@@ -237,9 +250,12 @@ class EmulatedBackend:
         # Hold the device: interruptible sleep, short spin at the end.
         remaining = deadline - time.monotonic()
         if remaining > 0.002 and self._abort.wait(remaining - 0.002):
-            raise Terminated("run terminated")
+            stop_at = time.monotonic() + self.preemption_delay_s
+            if stop_at < deadline:
+                spin_until(stop_at)
+                raise Terminated("run terminated")
         spin_until(deadline)
-        if self._abort.is_set():
+        if self._abort.is_set() and self.preemption_delay_s == 0.0:
             raise Terminated("run terminated")
         return outputs
 

@@ -89,6 +89,9 @@ def config_to_dict(config: ModelConfig) -> dict[str, Any]:
         "devices": None if config.devices is None else list(config.devices),
         "version": config.version,
         "description": config.description,
+        # config.yaml `parameters` (plain YAML values): backend options such
+        # as an emulated model's preemption delay.
+        "extra": dict(config.extra),
     }
 
 
@@ -123,6 +126,7 @@ def config_from_dict(d: dict[str, Any] | ModelConfig) -> ModelConfig:
         devices=None if d.get("devices") is None else tuple(d["devices"]),
         version=str(d.get("version", "1")),
         description=str(d.get("description", "")),
+        extra=dict(d.get("extra") or {}),
     )
 
 

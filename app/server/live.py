@@ -116,7 +116,10 @@ class LiveService:
         for state in self.models.values():
             state.profile = await self._profile(state)
         self.dispatcher = Dispatcher(
-            self._build_groups(), self.pool.submit, settings.deadline_margin_ms / 1000.0
+            self._build_groups(),
+            self.pool.submit,
+            settings.deadline_margin_ms / 1000.0,
+            cancel=self.pool.cancel,
         )
         self._signals_task = asyncio.create_task(self._publish_signals())
         self.ready = True
