@@ -15,12 +15,15 @@ import pytest
 
 from app.errors import Dropped
 from app.repository.config import ModelConfig, ProfileSpec, TensorSpec
+from app.runtime.arena import Arena
 from app.runtime.backends import EmulatedBackend, Terminated
 from app.runtime.executor import CANCELLED
+from app.runtime.pool import ExecutorDevice, ExecutorPool
 from app.scheduling.flex import FlexScheduler
 from app.scheduling.types import Batch, Dispatch, Drop, DropReason, Preempt, Request
 from app.server.dispatcher import CoreGroup, Dispatcher, Finished
 from tests.helpers import devices, model
+from tests.test_runtime import Done, mlp_onnx, onnx_config
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -215,6 +218,141 @@ def test_emulated_backend_stops_at_once_or_after_its_configured_delay():
     quick.load(_emulated("c", 10.0))
     quick.terminate()
     np.testing.assert_array_equal(quick.run(x)["x"], x["x"])
+
+
+# ------------------------------------------------ real executors stop early
+def _normal_and_stopped(config: ModelConfig, batch: int, stop_at: float = 0.3):
+    """In one CPU executor: the normal duration of a `batch` (median of 3),
+    then the same batch cancelled `stop_at` of the way in. Returns (normal
+    s, (started, finished, error) of the stopped one, cancel time)."""
+
+    async def scenario():
+        arena = Arena.create(config, capacity=batch)
+        done = Done()
+        pool = ExecutorPool(
+            [ExecutorDevice(0, "cpu", "cpu:0", threads=1)], [config], {config.name: arena}, done
+        )
+        try:
+            await pool.start()
+            assert pool.models_on(0) == [config.name], pool.load_errors(0)
+            slots = [arena.acquire() for _ in range(batch)]
+            item = config.inputs[0].item_shape
+            rng = np.random.default_rng(0)
+            for slot in slots:
+                x = rng.standard_normal(item).astype(np.float32)
+                arena.write_inputs(slot, {config.inputs[0].name: x})
+            normal = []
+            for batch_id in (1, 2, 3):
+                fut = done.expect(batch_id)
+                pool.submit(0, batch_id, config.name, slots, 0.0)
+                _, started, finished, error = await asyncio.wait_for(fut, 30)
+                assert error is None
+                normal.append(finished - started)
+            normal_s = float(np.median(normal))
+            fut = done.expect(4)
+            pool.submit(0, 4, config.name, slots, 0.0)
+            await asyncio.sleep(stop_at * normal_s)
+            cancelled_at = time.monotonic()
+            assert pool.cancel(0, 4)
+            _, started, finished, error = await asyncio.wait_for(fut, 30)
+            # The executor serves on: a batch after the stop runs normally.
+            fut = done.expect(5)
+            pool.submit(0, 5, config.name, slots, 0.0)
+            assert (await asyncio.wait_for(fut, 30))[3] is None
+            return normal_s, (started, finished, error), cancelled_at
+        finally:
+            await pool.stop(timeout=5)
+
+    return asyncio.run(scenario())
+
+
+def test_onnx_batch_stops_well_before_its_normal_duration(tmp_path):
+    # 64 MatMul+Add+Relu layers 1024 wide (~70 ms for 32 rows on one core):
+    # ORT checks RunOptions.terminate between nodes, so the stop comes within
+    # a layer (~1/64 of the batch; measured 1–4 ms).
+    config = onnx_config(
+        "chain", mlp_onnx(tmp_path / "chain.onnx", 1024, 64), width=1024, max_batch=32
+    )
+    normal, (started, finished, error), cancelled_at = _normal_and_stopped(config, 32)
+    assert normal > 0.01  # big enough for the stop to be measurable
+    assert error == CANCELLED
+    assert finished - started < 0.6 * normal
+    assert finished - cancelled_at < 0.25 * normal
+
+
+# ------------------------------------------------------------- torch backend
+def test_exit_point_rule_trades_stop_delay_against_exit_cost():
+    from app.runtime.torch_backend import choose_exit_points, cut, expected_delay
+
+    layers = [1.0] * 12  # ms
+    assert cut(layers, 3) == [0, 3, 6, 9, 12]
+    assert cut([10.0, 1.0, 1.0, 1.0], 1) == [0, 1, 4]  # the cut follows the time
+    # No exit point: a stop waits half the batch on average; 3 stages: 2 ms.
+    assert expected_delay(layers, [0, 12]) == pytest.approx(6.0)
+    assert expected_delay(layers, [0, 4, 8, 12]) == pytest.approx(2.0)
+    # Free exit points: one per layer. At 0.5 ms each: 2 (2 ms + 1 ms beats
+    # 3 exits: 1.5 ms + 1.5 ms). Dearer than any saving: none.
+    assert choose_exit_points(layers, 0.0)[0] == 11
+    assert choose_exit_points(layers, 0.5) == (2, [0, 4, 8, 12])
+    assert choose_exit_points(layers, 10.0)[0] == 0
+
+
+def _torch_config(tmp_path: Path, blocks: int = 12, **parameters: object) -> ModelConfig:
+    from app.repository.bundled import build_torchcnn, torchscript_bytes
+
+    path = tmp_path / f"torchcnn{blocks}.pt"
+    if not path.is_file():
+        path.write_bytes(torchscript_bytes(build_torchcnn(seed=1, blocks=blocks)))
+    return ModelConfig(
+        name="torchcnn",
+        backend="torch",
+        directory=tmp_path,
+        inputs=(TensorSpec("input", "FP32", (-1, 3, 32, 32)),),
+        outputs=(TensorSpec("output", "FP32", (-1, 10)),),
+        max_batch_size=16,
+        slo_ms=200.0,
+        model_file=path,
+        extra=dict(parameters),
+    )
+
+
+def test_torch_backend_outputs_equal_the_eager_module(tmp_path):
+    torch = pytest.importorskip("torch")
+    from app.repository.bundled import build_torchcnn
+    from app.runtime.torch_backend import TorchBackend
+
+    x = np.random.default_rng(2).standard_normal((5, 3, 32, 32)).astype(np.float32)
+    with torch.inference_mode():
+        eager = build_torchcnn(seed=1, blocks=4)(torch.from_numpy(x)).numpy()
+    for parameters in ({}, {"exit_points": 2}, {"exit_points": 99}):
+        backend = TorchBackend("cpu", 0, 1)
+        backend.load(_torch_config(tmp_path, blocks=4, **parameters))
+        assert backend.plan is not None and backend.plan.layers == 6
+        pinned = parameters.get("exit_points")
+        if pinned is None:
+            assert 0 <= backend.plan.exit_points <= 5 and not backend.plan.pinned
+        else:
+            assert backend.plan.exit_points == min(pinned, 5)  # at most layers − 1
+        got = backend.run({"input": x})["output"]
+        assert got.shape == (5, 10)
+        np.testing.assert_allclose(got, eager, rtol=1e-5, atol=1e-5)
+        # A stop before the first stage, then the flag is re-armed.
+        backend.terminate()
+        with pytest.raises(Terminated):
+            backend.run({"input": x})
+        backend.reset()
+        np.testing.assert_allclose(backend.run({"input": x})["output"], eager, atol=1e-5)
+
+
+def test_torch_batch_stops_at_an_exit_point_well_before_its_normal_duration(tmp_path):
+    pytest.importorskip("torch")
+    # 14 blocks of ~1/13 of the batch each; profiling picks the exit points.
+    config = _torch_config(tmp_path)
+    normal, (started, finished, error), cancelled_at = _normal_and_stopped(config, 16)
+    assert normal > 0.01
+    assert error == CANCELLED
+    assert finished - started < 0.6 * normal
+    assert finished - cancelled_at < 0.25 * normal
 
 
 # -------------------------------------------------------------- live daemon

@@ -1,4 +1,5 @@
-"""Model backends an executor process runs: ONNX Runtime and an emulator.
+"""Model backends an executor process runs: ONNX Runtime, Torch
+(`app.runtime.torch_backend`, optional) and an emulator.
 
 A backend is created per (model, device) inside the executor process; `load`
 may be slow (session creation), `run` takes a dict of batch arrays and returns
@@ -21,6 +22,7 @@ from app.scheduling.profile import LatencyProfile
 # Which device kinds each backend can run on.
 BACKEND_DEVICE_KINDS: dict[str, frozenset[str]] = {
     "onnx": frozenset({"cpu", "cuda"}),
+    "torch": frozenset({"cpu", "cuda"}),
     "emulated": frozenset({"emulated"}),
 }
 
@@ -268,4 +270,10 @@ def make_backend(config: ModelConfig, device_kind: str, device_index: int, threa
         return OnnxBackend(device_kind, device_index, threads)
     if config.backend == "emulated":
         return EmulatedBackend()
+    if config.backend == "torch":
+        # Imported here: torch is an optional extra, and importing it costs
+        # seconds; a server without torch reports the model as unavailable.
+        from app.runtime.torch_backend import TorchBackend
+
+        return TorchBackend(device_kind, device_index, threads)
     raise ValueError(f"model {config.name!r}: unsupported backend {config.backend!r}")
