@@ -342,6 +342,12 @@ def test_torch_backend_outputs_equal_the_eager_module(tmp_path):
             backend.run({"input": x})
         backend.reset()
         np.testing.assert_allclose(backend.run({"input": x})["output"], eager, atol=1e-5)
+    # The stages run from Python (the GPU path, without its stream syncs).
+    backend._runner = None
+    np.testing.assert_allclose(backend.run({"input": x})["output"], eager, atol=1e-5)
+    backend.terminate()
+    with pytest.raises(Terminated):
+        backend._forward(x)
 
 
 def test_torch_batch_stops_at_an_exit_point_well_before_its_normal_duration(tmp_path):
