@@ -15,11 +15,13 @@ Generated models (tensor names `input` → `output`, both FP32):
   2×2 max-pools, global average pool, one dense layer. About 0.6 MB.
 
 - `torchcnn` (backend `torch`, needs the optional `torch` extra): a
-  TorchScript `nn.Sequential` of 14 blocks, `input` [-1, 3, 32, 32] →
-  `output` [-1, 10]: a stride-2 conv stem (3 → 64), 12 equal Conv3x3(64) +
+  TorchScript `nn.Sequential` of 26 blocks, `input` [-1, 3, 32, 32] →
+  `output` [-1, 10]: a stride-2 conv stem (3 → 64), 24 equal Conv3x3(64) +
   ReLU blocks at 16×16 and a head (global average pool, dense 64 → 10). The
   equal blocks give the Torch backend evenly spaced exit points (see
-  app/runtime/torch_backend.py). Weights from numpy's default_rng(seed), so
+  app/runtime/torch_backend.py); 24 rather than 12 so that a stop waits
+  ~1/50 of a batch (12 gave 6.9 % median stop delay, 24 gave 3.8 %, see
+  BENCHMARKS.md). Weights from numpy's default_rng(seed), so
   they do not depend on torch's RNG. Skipped (the model stays unavailable)
   when torch is not installed.
 
@@ -279,7 +281,7 @@ GENERATED: tuple[Generated, ...] = (
     Generated(
         "torchcnn",
         "model.pt",
-        lambda: torchscript_bytes(build_torchcnn(seed=0)),
+        lambda: torchscript_bytes(build_torchcnn(seed=0, blocks=24)),
         torch_available,
     ),
 )
