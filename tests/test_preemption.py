@@ -209,10 +209,10 @@ def test_emulated_backend_stops_at_once_or_after_its_configured_delay():
     x = {"x": np.zeros((2, 4), np.float32)}
     at_once = EmulatedBackend()
     at_once.load(_emulated("a", 500.0))
-    assert _stop_after(at_once, x, 0.02) < 0.02
+    assert _stop_after(at_once, x, 0.02) < 0.05  # of a 500 ms hold
     delayed = EmulatedBackend()
     delayed.load(_emulated("b", 500.0, preemption_delay_ms=40))
-    assert 0.038 <= _stop_after(delayed, x, 0.02) < 0.08
+    assert 0.038 <= _stop_after(delayed, x, 0.02) < 0.15
     # The next run is not affected by the earlier stop.
     quick = EmulatedBackend()
     quick.load(_emulated("c", 10.0))
@@ -221,7 +221,7 @@ def test_emulated_backend_stops_at_once_or_after_its_configured_delay():
 
 
 # ------------------------------------------------ real executors stop early
-def _normal_and_stopped(config: ModelConfig, batch: int, stop_at: float = 0.3):
+def _normal_and_stopped(config: ModelConfig, batch: int, stop_at: float = 0.25):
     """In one CPU executor: the normal duration of a `batch` (median of 3),
     then the same batch cancelled `stop_at` of the way in. Returns (normal
     s, (started, finished, error) of the stopped one, cancel time)."""
@@ -276,8 +276,8 @@ def test_onnx_batch_stops_well_before_its_normal_duration(tmp_path):
     normal, (started, finished, error), cancelled_at = _normal_and_stopped(config, 32)
     assert normal > 0.01  # big enough for the stop to be measurable
     assert error == CANCELLED
-    assert finished - started < 0.6 * normal
-    assert finished - cancelled_at < 0.25 * normal
+    assert finished - started < 0.7 * normal
+    assert finished - cancelled_at < 0.3 * normal
 
 
 # ------------------------------------------------------------- torch backend
@@ -357,8 +357,8 @@ def test_torch_batch_stops_at_an_exit_point_well_before_its_normal_duration(tmp_
     normal, (started, finished, error), cancelled_at = _normal_and_stopped(config, 16)
     assert normal > 0.01
     assert error == CANCELLED
-    assert finished - started < 0.6 * normal
-    assert finished - cancelled_at < 0.25 * normal
+    assert finished - started < 0.7 * normal
+    assert finished - cancelled_at < 0.3 * normal
 
 
 # -------------------------------------------------------------- live daemon
