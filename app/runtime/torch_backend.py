@@ -9,10 +9,9 @@ its memory, so the check can run inside TorchScript.
 
 Running. On a CPU the stages run inside one scripted runner module
 (`forward(x, flag)`: a stage, then `flag[0]` is read, the next stage, …),
-so an exit point costs a byte read instead of a Python call into the
-TorchScript interpreter per layer (measured ~40 µs each here, 8–13 % of a
-batch of one), and the interpreter does not hold the GIL the reader thread
-needs to take the stop. On a GPU the stages run from Python: each exit point
+so an exit point costs a byte read (~4–7 µs measured) instead of a Python
+call into the TorchScript interpreter per layer (~40 µs each measured here,
+8–13 % of a batch of one, noisy). On a GPU the stages run from Python: each exit point
 synchronises the stream first, else the host would queue every kernel ahead
 and read the flag long before the GPU reaches the exit point. A model the
 runner cannot script also runs from Python.
@@ -32,10 +31,12 @@ profiling that trade-off (§6, §7.3):
 
 1. time each layer at a representative batch size (the model's
    `max_batch_size` // 2, at least 1), with a synchronisation after each;
-2. measure the cost `c` of one exit point: the run with an exit after every
-   layer minus the run with none, over the number of layers (fastest of
-   alternating repeats — interference from other processes only adds time;
-   ≥ 0);
+2. measure the cost `c` of one exit point (≥ 0, fastest of alternating
+   repeats — interference from other processes only adds time): on a CPU,
+   the scripted runner over as many identity layers, with an exit after
+   each minus with none (µs: timing the model itself cannot resolve it);
+   from Python (GPU), the model's run with an exit after every layer minus
+   the run with none; both per exit point;
 3. for each candidate number of exit points k (0 … layers − 1), cut the
    layers into k + 1 stages of near-equal time (greedy on the cumulative
    time); a stop requested at a uniformly random moment waits on average
