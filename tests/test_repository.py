@@ -108,13 +108,14 @@ def test_bundled_configs_all_parse(repo: Path) -> None:
     # emulated ones load; then building the files makes everything load.
     index = load_repository(repo)
     assert sorted(index.models) == EMULATED
-    assert sorted(index.errors) == ["cnn", "mlp"]
+    assert sorted(index.errors) == ["cnn", "mlp", "torchcnn"]
     assert "model file not found" in index.errors["mlp"]
     (repo / "mlp" / "model.onnx").write_bytes(b"placeholder")  # not the 256 MiB one
+    (repo / "torchcnn" / "model.pt").write_bytes(b"placeholder")  # torch may be missing
     assert bundled.ensure_bundled_models(repo, ["cnn"]) == ["cnn/model.onnx"]
     index = load_repository(repo)
     assert index.errors == {}
-    assert sorted(index.models) == sorted(["cnn", "mlp", *EMULATED])
+    assert sorted(index.models) == sorted(["cnn", "mlp", "torchcnn", *EMULATED])
     mlp = index.models["mlp"]
     assert mlp.inputs[0].name == "input" and mlp.inputs[0].shape == (-1, 4096)
     assert mlp.outputs[0].shape == (-1, 4096) and mlp.profile is None
@@ -129,12 +130,12 @@ def test_bundled_configs_all_parse(repo: Path) -> None:
     )
     assert gains[0] < 0.1 and gains[-1] > 5  # a spread of batching gains
     rows = {r["name"]: r for r in index.index()}
-    assert rows["cnn"]["state"] == "READY" and len(rows) == 6
+    assert rows["cnn"]["state"] == "READY" and len(rows) == 7
 
 
 def test_committed_repository_lists_every_bundled_model() -> None:
     names = {p.parent.name for p in REPO_MODELS.glob("*/config.yaml")}
-    assert names == {"mlp", "cnn", *EMULATED}
+    assert names == {"mlp", "cnn", "torchcnn", *EMULATED}
     ignored = (REPO_MODELS / ".gitignore").read_text().split()
     for gen in bundled.GENERATED:
         assert f"/{gen.relpath}" in ignored

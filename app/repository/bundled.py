@@ -14,6 +14,17 @@ Generated models (tensor names `input` → `output`, both FP32):
   (logits): 5 conv 3×3 + ReLU layers (32, 32, 64, 64, 128 channels) with two
   2×2 max-pools, global average pool, one dense layer. About 0.6 MB.
 
+- `torchcnn` (backend `torch`, needs the optional `torch` extra): a
+  TorchScript `nn.Sequential` of 26 blocks, `input` [-1, 3, 32, 32] →
+  `output` [-1, 10]: a stride-2 conv stem (3 → 64), 24 equal Conv3x3(64) +
+  ReLU blocks at 16×16 and a head (global average pool, dense 64 → 10). The
+  equal blocks give the Torch backend evenly spaced exit points (see
+  app/runtime/torch_backend.py); 24 rather than 12 so that a stop waits
+  ~1/50 of a batch (12 gave 6.9 % median stop delay, 24 gave 3.8 %, see
+  BENCHMARKS.md). Weights from numpy's default_rng(seed), so
+  they do not depend on torch's RNG. Skipped (the model stays unavailable)
+  when torch is not installed.
+
 Emulated models (`backend: emulated`, profile from symphony.txt Table 5,
 NVIDIA 1080Ti) need no file; their configs are committed as they are.
 
@@ -28,9 +39,11 @@ from __future__ import annotations
 import argparse
 import logging
 import time
+import warnings
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import onnx
@@ -190,6 +203,60 @@ def serialize(model: onnx.ModelProto) -> bytes:
     return model.SerializeToString(deterministic=True)
 
 
+def build_torchcnn(seed: int = 0, blocks: int = 12, width: int = 64) -> Any:
+    """The `torchcnn` module (eval mode, CPU): see the module docstring."""
+    from app.runtime.torch_backend import import_torch
+
+    torch = import_torch()
+    nn = torch.nn
+    rng = np.random.default_rng(seed)
+
+    def conv(cin: int, cout: int, stride: int = 1) -> Any:
+        layer = nn.Conv2d(cin, cout, 3, stride=stride, padding=1)
+        # He-normal, as for the ONNX CNN: activations stay O(1) through ReLUs.
+        w = rng.standard_normal((cout, cin, 3, 3), dtype=np.float32)
+        w *= np.float32(np.sqrt(2.0 / (cin * 9)))
+        b = rng.standard_normal(cout, dtype=np.float32) * np.float32(0.01)
+        with torch.no_grad():
+            layer.weight.copy_(torch.from_numpy(w))
+            layer.bias.copy_(torch.from_numpy(b))
+        return layer
+
+    layers = [nn.Sequential(conv(3, width, stride=2), nn.ReLU())]
+    layers += [nn.Sequential(conv(width, width), nn.ReLU()) for _ in range(blocks)]
+    fc = nn.Linear(width, 10)
+    w = rng.standard_normal((10, width), dtype=np.float32) * np.float32(np.sqrt(1.0 / width))
+    with torch.no_grad():
+        fc.weight.copy_(torch.from_numpy(w))
+        fc.bias.zero_()
+    layers.append(nn.Sequential(nn.AdaptiveAvgPool2d(1), nn.Flatten(), fc))
+    return nn.Sequential(*layers).eval()
+
+
+def torchscript_bytes(module: Any) -> bytes:
+    """`torch.jit.script(module)` saved to bytes (what the torch backend loads)."""
+    import io
+
+    from app.runtime.torch_backend import import_torch
+
+    torch = import_torch()
+    buffer = io.BytesIO()
+    with warnings.catch_warnings():
+        # TorchScript is deprecated in torch 2.13 (torch.export replaces it)
+        # but still supported; see app/runtime/torch_backend.py.
+        warnings.simplefilter("ignore", DeprecationWarning)
+        torch.jit.save(torch.jit.script(module), buffer)
+    return buffer.getvalue()
+
+
+def torch_available() -> bool:
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
 # --------------------------------------------------------------------------- registry
 
 
@@ -199,7 +266,9 @@ class Generated:
 
     model: str
     file: str
-    build: Callable[[], onnx.ModelProto]
+    build: Callable[[], bytes]
+    # False: cannot be built here (an optional extra is missing); skipped.
+    available: Callable[[], bool] = lambda: True
 
     @property
     def relpath(self) -> str:
@@ -207,8 +276,14 @@ class Generated:
 
 
 GENERATED: tuple[Generated, ...] = (
-    Generated("mlp", "model.onnx", lambda: build_mlp(4096, 4, seed=0)),
-    Generated("cnn", "model.onnx", lambda: build_cnn(seed=0)),
+    Generated("mlp", "model.onnx", lambda: serialize(build_mlp(4096, 4, seed=0))),
+    Generated("cnn", "model.onnx", lambda: serialize(build_cnn(seed=0))),
+    Generated(
+        "torchcnn",
+        "model.pt",
+        lambda: torchscript_bytes(build_torchcnn(seed=0, blocks=24)),
+        torch_available,
+    ),
 )
 
 
@@ -233,8 +308,13 @@ def ensure_bundled_models(
         target = directory / gen.file
         if target.is_file() and not force:
             continue
+        if not gen.available():
+            log.warning(
+                "not building %s: torch is not installed (pip install torch==2.13.0)", target
+            )
+            continue
         t0 = time.perf_counter()
-        data = serialize(gen.build())
+        data = gen.build()
         atomic_write_bytes(target, data)
         log.info(
             "built bundled model %s (%.1f MiB) in %.1f s",

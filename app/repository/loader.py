@@ -2,8 +2,8 @@
 
 A model's directory name is its name. `config.yaml` keys (defaults in brackets)::
 
-    backend:             onnx | emulated                       (required)
-    model_file:          path relative to the model directory  (onnx: required;
+    backend:             onnx | torch | emulated               (required)
+    model_file:          path relative to the model directory  (onnx, torch: required;
                                                                 emulated: not allowed)
     inputs:              [{name, datatype, shape}, ...]         (required, non-empty)
     outputs:             [{name, datatype, shape}, ...]         (required, non-empty)
@@ -14,7 +14,9 @@ A model's directory name is its name. `config.yaml` keys (defaults in brackets):
     devices:             [device kind or name, ...] e.g. [cpu], [cuda], [emulated]
     version:             string                                 ["1"]
     description:         string                                 [""]
-    parameters:          free-form mapping, kept as ModelConfig.extra
+    parameters:          free-form mapping, kept as ModelConfig.extra; backend
+                         options: torch `exit_points` (pin the number of exit
+                         points), emulated `preemption_delay_ms`
 
 `datatype` is a KServe v2 name (FP32, INT64, ... see config.DATATYPES). A
 `shape` may be written with or without the leading batch dimension -1 (`[4096]`
@@ -53,7 +55,7 @@ from app.scheduling.profile import LatencyProfile
 log = logging.getLogger(__name__)
 
 CONFIG_FILE = "config.yaml"
-BACKENDS = ("onnx", "emulated")
+BACKENDS = ("onnx", "torch", "emulated")
 CACHE_FORMAT = 1
 MODEL_NAME_RE = re.compile(r"^[A-Za-z0-9_.-]+$")
 

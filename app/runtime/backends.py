@@ -1,4 +1,5 @@
-"""Model backends an executor process runs: ONNX Runtime and an emulator.
+"""Model backends an executor process runs: ONNX Runtime, Torch
+(`app.runtime.torch_backend`, optional) and an emulator.
 
 A backend is created per (model, device) inside the executor process; `load`
 may be slow (session creation), `run` takes a dict of batch arrays and returns
@@ -22,6 +23,7 @@ from app.scheduling.profile import LatencyProfile
 # Which device kinds each backend can run on.
 BACKEND_DEVICE_KINDS: dict[str, frozenset[str]] = {
     "onnx": frozenset({"cpu", "cuda"}),
+    "torch": frozenset({"cpu", "cuda"}),
     "emulated": frozenset({"emulated"}),
 }
 
@@ -206,10 +208,16 @@ class EmulatedBackend:
     if it has the same item shape and dtype, else the first input (in config
     order) that has; zeros when none matches. Echoing lets tests check that
     every request gets its own row back in its own slot.
+
+    Preemption: `terminate()` stops the hold at once, or — with
+    `parameters: {preemption_delay_ms: d}` in config.yaml — d ms later, to
+    emulate a device that only stops at its next exit point. A batch whose
+    hold ends before that finishes normally (the stop lost the race).
     """
 
     def __init__(self, *_: Any, **__: Any) -> None:
         self.profile: LatencyProfile | None = None
+        self.preemption_delay_s = 0.0
         self._plan: list[tuple[str, str | None, TensorSpec]] = []
         self._abort = threading.Event()
         # Fault injection for tests only: while the file named by
@@ -220,6 +228,13 @@ class EmulatedBackend:
 
     def load(self, config: ModelConfig) -> None:
         self.profile = profile_of(config)
+        delay = config.extra.get("preemption_delay_ms", 0.0)
+        if not isinstance(delay, (int, float)) or isinstance(delay, bool) or delay < 0:
+            raise ValueError(
+                f"model {config.name!r}: parameters.preemption_delay_ms must be a "
+                f"number ≥ 0, got {delay!r}"
+            )
+        self.preemption_delay_s = float(delay) / 1000.0
         plan = []
         for out in config.outputs:
             candidates = sorted(config.inputs, key=lambda s: s.name != out.name)
@@ -251,9 +266,12 @@ class EmulatedBackend:
         # Hold the device: interruptible sleep, short spin at the end.
         remaining = deadline - time.monotonic()
         if remaining > EMULATED_SPIN_S and self._abort.wait(remaining - EMULATED_SPIN_S):
-            raise Terminated("run terminated")
+            stop_at = time.monotonic() + self.preemption_delay_s
+            if stop_at < deadline:
+                spin_until(stop_at)
+                raise Terminated("run terminated")
         spin_until(deadline)
-        if self._abort.is_set():
+        if self._abort.is_set() and self.preemption_delay_s == 0.0:
             raise Terminated("run terminated")
         return outputs
 
@@ -275,4 +293,10 @@ def make_backend(config: ModelConfig, device_kind: str, device_index: int, threa
         return OnnxBackend(device_kind, device_index, threads)
     if config.backend == "emulated":
         return EmulatedBackend()
+    if config.backend == "torch":
+        # Imported here: torch is an optional extra, and importing it costs
+        # seconds; a server without torch reports the model as unavailable.
+        from app.runtime.torch_backend import TorchBackend
+
+        return TorchBackend(device_kind, device_index, threads)
     raise ValueError(f"model {config.name!r}: unsupported backend {config.backend!r}")

@@ -89,6 +89,9 @@ def config_to_dict(config: ModelConfig) -> dict[str, Any]:
         "devices": None if config.devices is None else list(config.devices),
         "version": config.version,
         "description": config.description,
+        # config.yaml `parameters` (plain YAML values): backend options such
+        # as an emulated model's preemption delay.
+        "extra": dict(config.extra),
     }
 
 
@@ -123,6 +126,7 @@ def config_from_dict(d: dict[str, Any] | ModelConfig) -> ModelConfig:
         devices=None if d.get("devices") is None else tuple(d["devices"]),
         version=str(d.get("version", "1")),
         description=str(d.get("description", "")),
+        extra=dict(d.get("extra") or {}),
     )
 
 
@@ -297,12 +301,18 @@ class Executor:
 
     def run(self, batch_id: int, model: str, slots: list[int], start_at: float) -> None:
         backend = self.backends.get(model)
+        # Backends with a preemption flag (Torch) have it cleared under the
+        # lock that guards terminate(), when the batch starts and ends: a stop
+        # for this batch is never lost nor left over for the next one.
+        reset = getattr(backend, "reset", None)
         with self._lock:
             cancelled = batch_id in self._cancelled
             self._cancelled.pop(batch_id, None)
             self._current = batch_id
             self._current_backend = backend
             self._wake.clear()
+            if reset is not None:
+                reset()
         error: str | None = None
         started = time.monotonic()
         try:
@@ -317,6 +327,8 @@ class Executor:
                 self._current = None
                 self._current_backend = None
                 self._cancelled.pop(batch_id, None)
+                if reset is not None:
+                    reset()
         finished = time.monotonic()
         self.send(("done", batch_id, started, finished, error))
 

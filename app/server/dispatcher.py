@@ -30,6 +30,10 @@ log = logging.getLogger(__name__)
 
 # submit(device_id, batch_id, model, slots, start_at)
 Submit = Callable[[int, int, str, list[int], float], None]
+# cancel(device_id, batch_id) -> False when the batch is not in flight there
+# (it already reported, or its executor is gone): nothing more will touch its
+# slots. Anything else means "a done report will follow".
+Cancel = Callable[[int, int], "bool | None"]
 
 
 @dataclass
@@ -50,6 +54,19 @@ class Finished:
     started_at: float
     finished_at: float
     error: str | None
+
+
+@dataclass
+class Stopping:
+    """A preempted batch whose executor has not confirmed the stop yet.
+
+    Until it reports, the executor may still gather from or scatter into its
+    requests' slots. `parked`: later batches holding some of those requests
+    that must wait for the report; `drops`: drop answers held back for it."""
+
+    batch: Batch
+    parked: list[tuple[CoreGroup, Batch]] = field(default_factory=list)
+    drops: list[tuple[Request, Exception]] = field(default_factory=list)
 
 
 @dataclass
@@ -78,6 +95,7 @@ class Dispatcher:
         submit: Submit,
         deadline_margin_s: float = 0.0,
         timer_lead_s: float = 0.002,
+        cancel: Cancel | None = None,
     ) -> None:
         self.deadline_margin_s = deadline_margin_s
         # Wake `timer_lead_s` before the core's next timer and advance the
@@ -90,12 +108,21 @@ class Dispatcher:
         self.groups = groups
         self._by_model = {model: group for group in groups for model in group.models}
         self._submit = submit
+        # None: batches cannot be stopped; a preempted one runs to its end.
+        self._cancel = cancel
+        # Preempted batches not yet confirmed stopped, by (device, batch id):
+        # batch ids are per core, so only unique per device.
+        self.stopping: dict[tuple[int, int], Stopping] = {}
+        # Request id → the stopping batch that may still touch its slot.
+        self._held: dict[int, tuple[int, int]] = {}
+        # Parked batches (not submitted yet) → the stopping batches they wait for.
+        self._parked: dict[tuple[int, int], set[tuple[int, int]]] = {}
         self._ids = itertools.count(1)
         self.pending: dict[int, Pending] = {}
         self.closing = False
         # Batches of failed devices: the core re-planned their requests, so
         # the executor pool's failure report for them is expected and ignored.
-        self._forgotten: set[int] = set()
+        self._forgotten: set[tuple[int, int]] = set()
 
     def group_of(self, model: str) -> CoreGroup | None:
         return self._by_model.get(model)
@@ -124,13 +151,18 @@ class Dispatcher:
     ) -> Batch | None:
         """Called on the event loop when an executor reports a batch; returns
         the batch, or None for one the core no longer tracks (preempted)."""
-        for group in self.groups:
-            batch = group.batches.pop(batch_id, None)
-            if batch is not None:
-                break
-        else:
-            if batch_id in self._forgotten:
-                self._forgotten.discard(batch_id)
+        if (device, batch_id) in self.stopping:
+            # The report of a preempted batch ("cancelled", or done if the
+            # stop lost the race): its requests were re-queued or dropped by
+            # the core already, so it answers nobody and the core is not told.
+            self._stop_confirmed((device, batch_id))
+            return None
+        # Batch ids are numbered per core: look in the core that owns the device.
+        group = self._group_of_device(device)
+        batch = group.batches.pop(batch_id, None) if group is not None else None
+        if group is None or batch is None:
+            if (device, batch_id) in self._forgotten:
+                self._forgotten.discard((device, batch_id))
             else:
                 log.warning("device %d reported unknown batch %d", device, batch_id)
             return None
@@ -156,7 +188,7 @@ class Dispatcher:
         for batch_id, batch in list(group.batches.items()):
             if batch.device == device:
                 del group.batches[batch_id]
-                self._forgotten.add(batch_id)
+                self._forgotten.add((device, batch_id))
         self._apply(group, group.scheduler.device_down(device, self._now()))
         self._rearm(group)
 
@@ -191,6 +223,8 @@ class Dispatcher:
                     # core has re-planned the requests already.
                     continue
                 group.batches[batch.id] = batch
+                if self._park(group, batch):
+                    continue
                 slots = []
                 for request in batch.requests:
                     pending = self.pending[request.id]
@@ -214,12 +248,100 @@ class Dispatcher:
                     )
                 error_reason = decision.reason.value
                 message = _DROP_MESSAGES.get(decision.reason, "request dropped")
-                self._fail(decision.requests, Dropped(message, error_reason))
+                error = Dropped(message, error_reason)
+                self._fail(self._hold_back(decision.requests, error), error)
             elif isinstance(decision, Preempt):
-                # Executors cannot stop a batch yet (preemption issue); its
-                # requests were re-queued or dropped by the core already, and
-                # its completion report will be ignored as unknown.
-                group.batches.pop(decision.batch_id, None)
+                self._preempt(group, decision.device, decision.batch_id)
+
+    # ------------------------------------------------------------ preemption
+    #
+    # The core re-queued or dropped a preempted batch's requests the moment it
+    # decided to preempt, but the executor stops it a little later (at its
+    # next exit point) and may even finish it. Until its report arrives it
+    # may read the requests' input slots and write their output slots. So a
+    # request of a stopping batch is not answered, and not sent to another
+    # device, before that report: a drop is held back, and a batch holding
+    # such requests for another device is parked and submitted then. (On the
+    # same device it is submitted at once: an executor runs its messages in
+    # order, so the new batch starts only after the old one has stopped.)
+    # Answering a dropped request early would free its slot for a new request
+    # the old batch could still overwrite; running a re-queued one elsewhere
+    # early would let the old batch overwrite its fresh outputs. The wait is
+    # the preemption delay — milliseconds (BENCHMARKS.md, "Preemption").
+
+    def _preempt(self, group: CoreGroup, device: int, batch_id: int) -> None:
+        key = (device, batch_id)
+        batch = group.batches.pop(batch_id, None)
+        if batch is None:
+            return  # already reported: nothing is running
+        if self._parked.pop(key, None) is not None:
+            # Never submitted: nothing to stop; its requests keep the holds
+            # they had (the core re-queued or dropped them).
+            for stopping in self.stopping.values():
+                stopping.parked = [(g, b) for g, b in stopping.parked if b is not batch]
+            return
+        self.stopping[key] = Stopping(batch)
+        for request in batch.requests:
+            self._held[request.id] = key
+        stopped = False
+        if self._cancel is not None:
+            try:
+                stopped = self._cancel(device, batch_id) is False
+            except Exception as exc:  # the executor is gone: its report comes as failed
+                log.warning("cancel of batch %d on device %d failed: %s", batch_id, device, exc)
+        if stopped:
+            self._stop_confirmed(key)
+
+    def _hold_back(self, requests: list[Request], error: Exception) -> list[Request]:
+        """The requests that may be answered now; the others wait for their
+        stopping batch's report."""
+        if not self._held:
+            return requests
+        now = []
+        for request in requests:
+            key = self._held.get(request.id)
+            if key is None:
+                now.append(request)
+            else:
+                self.stopping[key].drops.append((request, error))
+        return now
+
+    def _park(self, group: CoreGroup, batch: Batch) -> bool:
+        """Park `batch` if a request of it is held by a batch stopping on
+        another device; True when parked."""
+        if not self._held:
+            return False
+        waits = set()
+        for request in batch.requests:
+            key = self._held.get(request.id)
+            if key is not None and key[0] != batch.device:
+                waits.add(key)
+        if not waits:
+            return False
+        self._parked[(batch.device, batch.id)] = waits
+        for key in waits:
+            self.stopping[key].parked.append((group, batch))
+        return True
+
+    def _stop_confirmed(self, key: tuple[int, int]) -> None:
+        stopping = self.stopping.pop(key)
+        for request in stopping.batch.requests:
+            if self._held.get(request.id) == key:
+                del self._held[request.id]
+        for request, error in stopping.drops:
+            self._fail([request], error)
+        for group, batch in stopping.parked:
+            waits = self._parked.get((batch.device, batch.id))
+            if waits is None:
+                continue
+            waits.discard(key)
+            if not waits:
+                del self._parked[(batch.device, batch.id)]
+                if self.closing:
+                    continue  # fail_all answered its requests already
+                # Submitted late by the stop delay; a start time in the past
+                # means "at once" to the executor.
+                self._apply(group, [Dispatch(batch)])
 
     def _fail(self, requests: list[Request], error: Exception) -> None:
         for request in requests:

@@ -128,7 +128,10 @@ class LiveService:
         for state in self.models.values():
             state.profile = await self._profile(state)
         self.dispatcher = Dispatcher(
-            self._build_groups(), self.pool.submit, settings.deadline_margin_ms / 1000.0
+            self._build_groups(),
+            self.pool.submit,
+            settings.deadline_margin_ms / 1000.0,
+            cancel=self.pool.cancel,
         )
         # The watchdog judges a batch by the profile the core plans with.
         self.pool.expected_latency = self._expected_latency
