@@ -191,9 +191,17 @@ class Scheduler:
 
     def _requeue(self, requests: list[Request], now: float) -> None:
         """Put back requests of a failed batch (they can still finish alone)
-        and schedule them. Default: into their deadline queue; policies with
-        their own queues override it."""
+        and schedule them; every policy implements it (`_enqueue` helps)."""
         raise NotImplementedError
+
+    def _enqueue(self, requests: list[Request]) -> list[str]:
+        """Add `requests` to their deadline queues; return their models, in
+        first-seen order."""
+        names: dict[str, None] = {}
+        for request in requests:
+            self.queues[request.model].add(request)
+            names[request.model] = None
+        return list(names)
 
     # ------------------------------------------------------- helpers for policies
 

@@ -115,8 +115,7 @@ class ClockworkScheduler(Scheduler):
 
     def _requeue(self, requests: list[Request], now: float) -> None:
         # Already admitted once: no queue-size check, just back in line.
-        for request in requests:
-            self.queues[request.model].add(request)
+        self._enqueue(requests)
         self._schedule(now)
 
     # ---------------------------------------------------------------- policy

@@ -96,12 +96,7 @@ class FlexScheduler(Scheduler):
         self._set_drop_timer(now)
 
     def _requeue(self, requests: list[Request], now: float) -> None:
-        names = []
-        for request in requests:
-            self.queues[request.model].add(request)
-            if request.model not in names:
-                names.append(request.model)
-        for name in names:
+        for name in self._enqueue(requests):
             self._offer_to_devices(now, name)
         self._set_drop_timer(now)
 

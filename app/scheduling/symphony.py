@@ -212,12 +212,7 @@ class SymphonyScheduler(Scheduler):
         self._set_device_timer()
 
     def _requeue(self, requests: list[Request], now: float) -> None:
-        names = []
-        for request in requests:
-            self.queues[request.model].add(request)
-            if request.model not in names:
-                names.append(request.model)
-        for name in names:
+        for name in self._enqueue(requests):
             self._update_candidate(self.models[name], -_INF, 1.0, now)
             self._inform_candidate(name, now)
 
