@@ -49,6 +49,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     import uvicorn
 
+    from app.api.received import receive_stamping_protocol
     from app.main import create_app
     from app.server.settings import Settings
 
@@ -62,6 +63,7 @@ def main(argv: list[str] | None = None) -> int:
         host=settings.host,
         port=settings.port,
         log_level=args.log_level,
+        http=receive_stamping_protocol(),
         timeout_graceful_shutdown=int(settings.shutdown_grace_s) + 1,
     )
     return 0

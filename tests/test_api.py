@@ -92,8 +92,16 @@ class FakeService:
             for n in self.configs
         ]
 
-    async def infer(self, model, inputs, *, slo_ms=None, request_id=None):
-        self.calls.append({"model": model, "inputs": inputs, "slo_ms": slo_ms, "id": request_id})
+    async def infer(self, model, inputs, *, slo_ms=None, request_id=None, received_at=None):
+        self.calls.append(
+            {
+                "model": model,
+                "inputs": inputs,
+                "slo_ms": slo_ms,
+                "id": request_id,
+                "received_at": received_at,
+            }
+        )
         for name, arr in inputs.items():  # the HTTP layer's contract
             spec = next(s for s in self.configs[model].inputs if s.name == name)
             assert arr.dtype == spec.dtype and arr.shape[0] == 1, (name, arr.dtype, arr.shape)

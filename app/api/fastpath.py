@@ -22,6 +22,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from app.api.received import stamp_if_missing
 from app.errors import ServingError
 
 log = logging.getLogger(__name__)
@@ -70,6 +71,7 @@ class InferFastPath:
         if route is None:
             await self.app(scope, receive, send)
             return
+        stamp_if_missing(scope)
         request = Request(scope, receive)
         name, version = route
         try:

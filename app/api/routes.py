@@ -62,6 +62,7 @@ from starlette.requests import ClientDisconnect
 from app.api import models as m
 from app.api.fastpath import InferEndpoints, install_fast_path
 from app.api.metrics import Metrics
+from app.api.received import received_at
 from app.api.security import check_model_name, require_token, short_repr
 from app.api.tensors import (
     check_datatype,
@@ -673,7 +674,13 @@ def build_router(
             else:
                 inputs[name] = decode_json_tensor(name, spec, value, None)
         slo_ms = resolve_slo(config, req.slo_ms)
-        result = await service.infer(req.model, inputs, slo_ms=slo_ms, request_id=req.id)
+        result = await service.infer(
+            req.model,
+            inputs,
+            slo_ms=slo_ms,
+            request_id=req.id,
+            received_at=received_at(request.scope),
+        )
         outputs = {}
         arrays = []
         for name in result.outputs:
@@ -888,7 +895,9 @@ def build_router(
         )
         chosen = _v2_requested_outputs(config, req)
         slo_ms = resolve_slo(config, req.parameters.slo_ms if req.parameters else None)
-        result = await service.infer(name, inputs, slo_ms=slo_ms, request_id=req.id)
+        result = await service.infer(
+            name, inputs, slo_ms=slo_ms, request_id=req.id, received_at=received_at(request.scope)
+        )
         return _v2_response(config, req, result, chosen)
 
     @router.post(

@@ -129,15 +129,20 @@ class Dispatcher:
 
     # ---------------------------------------------------------------- intake
 
-    def submit_request(self, model: str, slot: int, slo_s: float) -> Pending:
+    def submit_request(
+        self, model: str, slot: int, slo_s: float, *, received_at: float | None = None
+    ) -> Pending:
         """Hand a request (inputs already in `slot`) to its core; the caller
-        awaits `pending.future` for a `Finished` or an error."""
+        awaits `pending.future` for a `Finished` or an error. Its arrival, and
+        so its deadline, is `received_at` (monotonic) when given: the time
+        its bytes reached the server, before parsing (app/api/received.py)."""
         if self.closing:
             raise ShuttingDown("server is shutting down")
         loop = asyncio.get_running_loop()
         group = self._by_model[model]
         now = self._now()
-        request = Request(next(self._ids), model, now, now + slo_s - self.deadline_margin_s)
+        arrival = now if received_at is None else min(received_at, now)
+        request = Request(next(self._ids), model, arrival, arrival + slo_s - self.deadline_margin_s)
         pending = Pending(request, slot, loop.create_future())
         self.pending[request.id] = pending
         self._apply(group, group.scheduler.add_request(request, now))

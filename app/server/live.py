@@ -286,6 +286,7 @@ class LiveService:
         *,
         slo_ms: float | None = None,
         request_id: str | None = None,
+        received_at: float | None = None,
     ) -> InferResult:
         if self.closing:
             raise ShuttingDown("server is shutting down")
@@ -319,7 +320,9 @@ class LiveService:
         release = True
         try:
             state.arena.write_inputs(slot, inputs)
-            pending = self.dispatcher.submit_request(model, slot, slo / 1000.0)
+            pending = self.dispatcher.submit_request(
+                model, slot, slo / 1000.0, received_at=received_at
+            )
             try:
                 finished: Finished = await asyncio.shield(pending.future)
             except asyncio.CancelledError:

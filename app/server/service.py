@@ -43,7 +43,10 @@ class InferenceService(Protocol):
         *,
         slo_ms: float | None = None,
         request_id: str | None = None,
+        received_at: float | None = None,
     ) -> InferResult:
         """`inputs` are validated against the model config by the HTTP layer
-        (names, datatypes, shapes with a batch dimension of 1)."""
+        (names, datatypes, shapes with a batch dimension of 1). `received_at`:
+        the monotonic time the request reached the server (its SLO starts
+        there; app/api/received.py); None means now."""
         ...

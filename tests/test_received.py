@@ -1,0 +1,107 @@
+"""A request's SLO clock starts when its bytes reach the server
+(app/api/received.py): the uvicorn protocol stamps it, the fast path passes
+the stamp to the service, and the dispatcher sets arrival and deadline from
+it (never later than now, never in the future)."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import threading
+import time
+
+import httpx
+import pytest
+import uvicorn
+
+from app.api import Metrics, create_api
+from app.api.received import RECEIVED_AT, receive_stamping_protocol, received_at
+from app.scheduling.flex import FlexScheduler
+from app.server.dispatcher import CoreGroup, Dispatcher
+from tests.helpers import devices, model
+from tests.test_api import GOOD_V2, FakeService
+
+
+def _dispatcher() -> Dispatcher:
+    core = FlexScheduler([model(alpha_ms=1.0, beta_ms=10.0, slo_ms=1000.0)], devices(1))
+    return Dispatcher(
+        [CoreGroup(core, frozenset({"m"}), (0,))],
+        lambda *_: None,
+        deadline_margin_s=0.002,
+    )
+
+
+def test_dispatcher_counts_the_slo_from_when_the_request_was_received():
+    async def scenario() -> None:
+        d = _dispatcher()
+        before = time.monotonic()
+        received = before - 0.25  # parsed 250 ms after its bytes arrived
+        pending = d.submit_request("m", 0, 1.0, received_at=received)
+        assert pending.request.arrival == received
+        assert pending.request.deadline == pytest.approx(received + 1.0 - 0.002)
+        unstamped = d.submit_request("m", 1, 1.0)
+        assert before <= unstamped.request.arrival <= time.monotonic()
+        # A stamp from the future (another clock) is clamped to now.
+        future = d.submit_request("m", 2, 1.0, received_at=time.monotonic() + 5.0)
+        assert future.request.arrival <= time.monotonic()
+
+    asyncio.run(scenario())
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+async def test_fast_path_stamps_unstamped_requests_and_passes_the_stamp_on(anyio_backend):
+    service = FakeService()
+    app = create_api(lambda: service, Metrics(), max_body_bytes=1 << 20)
+    transport = httpx.ASGITransport(app=app)
+    async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
+        before = time.monotonic()
+        res = await client.post("/v2/models/add_one/infer", json=GOOD_V2)
+        after = time.monotonic()
+    assert res.status_code == 200, res.text
+    stamp = service.calls[-1]["received_at"]
+    assert isinstance(stamp, float) and before <= stamp <= after
+
+
+def test_received_at_reads_only_float_stamps():
+    assert received_at({RECEIVED_AT: 12.5}) == 12.5
+    assert received_at({}) is None
+    assert received_at({RECEIVED_AT: "12.5"}) is None
+
+
+def test_uvicorn_protocol_stamps_each_request_before_the_app_runs():
+    seen: list[tuple[float | None, float]] = []
+
+    async def app(scope, receive, send):
+        if scope["type"] != "http":
+            return
+        seen.append((scope.get(RECEIVED_AT), time.monotonic()))
+        await send({"type": "http.response.start", "status": 204, "headers": []})
+        await send({"type": "http.response.body", "body": b""})
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    protocol = receive_stamping_protocol()
+    assert protocol != "auto", "uvicorn[standard] (httptools) is a dependency"
+    config = uvicorn.Config(app, host="127.0.0.1", port=port, http=protocol, log_level="error")
+    server = uvicorn.Server(config)
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    try:
+        deadline = time.monotonic() + 10.0
+        while not server.started and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert server.started
+        before = time.monotonic()
+        with httpx.Client(base_url=f"http://127.0.0.1:{port}") as client:
+            # Two requests on one keep-alive connection: each gets its own stamp.
+            assert client.get("/a").status_code == 204
+            assert client.get("/b").status_code == 204
+    finally:
+        server.should_exit = True
+        thread.join(10.0)
+    assert len(seen) == 2
+    (first, first_seen), (second, second_seen) = seen
+    assert isinstance(first, float) and isinstance(second, float)
+    assert before <= first <= first_seen < second <= second_seen
