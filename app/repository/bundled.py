@@ -121,35 +121,9 @@ def build_mlp(
         b = rng.standard_normal(width, dtype=np.float32) * np.float32(0.01)
         last = i == layers - 1
         y = "output" if last else f"relu{i}"
-        if splits == 1:
-            weights += [(f"fc{i}.weight", w), (f"fc{i}.bias", b)]
-            gemm_out = "output" if last else f"fc{i}"
-            nodes.append(
-                helper.make_node(
-                    "Gemm", [x, f"fc{i}.weight", f"fc{i}.bias"], [gemm_out], name=f"fc{i}"
-                )
-            )
-            if not last:
-                nodes.append(helper.make_node("Relu", [gemm_out], [y], name=f"relu{i}"))
-        else:
-            parts = []
-            for j, cols in enumerate(_chunks(width, splits)):
-                name = f"fc{i}_{j}"
-                weights += [(f"{name}.weight", w[:, cols]), (f"{name}.bias", b[cols])]
-                nodes.append(
-                    helper.make_node(
-                        "Gemm", [x, f"{name}.weight", f"{name}.bias"], [name], name=name
-                    )
-                )
-                if not last:
-                    # ReLU per chunk rather than after the Concat: ORT fuses
-                    # Gemm+Relu into one node, as it does for the unsplit layer.
-                    nodes.append(
-                        helper.make_node("Relu", [name], [f"relu{i}_{j}"], name=f"relu{i}_{j}")
-                    )
-                    name = f"relu{i}_{j}"
-                parts.append(name)
-            nodes.append(helper.make_node("Concat", parts, [y], name=f"concat{i}", axis=1))
+        layer_nodes, layer_weights = _dense_layer(i, x, y, w, b, splits, relu=not last)
+        nodes += layer_nodes
+        weights += layer_weights
         x = y
     doc = f"MLP {layers}x{width}, ReLU, seed {seed}"
     return _model(
@@ -162,12 +136,43 @@ def build_mlp(
     )
 
 
+def _dense_layer(
+    i: int, x: str, y: str, w: np.ndarray, b: np.ndarray, splits: int, *, relu: bool
+) -> tuple[list[onnx.NodeProto], list[tuple[str, np.ndarray]]]:
+    """Layer `i` of the MLP, `y` = [ReLU](`x`·w + b): one Gemm (named as in
+    builder version 1), or `splits` Gemms over consecutive output columns,
+    each with its ReLU, and a Concat."""
+    if splits == 1:
+        gemm_out = f"fc{i}" if relu else y
+        nodes = [
+            helper.make_node("Gemm", [x, f"fc{i}.weight", f"fc{i}.bias"], [gemm_out], name=f"fc{i}")
+        ]
+        if relu:
+            nodes.append(helper.make_node("Relu", [gemm_out], [y], name=f"relu{i}"))
+        return nodes, [(f"fc{i}.weight", w), (f"fc{i}.bias", b)]
+    nodes, weights, parts = [], [], []
+    for j, cols in enumerate(_chunks(w.shape[1], splits)):
+        name = f"fc{i}_{j}"
+        weights += [(f"{name}.weight", w[:, cols]), (f"{name}.bias", b[cols])]
+        nodes.append(
+            helper.make_node("Gemm", [x, f"{name}.weight", f"{name}.bias"], [name], name=name)
+        )
+        if relu:
+            # ReLU per chunk rather than after the Concat: ORT fuses Gemm+Relu
+            # into one node, as it does for the unsplit layer.
+            nodes.append(helper.make_node("Relu", [name], [f"relu{i}_{j}"], name=f"relu{i}_{j}"))
+            name = f"relu{i}_{j}"
+        parts.append(name)
+    nodes.append(helper.make_node("Concat", parts, [y], name=f"concat{i}", axis=1))
+    return nodes, weights
+
+
 def build_cnn(seed: int = 0, *, splits: int = 1, batch_dim: str = "batch") -> onnx.ModelProto:
     """A small CNN: `input` FP32 [batch, 3, 32, 32] → `output` FP32 [batch, 10].
 
     `splits` > 1 computes each Conv as that many Convs over consecutive
-    output channels (ReLU on each), joined by a Concat on the channel axis
-    (at most one channel per Conv): the same function and weights."""
+    output channels (ReLU on each), joined by a Concat on the channel axis:
+    the same function and weights. At most 32 (the narrowest conv)."""
     _check_splits(splits, 32)
     rng = np.random.default_rng(seed)
     nodes: list[onnx.NodeProto] = []
