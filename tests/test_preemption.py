@@ -285,6 +285,33 @@ def test_onnx_batch_stops_well_before_its_normal_duration(tmp_path):
     assert finished - cancelled_at < 0.3 * normal
 
 
+def test_split_bundled_mlp_batch_stops_within_a_chunk(tmp_path):
+    # The bundled MLP's builder at half the width (4 layers of 2048, ~40 ms
+    # for 32 rows on one core), each layer split as the bundled model is
+    # (Gemm chunks + Concat): the split graph still stops early and the
+    # executor serves on. (That a stop waits ~1/32 of a batch rather than
+    # up to a whole layer, 1/4, is measured by bench.preemption, not here.)
+    from app.repository.bundled import MLP_SPLITS, build_mlp, serialize
+
+    path = tmp_path / "mlp.onnx"
+    path.write_bytes(serialize(build_mlp(2048, 4, seed=0, splits=MLP_SPLITS)))
+    config = ModelConfig(
+        name="mlp",
+        backend="onnx",
+        directory=tmp_path,
+        inputs=(TensorSpec("input", "FP32", (-1, 2048)),),
+        outputs=(TensorSpec("output", "FP32", (-1, 2048)),),
+        max_batch_size=32,
+        slo_ms=100.0,
+        model_file=path,
+    )
+    normal, (started, finished, error), cancelled_at = _normal_and_stopped(config, 32)
+    assert normal > 0.01
+    assert error == CANCELLED
+    assert finished - started < 0.7 * normal
+    assert finished - cancelled_at < 0.3 * normal
+
+
 # ------------------------------------------------------------- torch backend
 def test_exit_point_rule_trades_stop_delay_against_exit_cost():
     from app.runtime.torch_backend import choose_exit_points, cut, expected_delay

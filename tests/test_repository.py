@@ -174,6 +174,90 @@ def test_mlp_builder_reduced_width_runs() -> None:
     assert [n.op_type for n in model.graph.node] == ["Gemm", "Relu"] * 3 + ["Gemm"]
 
 
+@pytest.mark.parametrize("splits", [2, 5, 64])
+def test_split_mlp_computes_the_unsplit_function(splits: int) -> None:
+    whole = _session(bundled.serialize(bundled.build_mlp(width=64, layers=3, seed=4)))
+    model = bundled.build_mlp(width=64, layers=3, seed=4, splits=splits)
+    x = np.random.default_rng(2).standard_normal((5, 64), dtype=np.float32)
+    (expected,) = whole.run(None, {"input": x})
+    (y,) = _session(bundled.serialize(model)).run(None, {"input": x})
+    np.testing.assert_allclose(y, expected, rtol=1e-5, atol=1e-5)
+    ops = [n.op_type for n in model.graph.node]
+    assert ops.count("Gemm") == 3 * splits and ops.count("Relu") == 2 * splits
+    assert ops.count("Concat") == 3 and len(ops) == 5 * splits + 3
+    widths = {t.dims[1] for t in model.graph.initializer if t.name.endswith(".weight")}
+    assert widths <= {64 // splits, -(-64 // splits)}  # chunks differ by at most 1 column
+
+
+@pytest.mark.parametrize("splits", [2, 4, 32])
+def test_split_cnn_computes_the_unsplit_function(splits: int) -> None:
+    whole = _session(bundled.serialize(bundled.build_cnn(seed=0)))
+    model = bundled.build_cnn(seed=0, splits=splits)
+    x = np.random.default_rng(3).standard_normal((3, 3, 32, 32), dtype=np.float32)
+    (expected,) = whole.run(None, {"input": x})
+    (y,) = _session(bundled.serialize(model)).run(None, {"input": x})
+    np.testing.assert_allclose(y, expected, rtol=1e-4, atol=1e-5)
+    ops = [n.op_type for n in model.graph.node]
+    assert ops.count("Conv") == 5 * splits and ops.count("Relu") == 5 * splits
+    assert ops.count("Concat") == 5 and ops.count("Gemm") == 1
+
+
+def test_splits_must_fit_the_narrowest_layer() -> None:
+    with pytest.raises(ValueError, match="splits"):
+        bundled.build_mlp(width=8, splits=9)
+    with pytest.raises(ValueError, match="splits"):
+        bundled.build_cnn(splits=0)
+
+
+def test_bundled_onnx_models_are_split_and_versioned() -> None:
+    for name in ("mlp", "cnn"):
+        gen = bundled.generated(name)
+        assert gen is not None and gen.version == bundled.BUILDER_VERSION
+        assert gen.unsplit is not None
+    assert bundled.MLP_SPLITS > 1  # cnn: see the module docstring
+    cnn = bundled.onnx.load_from_string(bundled.generated("cnn").build())
+    assert sum(n.op_type == "Conv" for n in cnn.graph.node) == 5 * bundled.CNN_SPLITS
+    assert cnn.producer_version == bundled.BUILDER_VERSION
+
+
+def test_onnx_producer_reads_the_head_only(tmp_path: Path) -> None:
+    path = tmp_path / "m.onnx"
+    model = bundled.build_mlp(width=8, seed=0)
+    model.producer_version = "7"
+    path.write_bytes(bundled.serialize(model))
+    assert bundled.onnx_producer(path) == (bundled.PRODUCER, "7")
+    # The weights after the head are never read: truncating them changes nothing.
+    path.write_bytes(bundled.serialize(model)[:200])
+    assert bundled.onnx_producer(path) == (bundled.PRODUCER, "7")
+    path.write_bytes(b"placeholder")
+    assert bundled.onnx_producer(path) is None
+    path.write_bytes(b"")
+    assert bundled.onnx_producer(path) is None
+
+
+def test_stale_generated_file_is_rebuilt(repo: Path) -> None:
+    # A cnn/model.onnx generated before the split (builder version 1) is
+    # replaced by the current one on the next ensure, then kept.
+    target = repo / "cnn" / "model.onnx"
+    old = bundled.build_cnn(seed=0)
+    old.producer_version = "1"
+    target.write_bytes(bundled.serialize(old))
+    assert bundled.ensure_bundled_models(repo, ["cnn"]) == ["cnn/model.onnx"]
+    assert bundled.onnx_producer(target) == (bundled.PRODUCER, bundled.BUILDER_VERSION)
+    assert target.read_bytes() == bundled.generated("cnn").build()
+    assert bundled.ensure_bundled_models(repo, ["cnn"]) == []
+
+
+def test_a_users_own_model_file_is_kept(repo: Path) -> None:
+    target = repo / "cnn" / "model.onnx"
+    theirs = bundled.build_cnn(seed=1)
+    theirs.producer_name = "someone else"
+    target.write_bytes(bundled.serialize(theirs))
+    data = target.read_bytes()
+    assert bundled.ensure_bundled_models(repo, ["cnn"]) == []
+    assert target.read_bytes() == data
+
+
 def test_builds_are_deterministic(tmp_path: Path) -> None:
     assert bundled.serialize(bundled.build_cnn(seed=0)) == bundled.serialize(bundled.build_cnn(0))
     a = bundled.serialize(bundled.build_mlp(width=32, seed=5))

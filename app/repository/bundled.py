@@ -9,10 +9,27 @@ Generated models (tensor names `input` → `output`, both FP32):
 - `mlp`: 4 dense layers 4096 wide, ReLU between them (not after the last),
   `input` [-1, 4096] → `output` [-1, 4096]. He-uniform weights keep the
   activations O(1). About 256 MiB of FP32 weights: large enough that batching
-  pays off on a CPU (weights are read once per batch).
+  pays off on a CPU (weights are read once per batch). Each layer is split
+  into MLP_SPLITS = 8 Gemms of 512 output columns (ReLU on each) and a
+  Concat: ORT checks RunOptions.terminate only between nodes, so a stop
+  waits for the running node, and one 4096×4096 Gemm is ~¼ of a batch. With
+  8 chunks a node is ~1/32 of a batch. Measured (bench.preemption, 2-core
+  box, see BENCHMARKS.md): median stop delay 13.4 % unsplit, 5.4 % with 4
+  chunks, 4.3 % with 8, 3.4 % with 16; extra time over the unsplit model
+  4.4 %, 3.7 %, 8.5 % (noisy: ±10 % per batch size), hence 8.
 - `cnn`: a small CIFAR-sized CNN, `input` [-1, 3, 32, 32] → `output` [-1, 10]
   (logits): 5 conv 3×3 + ReLU layers (32, 32, 64, 64, 128 channels) with two
-  2×2 max-pools, global average pool, one dense layer. About 0.6 MB.
+  2×2 max-pools, global average pool, one dense layer. About 0.6 MB. Not
+  split (CNN_SPLITS = 1): splitting each Conv by output channels cost more
+  than it saved. Median extra time over the unsplit model with 2, 4, 8, 16
+  chunks: 9 %, 38 %, 63 %, 84 % (ORT's blocked NCHWc convolution loses its
+  reuse of the input across output channels), for a stop delay of 17 %,
+  13 %, 7 %, 4 % (against 27 % unsplit; the last two only look good because
+  the batches got 3–5× longer). Splitting by output rows instead (Slice
+  with a halo, a prototype) cost 35–40 %. Its batches are 1–25 ms, and the
+  part of a stop that no split removes (~0.8 ms here, measured with nodes of
+  ~0.06 ms) is alone over 5 % of a batch below ~16 ms, so no split reaches
+  the 5 % target for it.
 
 - `torchcnn` (backend `torch`, needs the optional `torch` extra): a
   TorchScript `nn.Sequential` of 26 blocks, `input` [-1, 3, 32, 32] →
@@ -37,6 +54,7 @@ same seed gives the same bytes).
 from __future__ import annotations
 
 import argparse
+import itertools
 import logging
 import time
 import warnings
@@ -57,6 +75,14 @@ log = logging.getLogger(__name__)
 OPSET = 17
 IR_VERSION = 8
 PRODUCER = "deadline-serve bundled models"
+# Written as producer_version into every generated ONNX model. Bump it when
+# the bundled ONNX models change (graph, weights, chunk counts), so that files
+# an older version generated are rebuilt (see `ensure_bundled_models`).
+# 1: one node per layer; 2: large nodes split (MLP_SPLITS, CNN_SPLITS).
+BUILDER_VERSION = "2"
+# Chunks per large node of the bundled ONNX models (see the module docstring).
+MLP_SPLITS = 8
+CNN_SPLITS = 1
 DEFAULT_ROOT = Path("models")
 
 
@@ -64,12 +90,23 @@ DEFAULT_ROOT = Path("models")
 
 
 def build_mlp(
-    width: int = 4096, layers: int = 4, seed: int = 0, *, batch_dim: str = "batch"
+    width: int = 4096,
+    layers: int = 4,
+    seed: int = 0,
+    *,
+    splits: int = 1,
+    batch_dim: str = "batch",
 ) -> onnx.ModelProto:
     """`layers` dense layers `width` wide (Gemm), ReLU between them.
-    `input` FP32 [batch, width] → `output` FP32 [batch, width]."""
+    `input` FP32 [batch, width] → `output` FP32 [batch, width].
+
+    `splits` > 1 computes each layer as that many Gemms over consecutive
+    output columns (ReLU on each), joined by a Concat: the same function and
+    weights (the draws do not depend on `splits`), in nodes small enough for
+    ORT's between-node stop check (see the module docstring)."""
     if width < 1 or layers < 1:
         raise ValueError(f"width and layers must be ≥ 1, got {width}, {layers}")
+    _check_splits(splits, width)
     rng = np.random.default_rng(seed)
     nodes: list[onnx.NodeProto] = []
     weights: list[tuple[str, np.ndarray]] = []
@@ -82,19 +119,16 @@ def build_mlp(
         w -= np.float32(0.5)
         w *= np.float32(2.0 * np.sqrt(6.0 / width))
         b = rng.standard_normal(width, dtype=np.float32) * np.float32(0.01)
-        weights += [(f"fc{i}.weight", w), (f"fc{i}.bias", b)]
         last = i == layers - 1
-        y = "output" if last else f"fc{i}"
-        nodes.append(
-            helper.make_node("Gemm", [x, f"fc{i}.weight", f"fc{i}.bias"], [y], name=f"fc{i}")
-        )
-        if not last:
-            nodes.append(helper.make_node("Relu", [y], [f"relu{i}"], name=f"relu{i}"))
-            y = f"relu{i}"
+        y = "output" if last else f"relu{i}"
+        layer_nodes, layer_weights = _dense_layer(i, x, y, w, b, splits, relu=not last)
+        nodes += layer_nodes
+        weights += layer_weights
         x = y
+    doc = f"MLP {layers}x{width}, ReLU, seed {seed}"
     return _model(
         f"mlp{layers}x{width}",
-        f"MLP {layers}x{width}, ReLU, seed {seed}",
+        doc if splits == 1 else f"{doc}, each layer split into {splits} Gemms",
         nodes,
         weights,
         ("input", [batch_dim, width]),
@@ -102,8 +136,44 @@ def build_mlp(
     )
 
 
-def build_cnn(seed: int = 0, *, batch_dim: str = "batch") -> onnx.ModelProto:
-    """A small CNN: `input` FP32 [batch, 3, 32, 32] → `output` FP32 [batch, 10]."""
+def _dense_layer(
+    i: int, x: str, y: str, w: np.ndarray, b: np.ndarray, splits: int, *, relu: bool
+) -> tuple[list[onnx.NodeProto], list[tuple[str, np.ndarray]]]:
+    """Layer `i` of the MLP, `y` = [ReLU](`x`·w + b): one Gemm (named as in
+    builder version 1), or `splits` Gemms over consecutive output columns,
+    each with its ReLU, and a Concat."""
+    if splits == 1:
+        gemm_out = f"fc{i}" if relu else y
+        nodes = [
+            helper.make_node("Gemm", [x, f"fc{i}.weight", f"fc{i}.bias"], [gemm_out], name=f"fc{i}")
+        ]
+        if relu:
+            nodes.append(helper.make_node("Relu", [gemm_out], [y], name=f"relu{i}"))
+        return nodes, [(f"fc{i}.weight", w), (f"fc{i}.bias", b)]
+    nodes, weights, parts = [], [], []
+    for j, cols in enumerate(_chunks(w.shape[1], splits)):
+        name = f"fc{i}_{j}"
+        weights += [(f"{name}.weight", w[:, cols]), (f"{name}.bias", b[cols])]
+        nodes.append(
+            helper.make_node("Gemm", [x, f"{name}.weight", f"{name}.bias"], [name], name=name)
+        )
+        if relu:
+            # ReLU per chunk rather than after the Concat: ORT fuses Gemm+Relu
+            # into one node, as it does for the unsplit layer.
+            nodes.append(helper.make_node("Relu", [name], [f"relu{i}_{j}"], name=f"relu{i}_{j}"))
+            name = f"relu{i}_{j}"
+        parts.append(name)
+    nodes.append(helper.make_node("Concat", parts, [y], name=f"concat{i}", axis=1))
+    return nodes, weights
+
+
+def build_cnn(seed: int = 0, *, splits: int = 1, batch_dim: str = "batch") -> onnx.ModelProto:
+    """A small CNN: `input` FP32 [batch, 3, 32, 32] → `output` FP32 [batch, 10].
+
+    `splits` > 1 computes each Conv as that many Convs over consecutive
+    output channels (ReLU on each), joined by a Concat on the channel axis:
+    the same function and weights. At most 32 (the narrowest conv)."""
+    _check_splits(splits, 32)
     rng = np.random.default_rng(seed)
     nodes: list[onnx.NodeProto] = []
     weights: list[tuple[str, np.ndarray]] = []
@@ -116,18 +186,17 @@ def build_cnn(seed: int = 0, *, batch_dim: str = "batch") -> onnx.ModelProto:
         w = rng.standard_normal((out, channels, 3, 3), dtype=np.float32)
         w *= np.float32(np.sqrt(2.0 / fan_in))
         b = rng.standard_normal(out, dtype=np.float32) * np.float32(0.01)
-        weights += [(f"conv{i}.weight", w), (f"conv{i}.bias", b)]
-        nodes.append(
-            helper.make_node(
-                "Conv",
-                [x, f"conv{i}.weight", f"conv{i}.bias"],
-                [f"conv{i}"],
-                name=f"conv{i}",
-                kernel_shape=[3, 3],
-                pads=[1, 1, 1, 1],
-            )
-        )
-        nodes.append(helper.make_node("Relu", [f"conv{i}"], [f"relu{i}"], name=f"relu{i}"))
+        if splits == 1:
+            weights += [(f"conv{i}.weight", w), (f"conv{i}.bias", b)]
+            nodes += _conv_relu(x, f"conv{i}", f"relu{i}")
+        else:
+            parts = []
+            for j, chans in enumerate(_chunks(out, splits)):
+                name = f"conv{i}_{j}"
+                weights += [(f"{name}.weight", w[chans]), (f"{name}.bias", b[chans])]
+                nodes += _conv_relu(x, name, f"relu{i}_{j}")
+                parts.append(f"relu{i}_{j}")
+            nodes.append(helper.make_node("Concat", parts, [f"relu{i}"], name=f"concat{i}", axis=1))
         x = f"relu{i}"
         if pool:
             nodes.append(
@@ -148,14 +217,41 @@ def build_cnn(seed: int = 0, *, batch_dim: str = "batch") -> onnx.ModelProto:
     w *= np.float32(np.sqrt(1.0 / channels))
     weights += [("fc.weight", w), ("fc.bias", np.zeros(10, dtype=np.float32))]
     nodes.append(helper.make_node("Gemm", ["flat", "fc.weight", "fc.bias"], ["output"], name="fc"))
+    doc = f"small CNN 3x32x32 -> 10, seed {seed}"
     return _model(
         "cnn",
-        f"small CNN 3x32x32 -> 10, seed {seed}",
+        doc if splits == 1 else f"{doc}, each conv split into {splits} by output channels",
         nodes,
         weights,
         ("input", [batch_dim, 3, 32, 32]),
         ("output", [batch_dim, 10]),
     )
+
+
+def _conv_relu(x: str, name: str, relu: str) -> list[onnx.NodeProto]:
+    """Conv 3×3 (pad 1) with weights `<name>.weight`/`.bias`, then ReLU."""
+    return [
+        helper.make_node(
+            "Conv",
+            [x, f"{name}.weight", f"{name}.bias"],
+            [name],
+            name=name,
+            kernel_shape=[3, 3],
+            pads=[1, 1, 1, 1],
+        ),
+        helper.make_node("Relu", [name], [relu], name=relu),
+    ]
+
+
+def _check_splits(splits: int, smallest: int) -> None:
+    if not 1 <= splits <= smallest:
+        raise ValueError(f"splits must be in 1..{smallest}, got {splits}")
+
+
+def _chunks(n: int, splits: int) -> list[slice]:
+    """`splits` consecutive slices of range(n), sizes differing by at most 1."""
+    bounds = np.linspace(0, n, splits + 1).round().astype(int).tolist()
+    return [slice(a, b) for a, b in itertools.pairwise(bounds)]
 
 
 # The checker serialises the whole model; skip it for the big weights (the
@@ -176,7 +272,7 @@ def _model(
     model = onnx.ModelProto()
     model.ir_version = IR_VERSION
     model.producer_name = PRODUCER
-    model.producer_version = "1"
+    model.producer_version = BUILDER_VERSION
     model.opset_import.add(domain="", version=OPSET)
     graph = model.graph
     graph.name = name
@@ -269,6 +365,11 @@ class Generated:
     build: Callable[[], bytes]
     # False: cannot be built here (an optional extra is missing); skipped.
     available: Callable[[], bool] = lambda: True
+    # ONNX: the producer_version the file must have; an existing file that
+    # this module generated with another version is rebuilt.
+    version: str | None = None
+    # ONNX: the same model without split nodes (bench.preemption's reference).
+    unsplit: Callable[[], bytes] | None = None
 
     @property
     def relpath(self) -> str:
@@ -276,8 +377,20 @@ class Generated:
 
 
 GENERATED: tuple[Generated, ...] = (
-    Generated("mlp", "model.onnx", lambda: serialize(build_mlp(4096, 4, seed=0))),
-    Generated("cnn", "model.onnx", lambda: serialize(build_cnn(seed=0))),
+    Generated(
+        "mlp",
+        "model.onnx",
+        lambda: serialize(build_mlp(4096, 4, seed=0, splits=MLP_SPLITS)),
+        version=BUILDER_VERSION,
+        unsplit=lambda: serialize(build_mlp(4096, 4, seed=0)),
+    ),
+    Generated(
+        "cnn",
+        "model.onnx",
+        lambda: serialize(build_cnn(seed=0, splits=CNN_SPLITS)),
+        version=BUILDER_VERSION,
+        unsplit=lambda: serialize(build_cnn(seed=0)),
+    ),
     Generated(
         "torchcnn",
         "model.pt",
@@ -287,11 +400,81 @@ GENERATED: tuple[Generated, ...] = (
 )
 
 
+def generated(model: str) -> Generated | None:
+    """The generated file of bundled model `model`, if it has one."""
+    return next((gen for gen in GENERATED if gen.model == model), None)
+
+
+def onnx_producer(path: Path) -> tuple[str, str] | None:
+    """(producer_name, producer_version) of the ONNX file at `path`, read from
+    its first KiB only: protobuf writers emit fields in number order, so
+    ModelProto's fields 1–6 come before the graph (7) and its 256 MiB of
+    weights, which need not be parsed. None when the head is not a ModelProto
+    that names its producer."""
+    with open(path, "rb") as f:
+        head = f.read(_HEAD_BYTES)
+    fields: dict[int, int | bytes] = {}
+    pos = 0
+    try:
+        while pos < len(head):
+            key, pos = _varint(head, pos)
+            number, wire_type = key >> 3, key & 7
+            if number >= 7:
+                break  # the graph and what follows
+            if wire_type == 0:
+                fields[number], pos = _varint(head, pos)
+            elif wire_type == 2:
+                length, pos = _varint(head, pos)
+                if pos + length > len(head):
+                    return None
+                fields[number], pos = head[pos : pos + length], pos + length
+            else:
+                return None
+        name, version = fields.get(2), fields.get(3)
+        if not isinstance(name, bytes) or not isinstance(version, bytes):
+            return None
+        return name.decode(), version.decode()
+    except (ValueError, UnicodeDecodeError):
+        return None
+
+
+_HEAD_BYTES = 1024
+
+
+def _varint(buf: bytes, pos: int) -> tuple[int, int]:
+    """A protobuf varint at `buf[pos:]`: (value, position after it)."""
+    value = shift = 0
+    while pos < len(buf) and shift < 64:
+        byte = buf[pos]
+        pos += 1
+        value |= (byte & 0x7F) << shift
+        if byte < 0x80:
+            return value, pos
+        shift += 7
+    raise ValueError("truncated or overlong varint")
+
+
+def _is_current(path: Path, gen: Generated) -> bool:
+    """False for a file this module generated with another builder version
+    (stale: rebuild it); a file from anywhere else is the user's, kept."""
+    if gen.version is None:
+        return True
+    producer = onnx_producer(path)
+    if producer is None or producer[0] != PRODUCER or producer[1] == gen.version:
+        return True
+    log.info(
+        "%s: generated by builder version %s, now %s; rebuilding", path, producer[1], gen.version
+    )
+    return False
+
+
 def ensure_bundled_models(
     root: Path, names: Iterable[str] | None = None, *, force: bool = False
 ) -> list[str]:
     """Build the generated files of the bundled models that are missing under
-    `root` and return their paths relative to `root` (e.g. ["mlp/model.onnx"]).
+    `root`, or stale (generated by an older builder version, see
+    BUILDER_VERSION), and return their paths relative to `root` (e.g.
+    ["mlp/model.onnx"]).
 
     Only models whose directory exists with a config.yaml are considered, so
     pointing this at a user's repository builds nothing there; `names`
@@ -306,7 +489,7 @@ def ensure_bundled_models(
         if not (directory / "config.yaml").is_file():
             continue
         target = directory / gen.file
-        if target.is_file() and not force:
+        if target.is_file() and not force and _is_current(target, gen):
             continue
         if not gen.available():
             log.warning(
