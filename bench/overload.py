@@ -23,7 +23,6 @@ import json
 import os
 import re
 import signal
-import socket
 import sys
 import tempfile
 import time
@@ -34,7 +33,7 @@ from typing import Any
 
 import numpy as np
 
-from bench.daemon_launcher import start_daemon, stop_daemon
+from bench.daemon_launcher import free_port, start_daemon, stop_daemon
 from bench.loadgen import _Plan, _RawSender, _reason
 
 # ℓ(b) = 10·b + 50 ms, max batch 4: 2 devices serve 2 · 4 / 0.090 ≈ 89 req/s.
@@ -232,12 +231,6 @@ async def _soak(
     return answers, samples
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.overload", description=__doc__)
     parser.add_argument("--factor", type=float, default=3.0, help="overload, × capacity")
@@ -263,7 +256,7 @@ def main(argv: list[str] | None = None) -> int:
     repo = write_repository(Path(tempfile.mkdtemp(prefix="overload-")) / "repo")
     handle = start_daemon(
         repo,
-        _free_port(),
+        free_port(),
         policy=args.policy,
         emulated_devices=DEVICES,
         cpu_slices=0,
