@@ -56,12 +56,14 @@ SLO_MS = 300.0
 class Answer:
     """One request: when it was meant to go (s from the start), its status
     (-1: no answer within the timeout — a hang; -2: connection error), the
-    error reason, and seconds from sending to the answer."""
+    error reason, seconds from sending to the answer, and when it was sent
+    (time.monotonic())."""
 
     at: float
     status: int
     reason: str
     latency: float
+    sent: float
 
 
 def write_repository(root: Path) -> Path:
@@ -105,11 +107,11 @@ async def open_loop(
         try:
             reply = await asyncio.wait_for(sender.send(0, lambda: None), timeout_s)
             reason = "" if reply.status == 200 else _reason(reply.status, bytes(reply.body))
-            answers.append(Answer(at, reply.status, reason, time.monotonic() - sent))
+            answers.append(Answer(at, reply.status, reason, time.monotonic() - sent, sent))
         except TimeoutError:
-            answers.append(Answer(at, -1, "timeout", time.monotonic() - sent))
+            answers.append(Answer(at, -1, "timeout", time.monotonic() - sent, sent))
         except Exception as exc:  # refused or cut (e.g. after shutdown): not a hang
-            answers.append(Answer(at, -2, type(exc).__name__, time.monotonic() - sent))
+            answers.append(Answer(at, -2, type(exc).__name__, time.monotonic() - sent, sent))
 
     tasks = []
     start = time.monotonic()
