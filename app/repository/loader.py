@@ -46,9 +46,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import yaml
 
-from app.config_fields import FieldReader
+from app.config_fields import FieldReader, read_yaml
 from app.repository.config import DATATYPES, ModelConfig, ProfileSpec, TensorSpec
 from app.scheduling.profile import LatencyProfile
 
@@ -106,14 +105,7 @@ def load_model_config(directory: Path) -> ModelConfig:
         validate_model_name(directory.name)
     except ValueError as exc:
         raise ValueError(f"{path}: {exc}") from None
-    try:
-        text = path.read_text()
-    except OSError as exc:
-        raise ValueError(f"{path}: cannot read model config: {exc}") from exc
-    try:
-        doc = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        raise ValueError(f"{path}: not valid YAML: {exc}") from exc
+    doc = read_yaml(path, "model config")
     return parse_model_config(doc, directory, source=str(path))
 
 

@@ -50,9 +50,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import yaml
 
-from app.config_fields import FieldReader
+from app.config_fields import FieldReader, read_yaml
 from app.repository.loader import parse_profile, profile_from_spec
 from app.scheduling.model import ModelInfo
 from app.scheduling.profile import LatencyProfile
@@ -188,14 +187,7 @@ class Workload:
 
 def load_workload(path: str | Path) -> Workload:
     path = Path(path)
-    try:
-        text = path.read_text()
-    except OSError as exc:
-        raise ValueError(f"{path}: cannot read workload file: {exc}") from exc
-    try:
-        doc = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        raise ValueError(f"{path}: not valid YAML: {exc}") from exc
+    doc = read_yaml(path, "workload file")
     return parse_workload(doc, path.parent, source=str(path))
 
 
