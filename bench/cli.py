@@ -94,6 +94,19 @@ def read_workload(name: str) -> tuple[Path, Workload]:
 # --------------------------------------------------------------------------- output
 
 
+def workload_info(workload: Workload, path: str | Path) -> dict[str, Any]:
+    """The `workload` block of the JSON document (both commands)."""
+    return {
+        "name": workload.name,
+        "file": str(path),
+        "duration_s": workload.duration_s,
+        "devices": len(workload.devices),
+        "models": [m.name for m in workload.models],
+        "offered_rps": workload.offered_rate(),
+        "seed": workload.seed,
+    }
+
+
 def sanitize(value: Any) -> Any:
     """JSON-safe: non-finite floats become null, numpy scalars Python numbers."""
     if isinstance(value, dict):

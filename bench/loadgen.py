@@ -1367,19 +1367,6 @@ def find_live_capacity(
 # --------------------------------------------------------------------------- document
 
 
-def workload_info(workload: Workload, path: str | Path) -> dict[str, Any]:
-    """The `workload` block of the simulator's document."""
-    return {
-        "name": workload.name,
-        "file": str(path),
-        "duration_s": workload.duration_s,
-        "devices": len(workload.devices),
-        "models": [m.name for m in workload.models],
-        "offered_rps": workload.offered_rate(),
-        "seed": workload.seed,
-    }
-
-
 def build_document(
     workload: Workload,
     path: str | Path,
@@ -1389,7 +1376,7 @@ def build_document(
     server: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The `--json` document (bench/loadgen_schema.json)."""
-    doc: dict[str, Any] = {"workload": workload_info(workload, path)}
+    doc: dict[str, Any] = {"workload": cli.workload_info(workload, path)}
     if server:
         doc["server"] = server
     doc.update(result.to_dict())

@@ -388,15 +388,7 @@ def build_document(
             entry["capacity_probes"] = [dataclasses.asdict(p) for p in cap.probes]
         policies[label] = entry
     doc: dict[str, Any] = {
-        "workload": {
-            "name": workload.name,
-            "file": str(path),
-            "duration_s": workload.duration_s,
-            "devices": len(workload.devices),
-            "models": [m.name for m in workload.models],
-            "offered_rps": workload.offered_rate(),
-            "seed": workload.seed,
-        },
+        "workload": cli.workload_info(workload, path),
         "rate_scale": rate_scale,
         "policies": policies,
     }
