@@ -5,9 +5,25 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any, NoReturn
 
+import yaml
+
 _MISSING: Any = object()
+
+
+def read_yaml(path: Path, what: str) -> Any:
+    """The parsed YAML document at `path`; ValueError naming the file (and
+    `what` it is) when it cannot be read or is not YAML."""
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise ValueError(f"{path}: cannot read {what}: {exc}") from exc
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ValueError(f"{path}: not valid YAML: {exc}") from exc
 
 
 class FieldReader:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -29,6 +30,13 @@ class DaemonHandle:
     url: str
     startup_s: float
     log_path: Path
+
+
+def free_port() -> int:
+    """A free TCP port on 127.0.0.1 (free now; bind it soon)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
 
 
 def start_daemon(

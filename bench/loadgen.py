@@ -103,7 +103,9 @@ import numpy as np
 
 from app.simulation.capacity_search import CapacityResult, find_capacity
 from app.workloads.arrivals import Arrivals, generate_arrivals
-from app.workloads.spec import Workload, load_workload
+from app.workloads.spec import Workload
+from bench import cli
+from bench.cli import UsageError, sanitize
 
 try:
     import orjson
@@ -1365,19 +1367,6 @@ def find_live_capacity(
 # --------------------------------------------------------------------------- document
 
 
-def workload_info(workload: Workload, path: str | Path) -> dict[str, Any]:
-    """The `workload` block of the simulator's document."""
-    return {
-        "name": workload.name,
-        "file": str(path),
-        "duration_s": workload.duration_s,
-        "devices": len(workload.devices),
-        "models": [m.name for m in workload.models],
-        "offered_rps": workload.offered_rate(),
-        "seed": workload.seed,
-    }
-
-
 def build_document(
     workload: Workload,
     path: str | Path,
@@ -1387,7 +1376,7 @@ def build_document(
     server: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The `--json` document (bench/loadgen_schema.json)."""
-    doc: dict[str, Any] = {"workload": workload_info(workload, path)}
+    doc: dict[str, Any] = {"workload": cli.workload_info(workload, path)}
     if server:
         doc["server"] = server
     doc.update(result.to_dict())
@@ -1409,24 +1398,6 @@ def build_document(
             for p in capacity.probes
         ]
     return sanitize(doc)
-
-
-def sanitize(value: Any) -> Any:
-    """JSON-safe: non-finite floats become null, numpy scalars Python numbers."""
-    if isinstance(value, dict):
-        return {str(k): sanitize(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [sanitize(v) for v in value]
-    if isinstance(value, (bool, str)) or value is None:
-        return value
-    if isinstance(value, (int, np.integer)) and not isinstance(value, np.bool_):
-        return int(value)
-    if isinstance(value, np.bool_):
-        return bool(value)
-    if isinstance(value, (float, np.floating)):
-        v = float(value)
-        return v if math.isfinite(v) else None
-    return str(value)
 
 
 async def server_info(url: str) -> dict[str, Any] | None:
@@ -1528,10 +1499,6 @@ def plot_run(
 # --------------------------------------------------------------------------- CLI
 
 
-class UsageError(Exception):
-    pass
-
-
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m bench.loadgen",
@@ -1539,8 +1506,7 @@ def build_parser() -> argparse.ArgumentParser:
         "and measure goodput at SLO.",
     )
     p.add_argument("--url", required=True, help="server base URL (loopback only)")
-    p.add_argument("--workload", required=True, metavar="FILE", help="workload YAML file")
-    p.add_argument("--rate-scale", type=float, default=1.0, metavar="X", help="rate multiplier")
+    cli.add_workload_options(p)
     p.add_argument(
         "--duration", type=float, metavar="S", help="run length (default: the workload's)"
     )
@@ -1578,11 +1544,7 @@ def build_parser() -> argparse.ArgumentParser:
         type=int,
         help="devices the server runs (only for device_busy_fraction; default: the workload's)",
     )
-    p.add_argument("--capacity", action="store_true", help="also search the capacity")
-    p.add_argument("--target", type=float, default=0.99, help="SLO attainment for --capacity")
-    p.add_argument(
-        "--capacity-tol", type=float, default=0.05, metavar="REL", help="bisection precision"
-    )
+    cli.add_capacity_options(p, what="the server's capacity", tol=0.05)
     p.add_argument(
         "--probe-duration",
         type=float,
@@ -1591,28 +1553,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="length of each capacity probe (5)",
     )
     p.add_argument("--max-probes", type=int, default=12, help="capacity probes at most (12)")
-    p.add_argument("--json", action="store_true", help="print one JSON document on stdout")
-    p.add_argument("--plot", metavar="OUT.png", help="write a plot of the run")
-    p.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
+    cli.add_output_options(p, plot="write a plot of the run")
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
-    from rich.console import Console
-    from rich.markup import escape
-
-    err = Console(stderr=True)
-    try:
-        return _main(argv, err)
-    except (UsageError, LoadGenError) as exc:
-        err.print(f"[red]error:[/] {escape(str(exc))}", highlight=False, soft_wrap=True)
-        return 2
-    except RunFailed as exc:
-        err.print(f"[red]run failed:[/] {escape(str(exc))}", highlight=False, soft_wrap=True)
-        return 1
-    except KeyboardInterrupt:
-        err.print("interrupted")
-        return 130
+    return cli.run_main(_main, argv, usage_errors=(LoadGenError,), run_errors=(RunFailed,))
 
 
 def _main(argv: list[str] | None, err: Any) -> int:
@@ -1627,24 +1573,14 @@ def _main(argv: list[str] | None, err: Any) -> int:
     args = build_parser().parse_args(argv)
     url = check_loopback(args.url)
     for name in ("rate_scale", "probe_duration", "capacity_tol", "timeout_margin_ms"):
-        v = getattr(args, name)
-        if not (v > 0 and math.isfinite(v)):
-            raise UsageError(f"--{name.replace('_', '-')} must be a positive number, got {v}")
-    if args.duration is not None and not (args.duration > 0 and math.isfinite(args.duration)):
-        raise UsageError(f"--duration must be a positive number, got {args.duration}")
+        cli.check_positive(f"--{name.replace('_', '-')}", getattr(args, name))
+    if args.duration is not None:
+        cli.check_positive("--duration", args.duration)
     if args.workers < 1 or args.workers > 64:
         raise UsageError(f"--workers must be in 1..64, got {args.workers}")
-    if not 0.0 < args.target <= 1.0:
-        raise UsageError(f"--target must be in (0, 1], got {args.target}")
-    if args.plot and Path(args.plot).suffix.lower() != ".png":
-        raise UsageError(f"--plot: expected a .png file name, got {args.plot!r}")
-    path = Path(args.workload)
-    if not path.is_file():
-        raise UsageError(f"workload file not found: {path}")
-    try:
-        workload = load_workload(path)
-    except (ValueError, TypeError, KeyError) as exc:
-        raise UsageError(f"bad workload file: {exc}") from None
+    cli.check_target(args.target)
+    cli.check_plot(args.plot)
+    path, workload = cli.read_workload(args.workload)
     if args.duration is not None:
         workload = dataclasses.replace(workload, duration_s=float(args.duration))
 

@@ -23,7 +23,6 @@ import json
 import os
 import re
 import signal
-import socket
 import sys
 import tempfile
 import time
@@ -34,7 +33,7 @@ from typing import Any
 
 import numpy as np
 
-from bench.daemon_launcher import start_daemon, stop_daemon
+from bench.daemon_launcher import free_port, start_daemon, stop_daemon
 from bench.loadgen import _Plan, _RawSender, _reason
 
 # ℓ(b) = 10·b + 50 ms, max batch 4: 2 devices serve 2 · 4 / 0.090 ≈ 89 req/s.
@@ -57,12 +56,14 @@ SLO_MS = 300.0
 class Answer:
     """One request: when it was meant to go (s from the start), its status
     (-1: no answer within the timeout — a hang; -2: connection error), the
-    error reason, and seconds from sending to the answer."""
+    error reason, seconds from sending to the answer, and when it was sent
+    (time.monotonic())."""
 
     at: float
     status: int
     reason: str
     latency: float
+    sent: float
 
 
 def write_repository(root: Path) -> Path:
@@ -106,11 +107,11 @@ async def open_loop(
         try:
             reply = await asyncio.wait_for(sender.send(0, lambda: None), timeout_s)
             reason = "" if reply.status == 200 else _reason(reply.status, bytes(reply.body))
-            answers.append(Answer(at, reply.status, reason, time.monotonic() - sent))
+            answers.append(Answer(at, reply.status, reason, time.monotonic() - sent, sent))
         except TimeoutError:
-            answers.append(Answer(at, -1, "timeout", time.monotonic() - sent))
+            answers.append(Answer(at, -1, "timeout", time.monotonic() - sent, sent))
         except Exception as exc:  # refused or cut (e.g. after shutdown): not a hang
-            answers.append(Answer(at, -2, type(exc).__name__, time.monotonic() - sent))
+            answers.append(Answer(at, -2, type(exc).__name__, time.monotonic() - sent, sent))
 
     tasks = []
     start = time.monotonic()
@@ -232,12 +233,6 @@ async def _soak(
     return answers, samples
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.overload", description=__doc__)
     parser.add_argument("--factor", type=float, default=3.0, help="overload, × capacity")
@@ -263,7 +258,7 @@ def main(argv: list[str] | None = None) -> int:
     repo = write_repository(Path(tempfile.mkdtemp(prefix="overload-")) / "repo")
     handle = start_daemon(
         repo,
-        _free_port(),
+        free_port(),
         policy=args.policy,
         emulated_devices=DEVICES,
         cpu_slices=0,

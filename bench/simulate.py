@@ -51,14 +51,12 @@ from app.scheduling.registry import make_scheduler, policy_names, scheduler_clas
 from app.simulation.capacity_search import CapacityResult, find_capacity
 from app.simulation.run import SimResult, simulate
 from app.workloads.arrivals import Arrivals, generate_arrivals
-from app.workloads.spec import Workload, load_workload
+from app.workloads.spec import Workload
+from bench import cli
+from bench.cli import UsageError, sanitize
 
 DEFAULT_SCALES = (0.25, 0.5, 0.75, 1.0, 1.25, 1.5, 1.75, 2.0)
 MAX_MODEL_ROWS = 8  # per-model rows in the table only for workloads this small
-
-
-class UsageError(Exception):
-    """Bad command line or input file: message on stderr, exit status 2."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -133,7 +131,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="python -m bench.simulate",
         description="Simulate scheduling policies on a workload and compare goodput.",
     )
-    p.add_argument("--workload", required=True, metavar="FILE", help="workload YAML file")
+    cli.add_workload_options(p)
     p.add_argument(
         "--policy",
         action="append",
@@ -141,34 +139,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="policy to run (repeatable), with options, e.g. symphony:pruning=prefix; "
         "default: all registered policies",
     )
-    p.add_argument(
-        "--rate-scale",
-        type=float,
-        default=1.0,
-        metavar="X",
-        help="multiply every arrival rate of the workload by X (default 1)",
-    )
-    p.add_argument(
-        "--capacity",
-        action="store_true",
-        help="also find each policy's capacity: the highest offered load with "
-        "≥ --target of requests within SLO (bisection on the rate scale)",
-    )
-    p.add_argument(
-        "--target", type=float, default=0.99, help="SLO attainment for --capacity (0.99)"
-    )
-    p.add_argument(
-        "--capacity-tol",
-        type=float,
-        default=0.01,
-        metavar="REL",
-        help="relative precision of the capacity search on the rate scale (0.01)",
-    )
-    p.add_argument("--json", action="store_true", help="print one JSON document on stdout")
-    p.add_argument(
-        "--plot",
-        metavar="OUT.png",
-        help="sweep --scales and plot goodput and SLO attainment against offered load",
+    cli.add_capacity_options(p, what="each policy's capacity", tol=0.01)
+    cli.add_output_options(
+        p, plot="sweep --scales and plot goodput and SLO attainment against offered load"
     )
     p.add_argument(
         "--scales",
@@ -185,7 +158,6 @@ def build_parser() -> argparse.ArgumentParser:
         help="give up on a policy whose single simulation runs longer than S wall seconds "
         "(reported as an error; the other policies go on)",
     )
-    p.add_argument("--quiet", "-q", action="store_true", help="no progress display on stderr")
     return p
 
 
@@ -280,41 +252,21 @@ def _failed(label: str, exc: BaseException, errors: dict[str, str], err: Console
 
 
 def main(argv: list[str] | None = None) -> int:
-    err = Console(stderr=True)
-    try:
-        return _main(argv, err)
-    except UsageError as exc:
-        err.print(f"[red]error:[/] {exc}", highlight=False, soft_wrap=True)
-        return 2
-    except KeyboardInterrupt:
-        err.print("interrupted")
-        return 130
+    return cli.run_main(_main, argv)
 
 
 def _main(argv: list[str] | None, err: Console) -> int:
     args = build_parser().parse_args(argv)
-    if not (args.rate_scale > 0 and math.isfinite(args.rate_scale)):
-        raise UsageError(f"--rate-scale must be a positive number, got {args.rate_scale}")
-    if not 0.0 < args.target <= 1.0:
-        raise UsageError(f"--target must be in (0, 1], got {args.target}")
+    cli.check_positive("--rate-scale", args.rate_scale)
+    cli.check_target(args.target)
     if args.run_timeout is not None and not args.run_timeout > 0:
         raise UsageError(f"--run-timeout must be > 0, got {args.run_timeout}")
     if not args.capacity_tol > 0:
         raise UsageError(f"--capacity-tol must be > 0, got {args.capacity_tol}")
     scales = parse_scales(args.scales) if args.scales else list(DEFAULT_SCALES)
     sweep = bool(args.plot or args.scales)
-    if args.plot:
-        plot_path = Path(args.plot)
-        if plot_path.suffix.lower() != ".png":
-            raise UsageError(f"--plot: expected a .png file name, got {args.plot!r}")
-
-    path = Path(args.workload)
-    if not path.is_file():
-        raise UsageError(f"workload file not found: {path}")
-    try:
-        workload = load_workload(path)
-    except (ValueError, TypeError, KeyError) as exc:
-        raise UsageError(f"bad workload file: {exc}") from None
+    cli.check_plot(args.plot)
+    path, workload = cli.read_workload(args.workload)
 
     known = policy_names()
     specs: list[PolicySpec] = []
@@ -396,7 +348,7 @@ def _main(argv: list[str] | None, err: Console) -> int:
         err.print(f"wrote {args.plot}", highlight=False)
 
     if args.json:
-        sys.stdout.write(json.dumps(_sanitize(doc), indent=2, allow_nan=False) + "\n")
+        sys.stdout.write(json.dumps(sanitize(doc), indent=2, allow_nan=False) + "\n")
     else:
         print_table(doc, workload, args.capacity)
     return 0 if results else 1
@@ -436,15 +388,7 @@ def build_document(
             entry["capacity_probes"] = [dataclasses.asdict(p) for p in cap.probes]
         policies[label] = entry
     doc: dict[str, Any] = {
-        "workload": {
-            "name": workload.name,
-            "file": str(path),
-            "duration_s": workload.duration_s,
-            "devices": len(workload.devices),
-            "models": [m.name for m in workload.models],
-            "offered_rps": workload.offered_rate(),
-            "seed": workload.seed,
-        },
+        "workload": cli.workload_info(workload, path),
         "rate_scale": rate_scale,
         "policies": policies,
     }
@@ -455,23 +399,6 @@ def build_document(
     if errors:
         doc["errors"] = errors
     return doc
-
-
-def _sanitize(value: Any) -> Any:
-    """JSON-safe: non-finite floats become null, numpy scalars Python numbers."""
-    if isinstance(value, dict):
-        return {str(k): _sanitize(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_sanitize(v) for v in value]
-    if isinstance(value, bool) or value is None or isinstance(value, str):
-        return value
-    if isinstance(value, int):
-        return value
-    if hasattr(value, "item") and not isinstance(value, float):  # numpy scalar
-        return _sanitize(value.item())
-    if isinstance(value, float):
-        return value if math.isfinite(value) else None
-    return str(value)
 
 
 def _pct(x: float | None) -> str:

@@ -46,9 +46,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import yaml
 
-from app.config_fields import FieldReader
+from app.config_fields import FieldReader, read_yaml
 from app.repository.config import DATATYPES, ModelConfig, ProfileSpec, TensorSpec
 from app.scheduling.profile import LatencyProfile
 
@@ -106,14 +105,7 @@ def load_model_config(directory: Path) -> ModelConfig:
         validate_model_name(directory.name)
     except ValueError as exc:
         raise ValueError(f"{path}: {exc}") from None
-    try:
-        text = path.read_text()
-    except OSError as exc:
-        raise ValueError(f"{path}: cannot read model config: {exc}") from exc
-    try:
-        doc = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        raise ValueError(f"{path}: not valid YAML: {exc}") from exc
+    doc = read_yaml(path, "model config")
     return parse_model_config(doc, directory, source=str(path))
 
 
@@ -142,7 +134,7 @@ def parse_model_config(doc: Any, directory: Path, source: str | None = None) -> 
 
     profile = None
     if doc.get("profile") is not None:
-        profile = _parse_profile(ctx, doc["profile"], "profile", max_batch)
+        profile = parse_profile(ctx, doc["profile"], "profile", max_batch)
 
     devices = None
     if doc.get("devices") is not None:
@@ -256,7 +248,18 @@ def _parse_shape(ctx: FieldReader, raw: Any, where: str) -> tuple[int, ...]:
     return (-1, *dims)
 
 
-def _parse_profile(ctx: FieldReader, raw: Any, where: str, max_batch: int) -> ProfileSpec:
+def parse_profile(
+    ctx: FieldReader,
+    raw: Any,
+    where: str,
+    max_batch: int,
+    *,
+    incomplete: str = "needs both alpha_ms and beta_ms (or a latency_ms table)",
+) -> ProfileSpec:
+    """A `profile` section, of a model config or of a workload file: α/β
+    (ℓ(b) = α·b + β ms) or a `latency_ms` table {batch size: ms}, checked
+    against `max_batch`. `incomplete` is the message when it has neither
+    (each file format words its own hint)."""
     ctx.keys(raw, where, _PROFILE_KEYS)
     if "latency_ms" in raw:
         if "alpha_ms" in raw or "beta_ms" in raw:
@@ -279,7 +282,7 @@ def _parse_profile(ctx: FieldReader, raw: Any, where: str, max_batch: int) -> Pr
             ctx.fail(f"{where}.latency_ms", str(exc))
         return ProfileSpec(latency_ms=dict(sorted(table.items())))
     if "alpha_ms" not in raw or "beta_ms" not in raw:
-        ctx.fail(where, "needs both alpha_ms and beta_ms (or a latency_ms table)")
+        ctx.fail(where, incomplete)
     alpha = ctx.number(raw, "alpha_ms", f"{where}.alpha_ms", at_least=0.0)
     beta = ctx.number(raw, "beta_ms", f"{where}.beta_ms", at_least=0.0)
     if alpha + beta <= 0:

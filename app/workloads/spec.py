@@ -50,9 +50,9 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import yaml
 
-from app.config_fields import FieldReader
+from app.config_fields import FieldReader, read_yaml
+from app.repository.loader import parse_profile, profile_from_spec
 from app.scheduling.model import ModelInfo
 from app.scheduling.profile import LatencyProfile
 from app.scheduling.types import DeviceInfo
@@ -187,14 +187,7 @@ class Workload:
 
 def load_workload(path: str | Path) -> Workload:
     path = Path(path)
-    try:
-        text = path.read_text()
-    except OSError as exc:
-        raise ValueError(f"{path}: cannot read workload file: {exc}") from exc
-    try:
-        doc = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        raise ValueError(f"{path}: not valid YAML: {exc}") from exc
+    doc = read_yaml(path, "workload file")
     return parse_workload(doc, path.parent, source=str(path))
 
 
@@ -331,34 +324,6 @@ def _parse_trace(ctx: FieldReader, raw: Mapping, where: str, base_dir: Path) -> 
     }
 
 
-def _parse_profile(ctx: FieldReader, raw: Any, where: str, max_batch: int) -> LatencyProfile:
-    ctx.keys(raw, where, frozenset({"alpha_ms", "beta_ms", "latency_ms"}))
-    if "latency_ms" in raw:
-        if "alpha_ms" in raw or "beta_ms" in raw:
-            ctx.fail(where, "give either alpha_ms/beta_ms or latency_ms, not both")
-        table = raw["latency_ms"]
-        if not isinstance(table, Mapping) or not table:
-            ctx.fail(f"{where}.latency_ms", "must be a non-empty mapping {batch_size: ms}")
-        points: dict[int, float] = {}
-        for b in table:
-            try:
-                size = int(b)
-            except (TypeError, ValueError):
-                ctx.fail(f"{where}.latency_ms", f"batch size {b!r} is not an integer")
-            points[size] = ctx.number(table, b, f"{where}.latency_ms[{b}]", above=0.0)
-        try:
-            return LatencyProfile.from_table(points, max_batch)
-        except ValueError as exc:
-            ctx.fail(f"{where}.latency_ms", str(exc))
-    if "alpha_ms" not in raw or "beta_ms" not in raw:
-        ctx.fail(where, "needs alpha_ms and beta_ms, or latency_ms")
-    alpha = ctx.number(raw, "alpha_ms", f"{where}.alpha_ms", at_least=0.0)
-    beta = ctx.number(raw, "beta_ms", f"{where}.beta_ms", at_least=0.0)
-    if alpha + beta <= 0:
-        ctx.fail(where, "alpha_ms and beta_ms cannot both be 0")
-    return LatencyProfile.linear(alpha, beta, max_batch)
-
-
 @dataclass
 class _Entry:
     """A model after expansion, before its rate is resolved."""
@@ -397,7 +362,16 @@ def _parse_models(
         slo_ms = ctx.number(raw, "slo_ms", f"{where}.slo_ms", default=default_slo, above=0.0)
         if slo_ms is None:
             ctx.fail(f"{where}.slo_ms", "missing (set it per model or at the top level)")
-        profile = _parse_profile(ctx, raw["profile"], f"{where}.profile", max_batch)
+        profile = profile_from_spec(
+            parse_profile(
+                ctx,
+                raw["profile"],
+                f"{where}.profile",
+                max_batch,
+                incomplete="needs alpha_ms and beta_ms, or latency_ms",
+            ),
+            max_batch,
+        )
         rate = ctx.number(raw, "rate", f"{where}.rate", default=None, at_least=0.0)
         share = ctx.number(raw, "share", f"{where}.share", default=None, at_least=0.0)
         if share is not None and share > 1:
