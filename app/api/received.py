@@ -15,8 +15,11 @@ So the arrival is stamped as early as the server can see it:
   request. uvicorn parses every socket that the poll reported ready before
   it runs any request task, so a burst's stamps are not delayed by the
   processing of the requests ahead of them;
-- under any other ASGI server (`uvicorn app.main:app`, h11) the inference
-  fast path stamps when the request reaches the app (`stamp_if_missing`).
+- when embedding the app in uvicorn from Python, pass
+  `http=ReceiveStampingProtocol` to `uvicorn.run`/`uvicorn.Config` for the
+  same; under the plain `uvicorn app.main:app` command line, any other ASGI
+  server or h11, the inference fast path stamps when the request reaches
+  the app (`stamp_if_missing`).
 
 The stamp travels in the ASGI scope under `RECEIVED_AT`.
 """
@@ -46,19 +49,27 @@ def stamp_if_missing(scope: Scope) -> None:
         scope[RECEIVED_AT] = time.monotonic()
 
 
-def receive_stamping_protocol() -> Any:
-    """uvicorn's httptools protocol class, stamping each request's scope at
-    its first byte; "auto" (uvicorn's default, no stamp) when httptools is
-    not installed."""
-    try:
-        from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
-    except ImportError:  # uvicorn without the [standard] extra
-        log.info("httptools not installed: arrival stamped when the app sees a request")
-        return "auto"
+try:
+    from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+except ImportError:  # uvicorn without the [standard] extra (no httptools)
+    HttpToolsProtocol = None
+
+
+if HttpToolsProtocol is not None:
 
     class ReceiveStampingProtocol(HttpToolsProtocol):
+        """uvicorn's httptools protocol, stamping each request's scope at its
+        first byte (`uvicorn.run(app, http=ReceiveStampingProtocol)`)."""
+
         def on_message_begin(self) -> None:
             super().on_message_begin()
             self.scope[RECEIVED_AT] = time.monotonic()  # type: ignore[literal-required]
 
+
+def receive_stamping_protocol() -> Any:
+    """The `http=` argument for uvicorn: `ReceiveStampingProtocol`, or "auto"
+    (uvicorn's default; the app stamps at entry) without httptools."""
+    if HttpToolsProtocol is None:
+        log.info("httptools not installed: arrival stamped when the app sees a request")
+        return "auto"
     return ReceiveStampingProtocol
