@@ -9,7 +9,6 @@ import asyncio
 import dataclasses
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -23,6 +22,7 @@ import pytest
 import bench.loadgen as lg
 from app.workloads.arrivals import generate_arrivals
 from app.workloads.spec import load_workload
+from bench.daemon_launcher import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 SIM_SCHEMA = json.loads((ROOT / "bench" / "simulate_schema.json").read_text())
@@ -488,15 +488,9 @@ def test_capacity_search_against_a_stub(tmp_path):
 # --------------------------------------------------------------------------- the daemon
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def daemon(tmp_path_factory):
-    port = _free_port()
+    port = free_port()
     log_path = tmp_path_factory.mktemp("daemon") / "server.log"
     log = log_path.open("w")
     process = subprocess.Popen(

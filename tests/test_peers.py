@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import socket
 from pathlib import Path
 
 import httpx
@@ -11,6 +10,7 @@ import numpy as np
 import pytest
 
 from app.scheduling.profile import LatencyProfile
+from bench.daemon_launcher import free_port
 from bench.peers.ray_grid import ModelTarget, candidate_grid, pick_best, target_from_config
 
 TINY_CONFIG = """\
@@ -29,12 +29,6 @@ def _tiny_repository(root: Path) -> Path:
     (root / "tiny").mkdir(parents=True)
     (root / "tiny" / "config.yaml").write_text(TINY_CONFIG)
     return root
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 # ----------------------------------------------------------------------- grid
@@ -90,7 +84,7 @@ def ray_serve(tmp_path_factory):
     repo = _tiny_repository(tmp_path_factory.mktemp("repo"))
     handle = start_ray_serve(
         repo,
-        _free_port(),
+        free_port(),
         devices=1,
         max_batch_size=16,
         batch_wait_timeout_s=0.002,

@@ -22,6 +22,7 @@ from app.runtime.pool import ExecutorDevice, ExecutorPool
 from app.scheduling.flex import FlexScheduler
 from app.scheduling.types import Batch, Dispatch, Drop, DropReason, Preempt, Request
 from app.server.dispatcher import CoreGroup, Dispatcher, Finished
+from bench.daemon_launcher import free_port
 from tests.helpers import devices, model
 from tests.test_runtime import Done, mlp_onnx, onnx_config
 
@@ -415,7 +416,7 @@ def daemon(tmp_path_factory):
     repo = tmp_path_factory.mktemp("preempt-repo")
     (repo / "slow").mkdir()
     (repo / "slow" / "config.yaml").write_text(_SLOW)
-    port = _free_port()
+    port = free_port()
     handle = start_daemon(
         repo,
         port,
@@ -427,14 +428,6 @@ def daemon(tmp_path_factory):
     )
     yield handle
     stop_daemon(handle, timeout_s=10)
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _burst(url: str, first_slo_ms: float, others: int = 3) -> dict:

@@ -6,7 +6,6 @@ it (never later than now, never in the future)."""
 from __future__ import annotations
 
 import asyncio
-import socket
 import threading
 import time
 
@@ -18,6 +17,7 @@ from app.api import Metrics, create_api
 from app.api.received import RECEIVED_AT, receive_stamping_protocol, received_at
 from app.scheduling.flex import FlexScheduler
 from app.server.dispatcher import CoreGroup, Dispatcher
+from bench.daemon_launcher import free_port
 from tests.helpers import devices, model
 from tests.test_api import GOOD_V2, FakeService
 
@@ -79,9 +79,7 @@ def test_uvicorn_protocol_stamps_each_request_before_the_app_runs():
         await send({"type": "http.response.start", "status": 204, "headers": []})
         await send({"type": "http.response.body", "body": b""})
 
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+    port = free_port()
     protocol = receive_stamping_protocol()
     assert protocol != "auto", "uvicorn[standard] (httptools) is a dependency"
     config = uvicorn.Config(app, host="127.0.0.1", port=port, http=protocol, log_level="error")

@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -18,6 +17,8 @@ import onnx
 import onnxruntime
 import pytest
 from onnx import TensorProto, helper
+
+from bench.daemon_launcher import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -71,12 +72,6 @@ def _repository(root: Path) -> Path:
     return root
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def _our_segments() -> set[str]:
     return {p.name for p in Path("/dev/shm").iterdir()} if Path("/dev/shm").exists() else set()
 
@@ -84,7 +79,7 @@ def _our_segments() -> set[str]:
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     repo = _repository(tmp_path_factory.mktemp("repo"))
-    port = _free_port()
+    port = free_port()
     env = dict(
         os.environ,
         CPU_SLICES="1",
