@@ -381,10 +381,10 @@ def test_overload_keeps_goodput_near_capacity_answers_the_excess_fast_and_recove
     handle, _ = daemon
     url = handle.url
     _wait_alive(url, 2)
-    # 3 s at 3× capacity, then 1.5 s at 0.3×, open loop (bench.overload's raw
+    # 3 s at 3× capacity, then 2 s at 0.3×, open loop (bench.overload's raw
     # client: httpx alone cannot send 270 req/s on two shared cores).
     answers = asyncio.run(
-        open_loop(url, [(3 * CAPACITY_RPS, 3.0), (0.3 * CAPACITY_RPS, 1.5)], slo_ms=300)
+        open_loop(url, [(3 * CAPACITY_RPS, 3.0), (0.3 * CAPACITY_RPS, 2.0)], slo_ms=300)
     )
     over = [a for a in answers if a.at < 3.0]
     calm = [a for a in answers if a.at >= 3.0]
@@ -409,8 +409,14 @@ def test_overload_keeps_goodput_near_capacity_answers_the_excess_fast_and_recove
     dropped = sorted(a.latency for a in refused if a.status == 503)
     if dropped:
         assert dropped[len(dropped) // 2] < 0.4 and dropped[-1] < 0.8, dropped
-    # Recovery once the load drops: all served again, within SLO.
-    assert sum(1 for a in calm if a.status == 200 and a.latency <= 0.3) >= 0.95 * len(calm)
+    # Recovery once the load drops: in the first SLO after it, calm requests
+    # still queue behind the overload's earlier deadlines (and may be dropped
+    # explicitly); once those have all come due, all are served within SLO.
+    assert {a.status for a in calm} <= {200, 503}
+    recovered = [a for a in calm if a.at >= 3.0 + 0.3]
+    on_time = sum(1 for a in recovered if a.status == 200 and a.latency <= 0.3)
+    print(f"after the overload's last deadline: {on_time} of {len(recovered)} within SLO")
+    assert on_time >= 0.95 * len(recovered)
 
 
 # After SIGTERM the daemon takes at most: uvicorn's graceful close
