@@ -43,6 +43,7 @@ from app.scheduling.profile import LatencyProfile
 from app.scheduling.registry import make_scheduler
 from app.scheduling.types import DeviceInfo
 from app.server.dispatcher import CoreGroup, Dispatcher, Finished
+from app.server.heap import freeze_startup_heap, thaw_heap
 from app.server.service import InferResult
 from app.server.settings import BUNDLED_REPOSITORY, Settings
 
@@ -136,6 +137,8 @@ class LiveService:
         # The watchdog judges a batch by the profile the core plans with.
         self.pool.expected_latency = self._expected_latency
         self._signals_task = asyncio.create_task(self._publish_signals())
+        frozen = freeze_startup_heap()
+        log.info("%d start-up objects exempted from garbage collection", frozen)
         self.ready = True
         log.info(
             "serving %d models with policy %s: %s",
@@ -162,6 +165,7 @@ class LiveService:
             await self.pool.stop(timeout=5.0)
         for state in self.models.values():
             state.arena.close_and_unlink()
+        thaw_heap()
         log.info("shut down")
 
     # -------------------------------------------------------------- profiles
