@@ -49,7 +49,7 @@ from rich.table import Table
 
 from app.scheduling.registry import make_scheduler, policy_names, scheduler_class
 from app.simulation.capacity_search import CapacityResult, find_capacity
-from app.simulation.run import SimResult, simulate
+from app.simulation.run import ServingPath, SimResult, simulate
 from app.workloads.arrivals import Arrivals, generate_arrivals
 from app.workloads.spec import Workload
 from bench import cli
@@ -151,6 +151,22 @@ def build_parser() -> argparse.ArgumentParser:
         "given without --plot, the sweep goes into the JSON only",
     )
     p.add_argument(
+        "--deadline-margin-ms",
+        type=float,
+        default=0.0,
+        metavar="MS",
+        help="model the live daemon's DEADLINE_MARGIN_MS: plan every request to finish this "
+        "much before its SLO (still judged at the SLO); default 0",
+    )
+    p.add_argument(
+        "--intake-delay-ms",
+        type=float,
+        default=0.0,
+        metavar="MS",
+        help="model the live daemon's intake: the core sees each request after an exponential "
+        "delay of this mean past its arrival (the SLO starts at the arrival); default 0",
+    )
+    p.add_argument(
         "--run-timeout",
         type=float,
         default=None,
@@ -168,9 +184,15 @@ class Runner:
     """Runs policies, caching one summary-only result per (policy, scale)."""
 
     def __init__(
-        self, workload: Workload, progress: Progress, task: Any, timeout_s: float | None = None
+        self,
+        workload: Workload,
+        progress: Progress,
+        task: Any,
+        timeout_s: float | None = None,
+        serving: ServingPath | None = None,
     ) -> None:
         self.workload = workload
+        self.serving = serving
         self.timeout_s = timeout_s
         self.progress = progress
         self.task = task
@@ -189,7 +211,12 @@ class Runner:
         self.progress.update(self.task, description=f"{spec.label} @ ×{scale:.4g}")
         with _time_limit(self.timeout_s):
             result = simulate(
-                self.workload, spec.name, spec.params, rate_scale=scale, arrivals=arrivals
+                self.workload,
+                spec.name,
+                spec.params,
+                rate_scale=scale,
+                arrivals=arrivals,
+                serving=self.serving,
             )
         # Keep the summary only: traces of large runs are big.
         result = dataclasses.replace(result, trace=None)
@@ -263,6 +290,10 @@ def _main(argv: list[str] | None, err: Console) -> int:
         raise UsageError(f"--run-timeout must be > 0, got {args.run_timeout}")
     if not args.capacity_tol > 0:
         raise UsageError(f"--capacity-tol must be > 0, got {args.capacity_tol}")
+    try:
+        serving = ServingPath(args.deadline_margin_ms, args.intake_delay_ms)
+    except ValueError as exc:
+        raise UsageError(f"--deadline-margin-ms / --intake-delay-ms: {exc}") from None
     scales = parse_scales(args.scales) if args.scales else list(DEFAULT_SCALES)
     sweep = bool(args.plot or args.scales)
     cli.check_plot(args.plot)
@@ -294,7 +325,7 @@ def _main(argv: list[str] | None, err: Console) -> int:
     runs = len(specs) * (1 + (len(scales) if sweep else 0))
     with progress:
         task = progress.add_task("simulating", total=runs)
-        runner = Runner(workload, progress, task, args.run_timeout)
+        runner = Runner(workload, progress, task, args.run_timeout, serving)
 
         main_arrivals = generate_arrivals(workload, args.rate_scale)
         for spec in specs:
@@ -340,6 +371,8 @@ def _main(argv: list[str] | None, err: Console) -> int:
                     _failed(spec.label, exc, errors, err)
 
     doc = build_document(workload, path, args.rate_scale, results, capacities, curves, errors)
+    if not serving.is_direct:
+        doc["serving_path"] = dataclasses.asdict(serving)
     if args.plot:
         try:
             plot_curves(doc, Path(args.plot), target=args.target)
@@ -417,6 +450,12 @@ def print_table(doc: dict[str, Any], workload: Workload, capacity: bool) -> None
         f"{w['duration_s']:g} s, rate ×{doc['rate_scale']:g} "
         f"({w['offered_rps'] * doc['rate_scale']:,.1f} req/s nominal)"
     )
+    serving = doc.get("serving_path")
+    if serving:
+        title += (
+            f"; serving path: margin {serving['deadline_margin_ms']:g} ms, "
+            f"intake delay {serving['intake_delay_ms']:g} ms (mean)"
+        )
     table = Table(title=title, title_justify="left")
     table.add_column("policy", no_wrap=True)
     for col in (

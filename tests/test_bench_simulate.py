@@ -96,6 +96,23 @@ def test_json_validates_and_is_sane(tiny: Path) -> None:
             check_metrics(m)
 
 
+def test_serving_path_options_model_the_daemon(tiny: Path) -> None:
+    args = ("--workload", str(tiny), "--policy", "symphony", "--rate-scale", "1.6", "--json")
+    direct = json.loads(run_cli(*args).stdout)
+    proc = run_cli(*args, "--deadline-margin-ms", "3", "--intake-delay-ms", "0.5")
+    assert proc.returncode == 0, proc.stderr
+    doc = json.loads(proc.stdout)
+    jsonschema.validate(doc, SCHEMA)
+    assert "serving_path" not in direct
+    assert doc["serving_path"] == {"deadline_margin_ms": 3.0, "intake_delay_ms": 0.5}
+    # Planned 3 ms before the 25-ms SLO: the slow tail comes in earlier,
+    # though the intake delay moves every answer later.
+    p99 = [d["policies"]["symphony"]["overall"]["latency_p99_ms"] for d in (direct, doc)]
+    assert p99[0] > 23.0 and p99[1] <= 22.0 + 1e-6
+    bad = run_cli(*args, "--deadline-margin-ms", "-1")
+    assert bad.returncode == 2 and "deadline_margin_ms" in bad.stderr
+
+
 def test_capacity(tmp_path: Path) -> None:
     path = tmp_path / "cap.yaml"
     path.write_text(TINY.format(duration=1.0, rate=400))
