@@ -4,9 +4,9 @@ The core is sans-IO: this module feeds it the monotonic clock
 (`time.monotonic()`, the same CLOCK_MONOTONIC the executor processes report in),
 arms one `loop.call_at` for the core's next wakeup, and carries out its
 decisions: a Dispatch goes to the executor of that device (which runs it as
-soon as the device is free; see `timer_lead_s`), a Drop fails the requests' futures with the
-reason, and a finished batch resolves its requests' futures with their
-outputs, read from their shared-memory slots.
+soon as the device is free; see `timer_lead_s`), a Drop fails the requests'
+futures with the reason, and a finished batch resolves its requests' futures
+with their outputs, read from their shared-memory slots.
 
 Symphony partitions models into sub-clusters of devices that load the same
 models (symphony.txt §4.1); likewise one core runs per *device group*: the
