@@ -330,6 +330,8 @@ class Records:
     reason: np.ndarray  # int16: index into `reasons` (error/drop reason); -1 none
     queue_ms: np.ndarray  # float64: server timing
     exec_ms: np.ndarray  # float64
+    intake_ms: np.ndarray  # float64 (NaN from servers that do not report it)
+    answer_ms: np.ndarray  # float64
     batch_size: np.ndarray  # int32; 0 when not served
     device: np.ndarray  # int16: index into `devices`; -1 none
     reasons: list[str] = field(default_factory=list)
@@ -348,6 +350,8 @@ class Records:
             reason=np.full(n, -1, dtype=np.int16),
             queue_ms=nan.copy(),
             exec_ms=nan.copy(),
+            intake_ms=nan.copy(),
+            answer_ms=nan.copy(),
             batch_size=np.zeros(n, dtype=np.int32),
             device=np.full(n, -1, dtype=np.int16),
         )
@@ -401,6 +405,8 @@ _ARRAY_FIELDS = (
     "reason",
     "queue_ms",
     "exec_ms",
+    "intake_ms",
+    "answer_ms",
     "batch_size",
     "device",
 )
@@ -813,6 +819,7 @@ async def _drive(
     model_index = rec.model_index
     sent, latency, status, reason = rec.sent, rec.latency_ms, rec.status, rec.reason
     queue_ms, exec_ms, batch, device = rec.queue_ms, rec.exec_ms, rec.batch_size, rec.device
+    intake_ms, answer_ms = rec.intake_ms, rec.answer_ms
     reasons, devices = rec.reasons, rec.devices
     timeouts = plan.timeouts_s
     n = len(intended)
@@ -843,6 +850,8 @@ async def _drive(
                 if timing is not None:
                     queue_ms[i] = timing.get("queue_ms", np.nan)
                     exec_ms[i] = timing.get("exec_ms", np.nan)
+                    intake_ms[i] = timing.get("intake_ms", np.nan)
+                    answer_ms[i] = timing.get("answer_ms", np.nan)
                     batch[i] = timing.get("batch_size", 0) or 0
                     dev = timing.get("device")
                     if dev is not None:
@@ -1079,6 +1088,7 @@ class LiveResult:
             "duration_s": self.duration_s,
             **self.summary,
             "generator": self.generator,
+            "timing_breakdown": timing_breakdown(self.records, np.asarray(self.slo_ms)),
             "wall_s": self.wall_s,
         }
 
@@ -1152,6 +1162,41 @@ def _summarize(
         "drop_reasons": reasons_for(DROPPED),
         "error_reasons": reasons_for(ERROR),
     }
+
+
+TIMING_PARTS = ("send_lag", "intake", "queue", "exec", "answer", "outside")
+
+
+def timing_breakdown(records: Records, slo_ms: np.ndarray) -> dict[str, Any]:
+    """Where the served requests' time went (p50 / p99 ms of each part), for
+    all of them and for the late ones: `send_lag` (the generator's), then the
+    server's `queue` (arrival → batch start; `intake` is its first part, until
+    the scheduler saw the request), `exec` and `answer` (batch end → answer
+    ready), and `outside` — the rest of the latency: the sockets and both
+    event loops. Parts a server does not report are null."""
+    served = records.status == 200
+    late = served & (records.outcomes(slo_ms) == LATE)
+    parts = {
+        "send_lag": records.send_lag_ms,
+        "intake": records.intake_ms,
+        "queue": records.queue_ms,
+        "exec": records.exec_ms,
+        "answer": records.answer_ms,
+        "outside": records.latency_ms
+        - records.send_lag_ms
+        - records.queue_ms
+        - records.exec_ms
+        - records.answer_ms,
+    }
+
+    def stats(mask: np.ndarray) -> dict[str, Any]:
+        out: dict[str, Any] = {"requests": int(np.count_nonzero(mask))}
+        for name in TIMING_PARTS:
+            values = parts[name][mask]
+            out[name] = {"p50_ms": _percentile(values, 50), "p99_ms": _percentile(values, 99)}
+        return out
+
+    return {"served": stats(served), "late": stats(late)}
 
 
 def _percentile(values: np.ndarray, q: float) -> float | None:
@@ -1714,6 +1759,19 @@ def print_table(doc: dict[str, Any]) -> None:
     )
     for name in doc["overall"]["error_reasons"]:
         out.print(f"errors: {name} x{doc['overall']['error_reasons'][name]}", highlight=False)
+    breakdown = doc.get("timing_breakdown")
+    for group in ("served", "late"):
+        parts = breakdown[group] if breakdown else None
+        if not parts or not parts["requests"]:
+            continue
+        shown = [
+            f"{name} {parts[name]['p50_ms']:.2f}/{parts[name]['p99_ms']:.2f}"
+            for name in TIMING_PARTS
+            if parts[name]["p50_ms"] is not None
+        ]
+        out.print(
+            f"{group} ({parts['requests']}), p50/p99 ms: " + ", ".join(shown), highlight=False
+        )
     if "capacity_rps" in doc:
         out.print(
             f"capacity (≥ {100 * doc['capacity_target']:g} % within SLO): "

@@ -115,7 +115,7 @@ class FakeService:
             outs = {"a2": inputs["a"] * 2, "nb": ~inputs["b"], "c": inputs["c"].copy()}
         else:
             outs = {"y": inputs["x"] + np.float32(1)}
-        return InferResult(model, request_id, outs, 1.25, 3.5, 4, "cpu:0")
+        return InferResult(model, request_id, outs, 1.25, 3.5, 4, "cpu:0", 0.5, 0.75)
 
 
 @pytest.fixture
@@ -183,7 +183,14 @@ async def test_native_nested_list(client, service):
     body = r.json()
     assert body["model"] == "add_one" and body["id"] == "r1"
     assert body["outputs"]["y"] == {"shape": [1, 4], "datatype": "FP32", "data": [[2, 3, 4, 5.5]]}
-    assert body["timing"] == {"queue_ms": 1.25, "exec_ms": 3.5, "batch_size": 4, "device": "cpu:0"}
+    assert body["timing"] == {
+        "queue_ms": 1.25,
+        "exec_ms": 3.5,
+        "batch_size": 4,
+        "device": "cpu:0",
+        "intake_ms": 0.5,
+        "answer_ms": 0.75,
+    }
     assert service.calls[-1]["id"] == "r1" and service.calls[-1]["slo_ms"] is None
 
 

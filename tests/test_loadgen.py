@@ -554,6 +554,37 @@ def test_end_to_end_against_the_daemon(daemon, tmp_path):
     assert 0 < o["device_busy_fraction"] < 1
     assert o["latency_p50_ms"] > 1.053 + 5.072  # at least one emulated batch
     assert doc["server"]["name"] == "deadline-serve"
+    # The daemon reports every part of a request's time; they add up to less
+    # than the latency measured by the generator.
+    parts = doc["timing_breakdown"]["served"]
+    assert parts["requests"] == round((o["slo_attainment"] + o["late_fraction"]) * o["requests"])
+    for name in lg.TIMING_PARTS:
+        assert parts[name]["p50_ms"] is not None, name
+    assert 0 <= parts["intake"]["p50_ms"] <= parts["queue"]["p50_ms"]
+    assert parts["exec"]["p50_ms"] >= 1.053 + 5.072 - 0.1
+    assert 0 <= parts["answer"]["p50_ms"] < 25
+
+
+def test_timing_breakdown_splits_each_latency_and_picks_the_late_ones():
+    rec = lg.Records.empty(np.array([0.0, 0.01, 0.02, 0.03]), np.zeros(4, dtype=np.int32))
+    rec.sent[:] = rec.intended + 0.001  # 1 ms send lag each
+    rec.status[:] = [200, 200, 200, 503]
+    rec.latency_ms[:] = [10.0, 30.0, 12.0, 5.0]
+    rec.queue_ms[:3] = [3.0, 15.0, 4.0]
+    rec.intake_ms[:3] = [0.5, 2.0, 0.5]
+    rec.exec_ms[:3] = [5.0, 6.0, 5.0]
+    rec.answer_ms[:3] = [0.5, 4.0, 1.0]
+    breakdown = lg.timing_breakdown(rec, np.array([25.0]))
+    served, late = breakdown["served"], breakdown["late"]
+    assert served["requests"] == 3 and late["requests"] == 1
+    # outside = latency − send lag − queue − exec − answer
+    assert served["outside"]["p50_ms"] == pytest.approx(1.0)  # of 0.5, 4.0, 1.0
+    assert late["outside"]["p50_ms"] == pytest.approx(30.0 - 1.0 - 15.0 - 6.0 - 4.0)
+    assert late["answer"] == {"p50_ms": pytest.approx(4.0), "p99_ms": pytest.approx(4.0)}
+    assert late["send_lag"]["p50_ms"] == pytest.approx(1.0)
+    # A server that does not report a part: null, not zero.
+    rec.answer_ms[:] = np.nan
+    assert lg.timing_breakdown(rec, np.array([25.0]))["late"]["answer"]["p50_ms"] is None
 
 
 def test_daemon_rejects_a_model_it_does_not_serve(daemon, tmp_path):

@@ -113,6 +113,12 @@ class Timing(BaseModel):
     exec_ms: float = Field(description="Execution time of the batch, milliseconds.")
     batch_size: int = Field(description="Size of the batch the request ran in.")
     device: str = Field(description="Device the batch ran on.")
+    intake_ms: float = Field(
+        description="Arrival (the request's first byte) to the scheduler seeing it, milliseconds."
+    )
+    answer_ms: float = Field(
+        description="End of the batch to the answer being ready to send, milliseconds."
+    )
 
 
 class InferResponse(BaseModel):
@@ -280,6 +286,8 @@ class V2ResponseParameters(BaseModel):
     exec_ms: float
     batch_size: int
     device: str
+    intake_ms: float
+    answer_ms: float
 
 
 class V2InferResponse(BaseModel):

@@ -339,6 +339,8 @@ def _timing(result: InferResult) -> dict[str, Any]:
         "exec_ms": float(result.exec_ms),
         "batch_size": int(result.batch_size),
         "device": str(result.device),
+        "intake_ms": float(result.intake_ms),
+        "answer_ms": float(result.answer_ms),
     }
 
 

@@ -324,6 +324,7 @@ class LiveService:
         release = True
         try:
             state.arena.write_inputs(slot, inputs)
+            seen_at = time.monotonic()
             pending = self.dispatcher.submit_request(
                 model, slot, slo / 1000.0, received_at=received_at
             )
@@ -360,6 +361,8 @@ class LiveService:
                 exec_ms=(finished.finished_at - finished.started_at) * 1000.0,
                 batch_size=finished.batch.size,
                 device=self._device(finished.batch.device).name,
+                intake_ms=max(0.0, seen_at - request.arrival) * 1000.0,
+                answer_ms=max(0.0, now - finished.finished_at) * 1000.0,
             )
         finally:
             if release:

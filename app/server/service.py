@@ -19,6 +19,8 @@ class InferResult:
     exec_ms: float  # batch execution
     batch_size: int  # size of the batch it ran in
     device: str
+    intake_ms: float = 0.0  # arrival → the scheduler saw it (parsing, event loop)
+    answer_ms: float = 0.0  # batch end → answer ready (report, outputs read)
 
 
 class InferenceService(Protocol):
