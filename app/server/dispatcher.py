@@ -106,7 +106,7 @@ class Dispatcher:
         # idle device would only waste the lead: the executor is told it may
         # start that much earlier, and the batch finishes up to the lead
         # before the core's plan — slack for the answer's way back. (Live,
-        # at 800 r/s on workload (a), late answers 1.6–1.8 % → 0.8 %.)
+        # at 800 r/s on workload (a), late or dropped 1.6–1.8 % → 0.8 %.)
         self.timer_lead_s = timer_lead_s
         self._clock = float("-inf")  # the core's time: never goes backwards
         self.groups = groups
