@@ -1,16 +1,20 @@
 """The inference routes' short way through the ASGI stack (app.api.fastpath):
-which paths it takes, that it bypasses FastAPI's router for them and only for
-them, and that its answers are the routed ones (tests/test_api.py runs every
+which paths it takes, that it bypasses FastAPI (its own __call__ and router)
+for them and only for them, and that its answers are the routed ones (tests/test_api.py runs every
 inference case through it)."""
 
 from __future__ import annotations
 
+import logging
+
 import httpx
 import pytest
+from fastapi import FastAPI
 from fastapi.routing import APIRoute
 
 from app.api import Metrics, create_api
-from app.api.fastpath import match_infer_path
+from app.api.fastpath import ServingAPI, match_infer_path
+from app.api.routes import install
 from tests.test_api import GOOD_V2, FakeService
 
 pytestmark = pytest.mark.anyio
@@ -84,3 +88,53 @@ async def test_inference_bypasses_the_router_and_the_rest_does_not(routed_calls)
         r = await client.get("/v2/models/add_one")
         assert r.status_code == 200
         assert routed_calls == ["/v2/models/add_one/infer", "/v2/models/add_one"]
+
+
+@pytest.fixture
+def fastapi_calls(monkeypatch):
+    """Paths that entered FastAPI's own __call__ (its telemetry check, middleware)."""
+    calls: list[str] = []
+    original = FastAPI.__call__
+
+    async def counting(self, scope, receive, send):
+        if scope["type"] == "http":
+            calls.append(scope["path"])
+        await original(self, scope, receive, send)
+
+    monkeypatch.setattr(FastAPI, "__call__", counting)
+    return calls
+
+
+async def test_inference_skips_fastapi_itself_and_logs_unexpected_errors(fastapi_calls, caplog):
+    service = FakeService()
+    app = create_api(lambda: service, Metrics(), max_body_bytes=1 << 20)
+    assert isinstance(app, ServingAPI)
+    transport = httpx.ASGITransport(app=app, raise_app_exceptions=True)
+    async with httpx.AsyncClient(transport=transport, base_url="http://t") as client:
+        r = await client.post("/v2/models/add_one/infer", json=GOOD_V2)
+        assert r.status_code == 200
+        with caplog.at_level(logging.ERROR, logger="app.api.fastpath"):
+            r = await client.post("/infer", json={"model": "broken", "inputs": {"x": [1, 2, 3, 4]}})
+        # Answered, not raised to the server: the short way is outside
+        # Starlette's ServerErrorMiddleware, so it logs the traceback itself.
+        assert r.status_code == 500 and r.json()["reason"] == "internal"
+        assert [rec.exc_info is not None for rec in caplog.records] == [True]
+        assert fastapi_calls == []
+        r = await client.get("/v2/models/add_one")
+        assert r.status_code == 200
+        assert fastapi_calls == ["/v2/models/add_one"]
+
+
+async def test_a_plain_fastapi_app_gets_the_short_way_as_a_middleware(routed_calls):
+    service = FakeService()
+    app = install(FastAPI(), lambda: service, Metrics(), max_body_bytes=1 << 20)
+    transport = httpx.ASGITransport(app=app, raise_app_exceptions=False)
+    async with httpx.AsyncClient(transport=transport, base_url="http://t") as client:
+        r = await client.post("/v2/models/add_one/infer", json=GOOD_V2)
+        assert r.status_code == 200
+        assert r.json()["outputs"][0]["data"] == [2.0, 3.0, 4.0, 5.0]
+        r = await client.post("/v2/models/nope/infer", json=GOOD_V2)
+        assert r.status_code == 404
+        r = await client.get("/v2/models/add_one")
+        assert r.status_code == 200
+        assert routed_calls == ["/v2/models/add_one"]

@@ -1,14 +1,19 @@
 """The data plane's short way through the ASGI stack.
 
-Inference requests are the hot path: at a few thousand requests per second a
-single event loop spends about a quarter of its CPU in FastAPI's routing,
-dependency solving and response wrappers (profiled with py-spy, BENCHMARKS.md
-"Live daemon"). This middleware recognises the three inference routes —
-`POST /infer`, `POST /v2/models/{name}/infer` and
-`POST /v2/models/{name}/versions/{version}/infer` — and calls the very
-endpoint functions FastAPI would, with the same error responses. Everything
-else (and any other method on those paths) goes through FastAPI unchanged, so
-the OpenAPI schema, 404/405 answers and management routes stay FastAPI's.
+Inference requests are the hot path: at several hundred requests per second a
+single event loop spends a large part of its CPU in FastAPI before any of our
+code runs — its per-request OpenTelemetry check (FastAPI ≥ 0.160 asks the
+tracer, meter and logger providers on every request), middleware, routing,
+dependency solving and response wrappers (profiled with py-spy and measured,
+BENCHMARKS.md "Live daemon"). `ServingAPI` is a FastAPI app that recognises the
+three inference routes — `POST /infer`, `POST /v2/models/{name}/infer` and
+`POST /v2/models/{name}/versions/{version}/infer` — before FastAPI's own
+`__call__`, and calls the very endpoint functions FastAPI would, with the same
+error responses (an unexpected exception is logged and answered with the API's
+JSON 500). Everything else (and any other method on those paths) goes through
+FastAPI unchanged, so the OpenAPI schema, 404/405 answers, management routes
+and their telemetry stay FastAPI's. On a plain FastAPI app the same short way
+is a middleware inside FastAPI's stack (`install_fast_path`).
 """
 
 from __future__ import annotations
@@ -16,8 +21,8 @@ from __future__ import annotations
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any
 
+from fastapi import FastAPI
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.types import ASGIApp, Receive, Scope, Send
@@ -30,6 +35,7 @@ log = logging.getLogger(__name__)
 NativeInfer = Callable[[Request], Awaitable[Response]]
 V2Infer = Callable[[str, "str | None", Request], Awaitable[Response]]
 ErrorResponder = Callable[[Request, ServingError], Response]
+UnexpectedResponder = Callable[[Exception], Response]
 
 
 @dataclass(frozen=True)
@@ -39,6 +45,7 @@ class InferEndpoints:
     native: NativeInfer
     v2: V2Infer
     on_error: ErrorResponder
+    on_unexpected: UnexpectedResponder
 
 
 def match_infer_path(path: str) -> tuple[str, str | None] | None:
@@ -56,36 +63,68 @@ def match_infer_path(path: str) -> tuple[str, str | None] | None:
     return None
 
 
+async def serve_infer(
+    endpoints: InferEndpoints,
+    route: tuple[str, str | None],
+    scope: Scope,
+    receive: Receive,
+    send: Send,
+) -> None:
+    """Answer one inference request (`route` from match_infer_path)."""
+    stamp_if_missing(scope)
+    request = Request(scope, receive)
+    name, version = route
+    try:
+        if name:
+            response = await endpoints.v2(name, version, request)
+        else:
+            response = await endpoints.native(request)
+    except ServingError as exc:
+        response = endpoints.on_error(request, exc)
+    except Exception as exc:
+        log.exception("%s %s failed", scope["method"], scope["path"])
+        response = endpoints.on_unexpected(exc)
+    await response(scope, receive, send)
+
+
+class ServingAPI(FastAPI):
+    """FastAPI with the inference routes' short way (module docstring); set
+    `infer_endpoints` to enable it."""
+
+    infer_endpoints: InferEndpoints | None = None
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        endpoints = self.infer_endpoints
+        if endpoints is not None and scope["type"] == "http" and scope["method"] == "POST":
+            route = match_infer_path(scope["path"])
+            if route is not None:
+                scope["app"] = self
+                await serve_infer(endpoints, route, scope, receive, send)
+                return
+        await super().__call__(scope, receive, send)
+
+
 class InferFastPath:
-    """Pure ASGI middleware; see the module docstring."""
+    """Pure ASGI middleware: the short way inside a plain FastAPI app's stack."""
 
     def __init__(self, app: ASGIApp, endpoints: InferEndpoints) -> None:
         self.app = app
         self.endpoints = endpoints
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or scope["method"] != "POST":
-            await self.app(scope, receive, send)
-            return
-        route = match_infer_path(scope["path"])
+        route = None
+        if scope["type"] == "http" and scope["method"] == "POST":
+            route = match_infer_path(scope["path"])
         if route is None:
             await self.app(scope, receive, send)
-            return
-        stamp_if_missing(scope)
-        request = Request(scope, receive)
-        name, version = route
-        try:
-            if name:
-                response = await self.endpoints.v2(name, version, request)
-            else:
-                response = await self.endpoints.native(request)
-        except ServingError as exc:
-            response = self.endpoints.on_error(request, exc)
-        # Any other exception propagates to Starlette's ServerErrorMiddleware,
-        # which answers with the app's JSON 500 handler and logs the traceback.
-        await response(scope, receive, send)
+        else:
+            await serve_infer(self.endpoints, route, scope, receive, send)
 
 
-def install_fast_path(app: Any, endpoints: InferEndpoints) -> None:
-    """Add the middleware to a Starlette/FastAPI app (inside its error handling)."""
-    app.add_middleware(InferFastPath, endpoints=endpoints)
+def install_fast_path(app: FastAPI, endpoints: InferEndpoints) -> None:
+    """Give `app` the short way: outside FastAPI's stack on a ServingAPI,
+    as a middleware inside it on any other FastAPI app."""
+    if isinstance(app, ServingAPI):
+        app.infer_endpoints = endpoints
+    else:
+        app.add_middleware(InferFastPath, endpoints=endpoints)

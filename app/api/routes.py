@@ -60,7 +60,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 
 from app.api import models as m
-from app.api.fastpath import InferEndpoints, install_fast_path
+from app.api.fastpath import InferEndpoints, ServingAPI, install_fast_path
 from app.api.metrics import Metrics
 from app.api.received import received_at
 from app.api.security import check_model_name, require_token, short_repr
@@ -181,9 +181,13 @@ async def _http_error_handler(request: Request, exc: Exception) -> Response:
     return error_response(exc.status_code, message, reason, exc.headers)
 
 
+def unexpected_error_response(exc: Exception) -> JSONResponse:
+    return error_response(500, f"internal error: {type(exc).__name__}: {exc}", "internal")
+
+
 async def _unexpected_error_handler(request: Request, exc: Exception) -> Response:
     # Starlette re-raises after sending this, so the server logs the traceback.
-    return error_response(500, f"internal error: {type(exc).__name__}: {exc}", "internal")
+    return unexpected_error_response(exc)
 
 
 def format_validation_errors(errors: Sequence[Any], raw: Any = None, *, limit: int = 5) -> str:
@@ -974,7 +978,10 @@ def build_router(
 
     # The inference routes' short way through the ASGI stack (app.api.fastpath).
     router.infer_endpoints = InferEndpoints(  # type: ignore[attr-defined]
-        native=infer, v2=v2_infer, on_error=serving_error_response
+        native=infer,
+        v2=v2_infer,
+        on_error=serving_error_response,
+        on_unexpected=unexpected_error_response,
     )
     return router
 
@@ -1066,7 +1073,7 @@ def create_api(
         "Inference Protocol REST API with the binary tensor data extension.",
     )
     return install(
-        FastAPI(**fastapi_kwargs),
+        ServingAPI(**fastapi_kwargs),
         get_service,
         metrics,
         max_body_bytes=max_body_bytes,
