@@ -167,6 +167,15 @@ def build_parser() -> argparse.ArgumentParser:
         "delay of this mean past its arrival (the SLO starts at the arrival); default 0",
     )
     p.add_argument(
+        "--dispatch-lead-ms",
+        type=float,
+        default=0.0,
+        metavar="MS",
+        help="model the live daemon's dispatcher, which runs the core this long before each "
+        "timer (2 ms): every batch is formed that much before its start (the policy's d_ctrl); "
+        "default 0",
+    )
+    p.add_argument(
         "--run-timeout",
         type=float,
         default=None,
@@ -291,9 +300,11 @@ def _main(argv: list[str] | None, err: Console) -> int:
     if not args.capacity_tol > 0:
         raise UsageError(f"--capacity-tol must be > 0, got {args.capacity_tol}")
     try:
-        serving = ServingPath(args.deadline_margin_ms, args.intake_delay_ms)
+        serving = ServingPath(args.deadline_margin_ms, args.intake_delay_ms, args.dispatch_lead_ms)
     except ValueError as exc:
-        raise UsageError(f"--deadline-margin-ms / --intake-delay-ms: {exc}") from None
+        raise UsageError(
+            f"--deadline-margin-ms / --intake-delay-ms / --dispatch-lead-ms: {exc}"
+        ) from None
     scales = parse_scales(args.scales) if args.scales else list(DEFAULT_SCALES)
     sweep = bool(args.plot or args.scales)
     cli.check_plot(args.plot)
@@ -454,7 +465,8 @@ def print_table(doc: dict[str, Any], workload: Workload, capacity: bool) -> None
     if serving:
         title += (
             f"; serving path: margin {serving['deadline_margin_ms']:g} ms, "
-            f"intake delay {serving['intake_delay_ms']:g} ms (mean)"
+            f"intake delay {serving['intake_delay_ms']:g} ms (mean), "
+            f"dispatch lead {serving.get('dispatch_lead_ms', 0.0):g} ms"
         )
     table = Table(title=title, title_justify="left")
     table.add_column("policy", no_wrap=True)

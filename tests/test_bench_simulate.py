@@ -104,7 +104,11 @@ def test_serving_path_options_model_the_daemon(tiny: Path) -> None:
     doc = json.loads(proc.stdout)
     jsonschema.validate(doc, SCHEMA)
     assert "serving_path" not in direct
-    assert doc["serving_path"] == {"deadline_margin_ms": 3.0, "intake_delay_ms": 0.5}
+    assert doc["serving_path"] == {
+        "deadline_margin_ms": 3.0,
+        "intake_delay_ms": 0.5,
+        "dispatch_lead_ms": 0.0,
+    }
     # Planned 3 ms before the 25-ms SLO: the slow tail comes in earlier,
     # though the intake delay moves every answer later.
     p99 = [d["policies"]["symphony"]["overall"]["latency_p99_ms"] for d in (direct, doc)]

@@ -179,3 +179,23 @@ def test_serving_path_intake_delay_is_timed_from_the_arrival():
     assert ServingPath().is_direct and not ServingPath(0.0, 1.0).is_direct
     with pytest.raises(ValueError, match="intake_delay_ms"):
         ServingPath(0.0, -1.0)
+
+
+def test_serving_path_dispatch_lead_forms_batches_before_their_start():
+    """The dispatcher's 2-ms timer lead modelled as the core's control delay:
+    every batch leaves the core at least 2 ms before it starts, so it holds
+    only requests that came by then — smaller batches, more drops near
+    capacity, the same requests judged at the SLO."""
+    workload, arrivals = _live_a(2.2)
+    plain = simulate(workload, "symphony", arrivals=arrivals, serving=ServingPath(3.0))
+    lead = simulate(workload, "symphony", arrivals=arrivals, serving=ServingPath(3.0, 0.0, 2.0))
+    assert lead.params == {"d_ctrl": 0.002} and plain.params == {}
+    for result in (plain, lead):
+        served = result.trace.status != DROPPED
+        assert np.max(result.trace.finish[served] - result.trace.arrival[served]) <= 0.022 + 1e-9
+    plain_all, lead_all = plain.summary["overall"], lead.summary["overall"]
+    assert lead_all["mean_batch_size"] < plain_all["mean_batch_size"] - 0.1
+    assert lead_all["drop_fraction"] > 2 * plain_all["drop_fraction"] + 0.002
+    assert not ServingPath(0.0, 0.0, 2.0).is_direct
+    with pytest.raises(ValueError, match="dispatch_lead_ms"):
+        ServingPath(0.0, 0.0, float("nan"))

@@ -107,6 +107,8 @@ class Dispatcher:
         # start that much earlier, and the batch finishes up to the lead
         # before the core's plan — slack for the answer's way back. (Live,
         # at 800 r/s on workload (a), late or dropped 1.6–1.8 % → 0.8 %.)
+        # Forming batches this early costs batch size: the simulator models
+        # it with `--dispatch-lead-ms` (app/simulation/run.py ServingPath).
         self.timer_lead_s = timer_lead_s
         self._clock = float("-inf")  # the core's time: never goes backwards
         self.groups = groups

@@ -25,20 +25,30 @@ class ServingPath:
     every request to finish this much before its SLO (requests are still
     judged at the SLO). `intake_delay_ms`: the mean of an exponential delay
     between a request's arrival (when its SLO starts) and the moment the
-    core sees it — parsing and the event loop's queue, live."""
+    core sees it — parsing and the event loop's queue, live.
+    `dispatch_lead_ms`: the daemon's dispatcher runs the core this long
+    before each of its timers (app/server/dispatcher.py `timer_lead_s`, 2 ms),
+    so a batch is formed that much before its planned start — from the
+    requests that arrived by then. The core's control delay `d_ctrl`
+    (symphony.txt §4.3) is that very gap, so it is modelled as `d_ctrl`."""
 
     deadline_margin_ms: float = 0.0
     intake_delay_ms: float = 0.0
+    dispatch_lead_ms: float = 0.0
 
     def __post_init__(self) -> None:
-        for name in ("deadline_margin_ms", "intake_delay_ms"):
+        for name in ("deadline_margin_ms", "intake_delay_ms", "dispatch_lead_ms"):
             value = getattr(self, name)
             if not (value >= 0.0 and np.isfinite(value)):
                 raise ValueError(f"{name} must be a finite number ≥ 0, got {value}")
 
     @property
     def is_direct(self) -> bool:
-        return self.deadline_margin_ms == 0.0 and self.intake_delay_ms == 0.0
+        return (
+            self.deadline_margin_ms == 0.0
+            and self.intake_delay_ms == 0.0
+            and self.dispatch_lead_ms == 0.0
+        )
 
 
 @dataclass
@@ -84,9 +94,12 @@ def simulate(
     """Simulate `policy` (a registry name) on `workload`.
 
     Pass `arrivals` to run several policies on exactly the same sequence;
-    `serving` to model the live daemon's margin and intake delay.
+    `serving` to model the live daemon's margin, intake delay and dispatch lead.
     """
     params = dict(params or {})
+    serving = serving or ServingPath()
+    if serving.dispatch_lead_ms:
+        params.setdefault("d_ctrl", serving.dispatch_lead_ms / 1000.0)
     models = workload.model_infos()
     devices = workload.device_infos()
     if arrivals is None:
@@ -95,7 +108,6 @@ def simulate(
         params.setdefault("preemption_delay_ms", workload.preemption_delay_ms)
     scheduler = make_scheduler(policy, models, devices, **params)
     started = time.perf_counter()
-    serving = serving or ServingPath()
     slos = np.array([m.slo for m in models])
     deadlines = arrivals.times + slos[arrivals.model_index]
     # The core sees each request `seen` (its arrival plus the intake delay),
