@@ -1,5 +1,5 @@
-"""The live driver of the scheduling core (app/server/dispatcher.py) and the
-server's start-up heap freeze (app/server/heap.py)."""
+"""The live driver of the scheduling core (app/server/dispatcher.py), its
+timer-lead setting, and the server's start-up heap freeze (app/server/heap.py)."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ import pytest
 from app.scheduling.symphony import SymphonyScheduler
 from app.server.dispatcher import CoreGroup, Dispatcher
 from app.server.heap import freeze_startup_heap, thaw_heap
+from app.server.settings import Settings
 from tests.helpers import devices, model
 
 
@@ -66,3 +67,13 @@ def test_start_up_heap_is_frozen_until_thawed():
     finally:
         thaw_heap()
     assert gc.get_freeze_count() == 0
+
+
+def test_timer_lead_is_a_setting():
+    assert Settings().timer_lead_ms == 2.0
+    assert Settings.from_env({}).timer_lead_ms == 2.0
+    assert Settings.from_env({"TIMER_LEAD_MS": "0.5"}).timer_lead_ms == 0.5
+    assert Settings.from_env({"TIMER_LEAD_MS": "0"}).timer_lead_ms == 0.0
+    for bad in ("-1", "nan", "soon"):
+        with pytest.raises(ValueError, match="TIMER_LEAD_MS"):
+            Settings.from_env({"TIMER_LEAD_MS": bad})

@@ -132,6 +132,7 @@ class LiveService:
             self._build_groups(),
             self.pool.submit,
             settings.deadline_margin_ms / 1000.0,
+            timer_lead_s=settings.timer_lead_ms / 1000.0,
             cancel=self.pool.cancel,
         )
         # The watchdog judges a batch by the profile the core plans with.

@@ -15,6 +15,7 @@
 | STUCK_MARGIN_S | 1 | see STUCK_FACTOR; a hung executor is killed and respawned |
 | RESPAWN | 1 | restart an executor that died or hung (0: leave its device down) |
 | DEADLINE_MARGIN_MS | 3 | plan to finish this much before each deadline (timer, IPC jitter) |
+| TIMER_LEAD_MS | 2 | run the core this long before its timers, which fire late under load |
 | SHUTDOWN_GRACE_S | 5 | on SIGTERM, how long in-flight requests may take to finish |
 | MAX_BODY_BYTES | 67108864 | largest request body accepted (413 above) |
 | ADMIN_TOKEN | none | bearer token for management routes (off on non-loopback hosts without one) |
@@ -50,6 +51,7 @@ class Settings:
     respawn: bool = True
     shutdown_grace_s: float = 5.0
     deadline_margin_ms: float = 3.0
+    timer_lead_ms: float = 2.0
     max_body_bytes: int = 64 << 20
     admin_token: str | None = None
     profile_batch_sizes: tuple[int, ...] = (1, 2, 4, 8, 16, 32)
@@ -86,6 +88,7 @@ class Settings:
             respawn=env.get("RESPAWN", "1").strip().lower() not in ("0", "false", "no", "off"),
             shutdown_grace_s=float(env.get("SHUTDOWN_GRACE_S", "5")),
             deadline_margin_ms=float(env.get("DEADLINE_MARGIN_MS", "3")),
+            timer_lead_ms=_float(env, "TIMER_LEAD_MS", 2.0),
             max_body_bytes=_int(env, "MAX_BODY_BYTES", 64 << 20, 1),
             admin_token=env.get("ADMIN_TOKEN") or None,
             profile_batch_sizes=sizes,
