@@ -466,7 +466,7 @@ def print_table(doc: dict[str, Any], workload: Workload, capacity: bool) -> None
         title += (
             f"; serving path: margin {serving['deadline_margin_ms']:g} ms, "
             f"intake delay {serving['intake_delay_ms']:g} ms (mean), "
-            f"dispatch lead {serving.get('dispatch_lead_ms', 0.0):g} ms"
+            f"dispatch lead {serving['dispatch_lead_ms']:g} ms"
         )
     table = Table(title=title, title_justify="left")
     table.add_column("policy", no_wrap=True)

@@ -2,7 +2,7 @@
 
 Inference requests are the hot path: at several hundred requests per second a
 single event loop spends a large part of its CPU in FastAPI before any of our
-code runs — its per-request OpenTelemetry check (FastAPI ≥ 0.160 asks the
+code runs — its per-request OpenTelemetry check (FastAPI 0.165 asks the
 tracer, meter and logger providers on every request), middleware, routing,
 dependency solving and response wrappers (profiled with py-spy and measured,
 BENCHMARKS.md "Live daemon"). `ServingAPI` is a FastAPI app that recognises the

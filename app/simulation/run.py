@@ -27,7 +27,7 @@ class ServingPath:
     between a request's arrival (when its SLO starts) and the moment the
     core sees it — parsing and the event loop's queue, live.
     `dispatch_lead_ms`: the daemon's dispatcher runs the core this long
-    before each of its timers (app/server/dispatcher.py `timer_lead_s`, 2 ms),
+    before each of its timers (its TIMER_LEAD_MS, 2 ms by default),
     so a batch is formed that much before its planned start — from the
     requests that arrived by then. The core's control delay `d_ctrl`
     (symphony.txt §4.3) is that very gap, so it is modelled as `d_ctrl`."""
