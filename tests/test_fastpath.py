@@ -45,25 +45,36 @@ def test_match_infer_path(path, expected):
     assert match_infer_path(path) == expected
 
 
+def _record_http_paths(monkeypatch, owner: type, method: str) -> list[str]:
+    """Patch the ASGI method `owner.method` to record, in order, the path of
+    every HTTP request that enters it."""
+    calls: list[str] = []
+    original = getattr(owner, method)
+
+    async def recording(self, scope, receive, send):
+        if scope["type"] == "http":
+            calls.append(scope["path"])
+        await original(self, scope, receive, send)
+
+    monkeypatch.setattr(owner, method, recording)
+    return calls
+
+
+def _client(app, *, raise_app_exceptions: bool = False) -> httpx.AsyncClient:
+    transport = httpx.ASGITransport(app=app, raise_app_exceptions=raise_app_exceptions)
+    return httpx.AsyncClient(transport=transport, base_url="http://t")
+
+
 @pytest.fixture
 def routed_calls(monkeypatch):
     """Paths FastAPI's router handled (APIRoute.handle), in order."""
-    calls: list[str] = []
-    original = APIRoute.handle
-
-    async def counting(self, scope, receive, send):
-        calls.append(scope["path"])
-        await original(self, scope, receive, send)
-
-    monkeypatch.setattr(APIRoute, "handle", counting)
-    return calls
+    return _record_http_paths(monkeypatch, APIRoute, "handle")
 
 
 async def test_inference_bypasses_the_router_and_the_rest_does_not(routed_calls):
     service = FakeService()
     app = create_api(lambda: service, Metrics(), max_body_bytes=1 << 20)
-    transport = httpx.ASGITransport(app=app, raise_app_exceptions=False)
-    async with httpx.AsyncClient(transport=transport, base_url="http://t") as client:
+    async with _client(app) as client:
         r = await client.post("/v2/models/add_one/infer", json=GOOD_V2)
         assert r.status_code == 200
         assert r.json()["outputs"][0]["data"] == [2.0, 3.0, 4.0, 5.0]
@@ -93,24 +104,14 @@ async def test_inference_bypasses_the_router_and_the_rest_does_not(routed_calls)
 @pytest.fixture
 def fastapi_calls(monkeypatch):
     """Paths that entered FastAPI's own __call__ (its telemetry check, middleware)."""
-    calls: list[str] = []
-    original = FastAPI.__call__
-
-    async def counting(self, scope, receive, send):
-        if scope["type"] == "http":
-            calls.append(scope["path"])
-        await original(self, scope, receive, send)
-
-    monkeypatch.setattr(FastAPI, "__call__", counting)
-    return calls
+    return _record_http_paths(monkeypatch, FastAPI, "__call__")
 
 
 async def test_inference_skips_fastapi_itself_and_logs_unexpected_errors(fastapi_calls, caplog):
     service = FakeService()
     app = create_api(lambda: service, Metrics(), max_body_bytes=1 << 20)
     assert isinstance(app, ServingAPI)
-    transport = httpx.ASGITransport(app=app, raise_app_exceptions=True)
-    async with httpx.AsyncClient(transport=transport, base_url="http://t") as client:
+    async with _client(app, raise_app_exceptions=True) as client:
         r = await client.post("/v2/models/add_one/infer", json=GOOD_V2)
         assert r.status_code == 200
         with caplog.at_level(logging.ERROR, logger="app.api.fastpath"):
@@ -128,8 +129,7 @@ async def test_inference_skips_fastapi_itself_and_logs_unexpected_errors(fastapi
 async def test_a_plain_fastapi_app_gets_the_short_way_as_a_middleware(routed_calls):
     service = FakeService()
     app = install(FastAPI(), lambda: service, Metrics(), max_body_bytes=1 << 20)
-    transport = httpx.ASGITransport(app=app, raise_app_exceptions=False)
-    async with httpx.AsyncClient(transport=transport, base_url="http://t") as client:
+    async with _client(app) as client:
         r = await client.post("/v2/models/add_one/infer", json=GOOD_V2)
         assert r.status_code == 200
         assert r.json()["outputs"][0]["data"] == [2.0, 3.0, 4.0, 5.0]
