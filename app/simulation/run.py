@@ -37,18 +37,14 @@ class ServingPath:
     dispatch_lead_ms: float = 0.0
 
     def __post_init__(self) -> None:
-        for name in ("deadline_margin_ms", "intake_delay_ms", "dispatch_lead_ms"):
+        for name in (f.name for f in dataclasses.fields(self)):
             value = getattr(self, name)
             if not (value >= 0.0 and np.isfinite(value)):
                 raise ValueError(f"{name} must be a finite number ≥ 0, got {value}")
 
     @property
     def is_direct(self) -> bool:
-        return (
-            self.deadline_margin_ms == 0.0
-            and self.intake_delay_ms == 0.0
-            and self.dispatch_lead_ms == 0.0
-        )
+        return self == ServingPath()
 
 
 @dataclass
