@@ -106,6 +106,7 @@ from app.workloads.arrivals import Arrivals, generate_arrivals
 from app.workloads.spec import Workload
 from bench import cli
 from bench.cli import UsageError, sanitize
+from bench.precise_sleep import PreciseSleeper
 
 try:
     import orjson
@@ -872,13 +873,15 @@ async def _drive(
                 await asyncio.sleep(0.1)
 
         ticker = loop.create_task(tick())
+    # asyncio.sleep would send up to 1 ms late (millisecond epoll timeouts).
+    sleeper = PreciseSleeper(loop)
     i = 0
     try:
         while i < n:
             due = t0 + intended[i]
             now = clock()
             if due > now:
-                await asyncio.sleep(due - now)
+                await sleeper.sleep_until(due)
                 continue
             if now >= limit:
                 break  # the rest was never sent: recorded as "not_sent"
@@ -889,6 +892,7 @@ async def _drive(
         if pending:
             await asyncio.wait(set(pending), timeout=max(0.0, limit - clock()))
     finally:
+        sleeper.close()
         for task in list(pending):
             task.cancel()
         if pending:

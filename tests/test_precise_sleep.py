@@ -1,0 +1,69 @@
+"""bench.precise_sleep: the load generator's sub-millisecond sleep (a Linux
+timerfd on the event loop): never wakes before its time, survives a
+cancelled sleep, and falls back to asyncio.sleep off Linux. How precise it
+is belongs to the benchmarks (BENCHMARKS.md, generator send lag)."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import sys
+import time
+
+import pytest
+
+from bench.precise_sleep import PreciseSleeper
+
+
+def test_wakes_at_its_time_never_before():
+    async def scenario() -> None:
+        sleeper = PreciseSleeper()
+        assert sleeper.precise == sys.platform.startswith("linux")
+        rng = random.Random(7)
+        try:
+            for _ in range(200):
+                when = time.monotonic() + rng.uniform(0.0002, 0.003)
+                await sleeper.sleep_until(when)
+                assert time.monotonic() >= when
+            # A time already past returns at once.
+            before = time.monotonic()
+            await sleeper.sleep_until(before - 1.0)
+            assert time.monotonic() - before < 0.05
+        finally:
+            sleeper.close()
+
+    asyncio.run(scenario())
+
+
+def test_a_cancelled_sleep_leaves_the_sleeper_usable():
+    async def scenario() -> None:
+        sleeper = PreciseSleeper()
+        try:
+            long_sleep = asyncio.create_task(sleeper.sleep_until(time.monotonic() + 5.0))
+            await asyncio.sleep(0.01)
+            long_sleep.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await long_sleep
+            started = time.monotonic()
+            when = started + 0.005
+            await sleeper.sleep_until(when)
+            assert when <= time.monotonic() < started + 1.0
+        finally:
+            sleeper.close()
+
+    asyncio.run(scenario())
+
+
+def test_falls_back_to_asyncio_sleep_off_linux(monkeypatch):
+    monkeypatch.setattr(sys, "platform", "darwin")
+
+    async def scenario() -> None:
+        sleeper = PreciseSleeper()
+        assert not sleeper.precise
+        for _ in range(20):
+            when = time.monotonic() + 0.002
+            await sleeper.sleep_until(when)
+            assert time.monotonic() >= when
+        sleeper.close()
+
+    asyncio.run(scenario())
