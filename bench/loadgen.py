@@ -17,9 +17,11 @@ schedule is never shifted to catch up. How far behind the generator fell is
 reported (`generator.send_lag_*`), and the run is flagged
 (`generator.fell_behind`) when more than 1 % of sends left over
 `--lag-threshold-ms` (5 ms) late: its numbers then measure the generator as
-well as the server. "Sent" is when the request was written to its socket,
-so time spent in the client and waiting for a free pooled connection counts
-as lag, not as server latency.
+well as the server. The generator waits for each send time on a Linux timerfd
+(`bench/precise_sleep.py`): `asyncio.sleep` would wake up to 1 ms late (the
+selector's millisecond timeouts), and every send with it. "Sent" is when the
+request was written to its socket, so time spent in the client and waiting
+for a free pooled connection counts as lag, not as server latency.
 
 **Client.** Control-plane calls (metadata, checks) use httpx. The requests
 themselves go, by default (`--client raw`), through a small asyncio HTTP/1.1
