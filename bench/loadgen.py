@@ -881,10 +881,11 @@ async def _drive(
     try:
         while i < n:
             due = t0 + intended[i]
-            now = clock()
-            if due > now:
+            if due > clock():
+                # Never returns early; no re-check against `clock()`, which
+                # on some loops (uvloop) lags time.monotonic() by up to 1 ms.
                 await sleeper.sleep_until(due)
-                continue
+            now = clock()
             if now >= limit:
                 break  # the rest was never sent: recorded as "not_sent"
             task = loop.create_task(one(i))

@@ -44,11 +44,15 @@ class PreciseSleeper:
             try:
                 libc = ctypes.CDLL(None, use_errno=True)
                 fd = libc.timerfd_create(_CLOCK_MONOTONIC, _TFD_NONBLOCK | _TFD_CLOEXEC)
-                if fd >= 0:
+            except (AttributeError, OSError):
+                fd = -1
+            if fd >= 0:
+                try:
                     self._loop.add_reader(fd, self._on_fired)
+                except NotImplementedError:  # a loop without add_reader
+                    os.close(fd)
+                else:
                     self._fd, self._libc = fd, libc
-            except (AttributeError, OSError, NotImplementedError):
-                self._fd = -1
 
     @property
     def precise(self) -> bool:
@@ -70,7 +74,7 @@ class PreciseSleeper:
             await waiter
         finally:
             self._waiter = None
-            if not waiter.done():  # cancelled: do not fire for nobody
+            if waiter.cancelled():  # the sleep was cancelled: fire for nobody
                 self._arm(0.0)
 
     def _arm(self, when: float) -> None:

@@ -6,6 +6,7 @@ is belongs to the benchmarks (BENCHMARKS.md, generator send lag)."""
 from __future__ import annotations
 
 import asyncio
+import os
 import random
 import sys
 import time
@@ -44,6 +45,17 @@ def test_a_cancelled_sleep_leaves_the_sleeper_usable():
             long_sleep.cancel()
             with pytest.raises(asyncio.CancelledError):
                 await long_sleep
+            short_sleep = asyncio.create_task(sleeper.sleep_until(time.monotonic() + 0.02))
+            await asyncio.sleep(0.005)
+            short_sleep.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await short_sleep
+            # The cancelled sleep's timer was disarmed: long after its time,
+            # with the loop not looking (a blocking sleep), nothing expired.
+            time.sleep(0.05)
+            if sleeper.precise:
+                with pytest.raises(BlockingIOError):
+                    os.read(sleeper._fd, 8)
             started = time.monotonic()
             when = started + 0.005
             await sleeper.sleep_until(when)
@@ -67,3 +79,23 @@ def test_falls_back_to_asyncio_sleep_off_linux(monkeypatch):
         sleeper.close()
 
     asyncio.run(scenario())
+
+
+def test_a_loop_without_add_reader_gets_the_fallback_and_no_leaked_fd():
+    class NoReaders(asyncio.SelectorEventLoop):
+        def add_reader(self, fd, callback, *args):
+            raise NotImplementedError
+
+    loop = NoReaders()
+    try:
+        fds = set(os.listdir("/proc/self/fd")) if sys.platform.startswith("linux") else set()
+        sleeper = PreciseSleeper(loop)
+        assert not sleeper.precise
+        if fds:
+            assert set(os.listdir("/proc/self/fd")) == fds
+        when = time.monotonic() + 0.002
+        loop.run_until_complete(sleeper.sleep_until(when))
+        assert time.monotonic() >= when
+        sleeper.close()
+    finally:
+        loop.close()
