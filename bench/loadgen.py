@@ -98,7 +98,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import httpx
 import numpy as np
@@ -777,6 +777,13 @@ class _HttpxSender:
 CLIENTS = ("raw", "httpx")
 
 
+class Sender(Protocol):
+    """What `_drive` sends through: `send(m, on_sent)` sends one request for
+    workload model `m`, calls `on_sent()` once it is out, and returns the reply."""
+
+    async def send(self, m: int, on_sent: Callable[[], None]) -> _Reply: ...
+
+
 def _make_sender(plan: _Plan) -> _RawSender | _HttpxSender:
     if plan.client == "raw":
         return _RawSender(plan)
@@ -811,12 +818,15 @@ else:  # pragma: no cover - Python 3.10
 async def _drive(
     plan: _Plan,
     t0: float,
-    sender: _RawSender | _HttpxSender,
+    sender: Sender,
     report: Callable[[int, int], None] | None = None,
+    clock: Callable[[], float] | None = None,
 ) -> Records:
-    """Send `plan` on its schedule from loop time `t0`; return the records."""
+    """Send `plan` on its schedule from `t0`; return the records. Times are
+    `clock()` seconds (default: the loop's, which on the selector loop is
+    time.monotonic(); uvloop's counts whole milliseconds)."""
     loop = asyncio.get_running_loop()
-    clock = loop.time
+    clock = clock or loop.time
     rec = Records.empty(plan.intended, plan.model_index)
     intended = rec.intended
     model_index = rec.model_index
@@ -1271,24 +1281,12 @@ async def run_load(
     Raises LoadGenError (bad target/inputs) or RunFailed.
     """
     base = check_loopback(url)
-    if not (rate_scale > 0 and math.isfinite(rate_scale)):
-        raise LoadGenError(f"rate scale must be a positive number, got {rate_scale}")
     if workers < 1:
         raise LoadGenError(f"workers must be ≥ 1, got {workers}")
     if client not in CLIENTS:
         raise LoadGenError(f"client must be one of {CLIENTS}, got {client!r}")
-    if duration_s is not None:
-        if not (duration_s > 0 and math.isfinite(duration_s)):
-            raise LoadGenError(f"duration must be a positive number of seconds, got {duration_s}")
-        workload = dataclasses.replace(workload, duration_s=float(duration_s))
-    if arrivals is None:
-        arrivals = generate_arrivals(workload, rate_scale)
+    workload, arrivals = run_schedule(workload, rate_scale, duration_s, max_requests, arrivals)
     total = len(arrivals)
-    if total > max_requests:
-        raise LoadGenError(
-            f"{total} requests at rate scale {rate_scale:g} over {workload.duration_s:g} s "
-            f"exceed the limit of {max_requests} (--max-requests)"
-        )
     if targets is None:
         targets = await prepare_targets(base, workload)
     if [t.name for t in targets] != [m.name for m in workload.models]:
@@ -1336,20 +1334,59 @@ async def run_load(
         parts, t0 = await _run_workers(plans, cb if progress else None)
     wall = time.perf_counter() - started
     records = Records.merge(parts)
-    names = [t.name for t in targets]
-    n_devices = devices if devices is not None else len(workload.devices)
-    summary = summarize_live(records, names, slo_ms, workload.duration_s, n_devices)
     gen = generator_stats(records, lag_threshold_ms, workers, conns)
     gen["client"] = client
+    n_devices = devices if devices is not None else len(workload.devices)
+    names = [t.name for t in targets]
+    return live_result(base, workload, rate_scale, records, names, slo_ms, n_devices, gen, wall)
+
+
+def run_schedule(
+    workload: Workload,
+    rate_scale: float,
+    duration_s: float | None,
+    max_requests: int,
+    arrivals: Arrivals | None = None,
+) -> tuple[Workload, Arrivals]:
+    """A run's workload (`duration_s` applied) and arrival schedule
+    (`arrivals`, or the workload's at `rate_scale`), checked."""
+    if not (rate_scale > 0 and math.isfinite(rate_scale)):
+        raise LoadGenError(f"rate scale must be a positive number, got {rate_scale}")
+    if duration_s is not None:
+        if not (duration_s > 0 and math.isfinite(duration_s)):
+            raise LoadGenError(f"duration must be a positive number of seconds, got {duration_s}")
+        workload = dataclasses.replace(workload, duration_s=float(duration_s))
+    if arrivals is None:
+        arrivals = generate_arrivals(workload, rate_scale)
+    if len(arrivals) > max_requests:
+        raise LoadGenError(
+            f"{len(arrivals)} requests at rate scale {rate_scale:g} over "
+            f"{workload.duration_s:g} s exceed the limit of {max_requests} (--max-requests)"
+        )
+    return workload, arrivals
+
+
+def live_result(
+    url: str,
+    workload: Workload,
+    rate_scale: float,
+    records: Records,
+    names: list[str],
+    slo_ms: list[float],
+    devices: int,
+    generator: dict[str, Any],
+    wall_s: float,
+) -> LiveResult:
+    """A run's LiveResult: its records summarised as the simulator's metrics."""
     return LiveResult(
-        url=base,
+        url=url,
         workload=workload.name,
         rate_scale=rate_scale,
         duration_s=workload.duration_s,
-        devices=n_devices,
-        summary=summary,
-        generator=gen,
-        wall_s=wall,
+        devices=devices,
+        summary=summarize_live(records, names, slo_ms, workload.duration_s, devices),
+        generator=generator,
+        wall_s=wall_s,
         model_names=names,
         slo_ms=slo_ms,
         records=records,
@@ -1378,10 +1415,7 @@ def find_live_capacity(
     `asyncio.to_thread`. Returns the search and every probe's LiveResult by
     scale. `on_probe(scale)` may return a progress callback for that probe;
     `run_kwargs` go to every `run_load` (workers, client, ...)."""
-    duration = probe_duration_s or workload.duration_s
-    short = dataclasses.replace(workload, duration_s=float(duration))
-    nominal = short.offered_rate() * short.duration_s
-    max_scale = 1024.0 if nominal <= 0 else max(hi, min(1024.0, max_requests / nominal / 1.2))
+    short = probe_workload(workload, probe_duration_s)
     if targets is None:
         targets = asyncio.run(prepare_targets(url, short))
     results: dict[float, LiveResult] = {}
@@ -1403,7 +1437,42 @@ def find_live_capacity(
         results[scale] = result
         return result
 
-    capacity = find_capacity(
+    capacity = bisect_capacity(
+        probe,
+        short,
+        target=target,
+        lo=lo,
+        hi=hi,
+        rel_tol=rel_tol,
+        max_runs=max_runs,
+        max_requests=max_requests,
+    )
+    return capacity, results
+
+
+def probe_workload(workload: Workload, probe_duration_s: float | None) -> Workload:
+    """`workload` cut to the length of one capacity probe (None: its own)."""
+    duration = probe_duration_s or workload.duration_s
+    return dataclasses.replace(workload, duration_s=float(duration))
+
+
+def bisect_capacity(
+    probe: Callable[[float], LiveResult],
+    short: Workload,
+    *,
+    target: float,
+    lo: float,
+    hi: float,
+    rel_tol: float,
+    max_runs: int,
+    max_requests: int,
+) -> CapacityResult:
+    """The simulator's `find_capacity` over live probes of `short` (one probe's
+    workload); no rate scale above the one whose probe would exceed
+    `max_requests` is tried."""
+    nominal = short.offered_rate() * short.duration_s
+    max_scale = 1024.0 if nominal <= 0 else max(hi, min(1024.0, max_requests / nominal / 1.2))
+    return find_capacity(
         probe,  # type: ignore[arg-type]  # LiveResult has the .summary find_capacity reads
         target=target,
         lo=min(lo, max_scale),
@@ -1413,7 +1482,6 @@ def find_live_capacity(
         max_scale=max_scale,
         min_scale=min(1.0 / 1024, lo),
     )
-    return capacity, results
 
 
 # --------------------------------------------------------------------------- document
@@ -1559,9 +1627,6 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--url", required=True, help="server base URL (loopback only)")
     cli.add_workload_options(p)
-    p.add_argument(
-        "--duration", type=float, metavar="S", help="run length (default: the workload's)"
-    )
     p.add_argument("--workers", type=int, default=1, metavar="N", help="sender processes (1)")
     p.add_argument(
         "--connections", type=int, metavar="N", help="HTTP connections per worker (auto)"
@@ -1572,6 +1637,21 @@ def build_parser() -> argparse.ArgumentParser:
         default="raw",
         help="data-plane HTTP client: raw (pre-built requests on asyncio keep-alive "
         "connections; default, cheapest) or httpx",
+    )
+    p.add_argument(
+        "--devices",
+        type=int,
+        help="devices the server runs (only for device_busy_fraction; default: the workload's)",
+    )
+    add_run_options(p, what="the server's capacity")
+    return p
+
+
+def add_run_options(p: argparse.ArgumentParser, *, what: str) -> None:
+    """The options of a measured run and its capacity search, and the output
+    options (bench.loadgen and bench.inprocess)."""
+    p.add_argument(
+        "--duration", type=float, metavar="S", help="run length (default: the workload's)"
     )
     p.add_argument(
         "--timeout-margin-ms",
@@ -1591,12 +1671,7 @@ def build_parser() -> argparse.ArgumentParser:
         default=DEFAULT_LAG_THRESHOLD_MS,
         help="a send this late counts as the generator falling behind (5)",
     )
-    p.add_argument(
-        "--devices",
-        type=int,
-        help="devices the server runs (only for device_busy_fraction; default: the workload's)",
-    )
-    cli.add_capacity_options(p, what="the server's capacity", tol=0.05)
+    cli.add_capacity_options(p, what=what, tol=0.05)
     p.add_argument(
         "--probe-duration",
         type=float,
@@ -1606,14 +1681,26 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--max-probes", type=int, default=12, help="capacity probes at most (12)")
     cli.add_output_options(p, plot="write a plot of the run")
-    return p
 
 
-def main(argv: list[str] | None = None) -> int:
-    return cli.run_main(_main, argv, usage_errors=(LoadGenError,), run_errors=(RunFailed,))
+def read_run_args(args: argparse.Namespace) -> tuple[Path, Workload]:
+    """Check the options of `add_run_options`; the workload file's path and
+    the workload, with --duration applied."""
+    for name in ("rate_scale", "probe_duration", "capacity_tol", "timeout_margin_ms"):
+        cli.check_positive(f"--{name.replace('_', '-')}", getattr(args, name))
+    if args.duration is not None:
+        cli.check_positive("--duration", args.duration)
+    cli.check_target(args.target)
+    cli.check_plot(args.plot)
+    path, workload = cli.read_workload(args.workload)
+    if args.duration is not None:
+        workload = dataclasses.replace(workload, duration_s=float(args.duration))
+    return path, workload
 
 
-def _main(argv: list[str] | None, err: Any) -> int:
+def progress_bars(err: Any, quiet: bool) -> tuple[Any, Callable[[str], ProgressCallback]]:
+    """A rich Progress on `err` and `bar(description)`, which adds a bar
+    and returns the ProgressCallback that moves it."""
     from rich.progress import (
         BarColumn,
         MofNCompleteColumn,
@@ -1621,20 +1708,6 @@ def _main(argv: list[str] | None, err: Any) -> int:
         TextColumn,
         TimeElapsedColumn,
     )
-
-    args = build_parser().parse_args(argv)
-    url = check_loopback(args.url)
-    for name in ("rate_scale", "probe_duration", "capacity_tol", "timeout_margin_ms"):
-        cli.check_positive(f"--{name.replace('_', '-')}", getattr(args, name))
-    if args.duration is not None:
-        cli.check_positive("--duration", args.duration)
-    if args.workers < 1 or args.workers > 64:
-        raise UsageError(f"--workers must be in 1..64, got {args.workers}")
-    cli.check_target(args.target)
-    cli.check_plot(args.plot)
-    path, workload = cli.read_workload(args.workload)
-    if args.duration is not None:
-        workload = dataclasses.replace(workload, duration_s=float(args.duration))
 
     progress = Progress(
         TextColumn("{task.description}"),
@@ -1644,17 +1717,9 @@ def _main(argv: list[str] | None, err: Any) -> int:
         TimeElapsedColumn(),
         console=err,
         transient=True,
-        disable=args.quiet,
+        disable=quiet,
         refresh_per_second=4,
     )
-    common = {
-        "client": args.client,
-        "workers": args.workers,
-        "connections": args.connections,
-        "timeout_margin_ms": args.timeout_margin_ms,
-        "lag_threshold_ms": args.lag_threshold_ms,
-        "devices": args.devices,
-    }
 
     def bar(description: str) -> ProgressCallback:
         task = progress.add_task(description, total=None, sent=0)
@@ -1664,6 +1729,59 @@ def _main(argv: list[str] | None, err: Any) -> int:
 
         return update
 
+    return progress, bar
+
+
+def report_run(
+    args: argparse.Namespace,
+    err: Any,
+    workload: Workload,
+    path: Path,
+    result: LiveResult,
+    capacity: CapacityResult | None,
+    probes: dict[float, LiveResult] | None,
+    server: dict[str, Any] | None,
+) -> None:
+    """Warn if the generator fell behind; write the plot (--plot) and the
+    JSON document (--json) or the table."""
+    if result.fell_behind:
+        g = result.generator
+        err.print(
+            f"[yellow]warning:[/] the generator fell behind: {100 * g['behind_fraction']:.2f} % "
+            f"of sends over {g['lag_threshold_ms']:g} ms late (p99 {g['send_lag_p99_ms']:.2f} ms, "
+            f"max {g['send_lag_max_ms']:.2f} ms): latencies include the generator's delay "
+            "(busy machine? simultaneous bursts? more --workers on a bigger machine)",
+            highlight=False,
+        )
+    doc = build_document(workload, path, result, capacity, probes, server)
+    if args.plot:
+        plot_run(result, Path(args.plot), capacity, args.target)
+        err.print(f"wrote {args.plot}", highlight=False)
+    if args.json:
+        sys.stdout.write(json.dumps(doc, indent=2, allow_nan=False) + "\n")
+    else:
+        print_table(doc)
+
+
+def main(argv: list[str] | None = None) -> int:
+    return cli.run_main(_main, argv, usage_errors=(LoadGenError,), run_errors=(RunFailed,))
+
+
+def _main(argv: list[str] | None, err: Any) -> int:
+    args = build_parser().parse_args(argv)
+    url = check_loopback(args.url)
+    if args.workers < 1 or args.workers > 64:
+        raise UsageError(f"--workers must be in 1..64, got {args.workers}")
+    path, workload = read_run_args(args)
+    progress, bar = progress_bars(err, args.quiet)
+    common = {
+        "client": args.client,
+        "workers": args.workers,
+        "connections": args.connections,
+        "timeout_margin_ms": args.timeout_margin_ms,
+        "lag_threshold_ms": args.lag_threshold_ms,
+        "devices": args.devices,
+    }
     with progress:
         targets = asyncio.run(prepare_targets(url, workload))
         server = asyncio.run(server_info(url))
@@ -1693,23 +1811,7 @@ def _main(argv: list[str] | None, err: Any) -> int:
                 on_probe=lambda s: bar(f"capacity probe ×{s:.4g}"),
                 **common,
             )
-    if result.fell_behind:
-        g = result.generator
-        err.print(
-            f"[yellow]warning:[/] the generator fell behind: {100 * g['behind_fraction']:.2f} % "
-            f"of sends over {g['lag_threshold_ms']:g} ms late (p99 {g['send_lag_p99_ms']:.2f} ms, "
-            f"max {g['send_lag_max_ms']:.2f} ms): latencies include the generator's delay "
-            "(busy machine? simultaneous bursts? more --workers on a bigger machine)",
-            highlight=False,
-        )
-    doc = build_document(workload, path, result, capacity, probes, server)
-    if args.plot:
-        plot_run(result, Path(args.plot), capacity, args.target)
-        err.print(f"wrote {args.plot}", highlight=False)
-    if args.json:
-        sys.stdout.write(json.dumps(doc, indent=2, allow_nan=False) + "\n")
-    else:
-        print_table(doc)
+    report_run(args, err, workload, path, result, capacity, probes, server)
     return 0
 
 
