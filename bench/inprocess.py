@@ -355,7 +355,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    return cli.run_main(_main, argv, usage_errors=(LoadGenError,), run_errors=(RunFailed,))
+    # A ServingError here is the service failing to start (an executor died).
+    return cli.run_main(
+        _main, argv, usage_errors=(LoadGenError,), run_errors=(RunFailed, ServingError)
+    )
 
 
 def _main(argv: list[str] | None, err: Any) -> int:
