@@ -375,13 +375,16 @@ def _main(argv: list[str] | None, err: Any) -> int:
     devices = args.emulated_devices if args.emulated_devices is not None else len(workload.devices)
     if devices < 1:
         raise UsageError(f"--emulated-devices must be ≥ 1, got {devices}")
-    settings = service_settings(
-        args.repository,
-        devices,
-        policy=args.policy,
-        deadline_margin_ms=args.deadline_margin_ms,
-        timer_lead_ms=args.timer_lead_ms,
-    )
+    try:
+        settings = service_settings(
+            args.repository,
+            devices,
+            policy=args.policy,
+            deadline_margin_ms=args.deadline_margin_ms,
+            timer_lead_ms=args.timer_lead_ms,
+        )
+    except ValueError as exc:  # the daemon's environment variables (POLICY, ...)
+        raise UsageError(str(exc)) from None
     progress, bar = progress_bars(err, args.quiet)
     common = {
         "timeout_margin_ms": args.timeout_margin_ms,

@@ -10,6 +10,7 @@ service. Timing claims (capacity, latency tails) belong in BENCHMARKS.md.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -110,10 +111,11 @@ def test_runs_against_the_live_service(tmp_path):
     assert d["drop_reasons"] == {"deadline": d["requests"]}
 
 
-def _cli(*args: str) -> subprocess.CompletedProcess:
+def _cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     return subprocess.run(
         [sys.executable, "-m", "bench.inprocess", *args],
         cwd=ROOT,
+        env={**os.environ, **(env or {})},
         capture_output=True,
         text=True,
         timeout=180,
@@ -135,6 +137,13 @@ def test_cli_refuses_bad_input_before_starting(tmp_path, args, message):
     proc = _cli("--workload", str(path), "-q", *args)
     assert proc.returncode == 2
     assert message in proc.stderr
+
+
+def test_cli_refuses_a_bad_daemon_setting_in_the_environment(tmp_path):
+    _, path = make_workload(tmp_path)
+    proc = _cli("--workload", str(path), "-q", env={"TIMER_LEAD_MS": "soon"})
+    assert proc.returncode == 2
+    assert "TIMER_LEAD_MS='soon' is not a number" in proc.stderr
 
 
 def test_cli_capacity_search_probes_the_one_service(tmp_path):
