@@ -71,14 +71,13 @@ from bench.loadgen import (
     _Plan,
     _Reply,
     add_run_options,
-    bisect_capacity,
     generator_stats,
     live_result,
-    probe_workload,
     progress_bars,
     read_run_args,
     report_run,
     run_schedule,
+    search_capacity,
 )
 
 try:
@@ -264,31 +263,27 @@ async def find_inprocess_capacity(
     bisection (`find_capacity`, synchronous) runs in a thread and each probe
     on this loop, so the service stays up across probes."""
     loop = asyncio.get_running_loop()
-    short = probe_workload(workload, probe_duration_s)
-    results: dict[float, LiveResult] = {}
 
-    def probe(scale: float) -> LiveResult:
-        time.sleep(settle_s)  # let the service drain the previous probe
-        cb = on_probe(scale) if on_probe is not None else None
+    def run_probe(short: Workload, scale: float, progress: ProgressCallback | None) -> LiveResult:
         run = run_inprocess(
-            service, short, scale, max_requests=max_requests, progress=cb, **run_kwargs
+            service, short, scale, max_requests=max_requests, progress=progress, **run_kwargs
         )
-        result = asyncio.run_coroutine_threadsafe(run, loop).result()
-        results[scale] = result
-        return result
+        return asyncio.run_coroutine_threadsafe(run, loop).result()
 
-    capacity = await asyncio.to_thread(
-        bisect_capacity,
-        probe,
-        short,
+    return await asyncio.to_thread(
+        search_capacity,
+        run_probe,
+        workload,
         target=target,
         lo=lo,
         hi=hi,
         rel_tol=rel_tol,
         max_runs=max_runs,
+        probe_duration_s=probe_duration_s,
+        settle_s=settle_s,
         max_requests=max_requests,
+        on_probe=on_probe,
     )
-    return capacity, results
 
 
 def run_on_daemon_loop(main: Callable[[], Any]) -> Any:

@@ -1415,39 +1415,34 @@ def find_live_capacity(
     `asyncio.to_thread`. Returns the search and every probe's LiveResult by
     scale. `on_probe(scale)` may return a progress callback for that probe;
     `run_kwargs` go to every `run_load` (workers, client, ...)."""
-    short = probe_workload(workload, probe_duration_s)
     if targets is None:
-        targets = asyncio.run(prepare_targets(url, short))
-    results: dict[float, LiveResult] = {}
+        targets = asyncio.run(prepare_targets(url, probe_workload(workload, probe_duration_s)))
 
-    def probe(scale: float) -> LiveResult:
-        time.sleep(settle_s)  # let the server drain the previous probe
-        cb = on_probe(scale) if on_probe is not None else None
-        result = asyncio.run(
-            run_load(
-                url,
-                short,
-                scale,
-                targets=targets,
-                max_requests=max_requests,
-                progress=cb,
-                **run_kwargs,
-            )
+    def run_probe(short: Workload, scale: float, progress: ProgressCallback | None) -> LiveResult:
+        run = run_load(
+            url,
+            short,
+            scale,
+            targets=targets,
+            max_requests=max_requests,
+            progress=progress,
+            **run_kwargs,
         )
-        results[scale] = result
-        return result
+        return asyncio.run(run)
 
-    capacity = bisect_capacity(
-        probe,
-        short,
+    return search_capacity(
+        run_probe,
+        workload,
         target=target,
         lo=lo,
         hi=hi,
         rel_tol=rel_tol,
         max_runs=max_runs,
+        probe_duration_s=probe_duration_s,
+        settle_s=settle_s,
         max_requests=max_requests,
+        on_probe=on_probe,
     )
-    return capacity, results
 
 
 def probe_workload(workload: Workload, probe_duration_s: float | None) -> Workload:
@@ -1456,23 +1451,40 @@ def probe_workload(workload: Workload, probe_duration_s: float | None) -> Worklo
     return dataclasses.replace(workload, duration_s=float(duration))
 
 
-def bisect_capacity(
-    probe: Callable[[float], LiveResult],
-    short: Workload,
+ProbeRunner = Callable[[Workload, float, ProgressCallback | None], LiveResult]
+
+
+def search_capacity(
+    run_probe: ProbeRunner,
+    workload: Workload,
     *,
     target: float,
     lo: float,
     hi: float,
     rel_tol: float,
     max_runs: int,
+    probe_duration_s: float | None,
+    settle_s: float,
     max_requests: int,
-) -> CapacityResult:
-    """The simulator's `find_capacity` over live probes of `short` (one probe's
-    workload); no rate scale above the one whose probe would exceed
-    `max_requests` is tried."""
+    on_probe: Callable[[float], ProgressCallback | None] | None,
+) -> tuple[CapacityResult, dict[float, LiveResult]]:
+    """The simulator's `find_capacity` over live probes: `run_probe(short,
+    scale, progress)` runs `short` (the workload cut to one probe) at a rate
+    scale, synchronously. Each probe waits `settle_s` first; no rate scale
+    whose probe would exceed `max_requests` is tried. Returns the search and
+    every probe's LiveResult by scale."""
+    short = probe_workload(workload, probe_duration_s)
+    results: dict[float, LiveResult] = {}
+
+    def probe(scale: float) -> LiveResult:
+        time.sleep(settle_s)  # let the server drain the previous probe
+        progress = on_probe(scale) if on_probe is not None else None
+        results[scale] = run_probe(short, scale, progress)
+        return results[scale]
+
     nominal = short.offered_rate() * short.duration_s
     max_scale = 1024.0 if nominal <= 0 else max(hi, min(1024.0, max_requests / nominal / 1.2))
-    return find_capacity(
+    capacity = find_capacity(
         probe,  # type: ignore[arg-type]  # LiveResult has the .summary find_capacity reads
         target=target,
         lo=min(lo, max_scale),
@@ -1482,6 +1494,7 @@ def bisect_capacity(
         max_scale=max_scale,
         min_scale=min(1.0 / 1024, lo),
     )
+    return capacity, results
 
 
 # --------------------------------------------------------------------------- document
