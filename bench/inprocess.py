@@ -80,13 +80,6 @@ from bench.loadgen import (
     search_capacity,
 )
 
-try:
-    import orjson
-
-    _dumps: Callable[[Any], bytes] = orjson.dumps
-except ImportError:  # pragma: no cover - orjson is a dependency of the daemon
-    _dumps = lambda doc: json.dumps(doc).encode()  # noqa: E731
-
 IN_PROCESS = "in-process"
 DEFAULT_REPOSITORY = Path(__file__).resolve().parent / "repositories" / "live"
 
@@ -148,7 +141,8 @@ def request_inputs(config: ModelConfig, seed: int = 0) -> dict[str, np.ndarray]:
 
 class ServiceSender:
     """`_drive`'s sender that calls `service.infer` instead of a server. The
-    reply carries what the HTTP API would: the timing of a result, or the
+    reply carries what the HTTP API would: the timing of a result (as a dict:
+    no JSON to write and parse back on the loop being measured), or the
     status and reason of an error."""
 
     def __init__(
@@ -173,16 +167,9 @@ class ServiceSender:
                 received_at=time.monotonic(),
             )
         except ServingError as exc:
-            return _Reply(exc.status, _dumps({"reason": exc.reason}), time.monotonic())
-        timing = {
-            "queue_ms": result.queue_ms,
-            "exec_ms": result.exec_ms,
-            "batch_size": result.batch_size,
-            "device": result.device,
-            "intake_ms": result.intake_ms,
-            "answer_ms": result.answer_ms,
-        }
-        return _Reply(200, _dumps({"timing": timing}), time.monotonic())
+            end = time.monotonic()
+            return _Reply(exc.status, json.dumps({"reason": exc.reason}).encode(), end)
+        return _Reply(200, b"", time.monotonic(), result.timing())
 
 
 # --------------------------------------------------------------------------- runs

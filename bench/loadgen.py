@@ -442,12 +442,17 @@ class _Plan:
 
 
 class _Reply:
-    __slots__ = ("body", "end", "status")
+    __slots__ = ("body", "end", "status", "timing")
 
-    def __init__(self, status: int, body: bytes, end: float) -> None:
+    def __init__(
+        self, status: int, body: bytes, end: float, timing: dict[str, Any] | None = None
+    ) -> None:
         self.status = status
         self.body = body
         self.end = end  # loop time the last byte arrived
+        # A 200's `timing` object when the sender has it already (in-process);
+        # else it is read from `body`.
+        self.timing = timing
 
 
 class _ConnectionLost(Exception):
@@ -859,7 +864,7 @@ async def _drive(
             code = reply.status
             status[i] = code
             if code == 200:
-                timing = _timing(reply.body)
+                timing = reply.timing if reply.timing is not None else _timing(reply.body)
                 if timing is not None:
                     queue_ms[i] = timing.get("queue_ms", np.nan)
                     exec_ms[i] = timing.get("exec_ms", np.nan)

@@ -337,17 +337,6 @@ class _JSON(JSONResponse):
         return dumps_json(content, self._arrays)
 
 
-def _timing(result: InferResult) -> dict[str, Any]:
-    return {
-        "queue_ms": float(result.queue_ms),
-        "exec_ms": float(result.exec_ms),
-        "batch_size": int(result.batch_size),
-        "device": str(result.device),
-        "intake_ms": float(result.intake_ms),
-        "answer_ms": float(result.answer_ms),
-    }
-
-
 def _result_output(result: InferResult, name: str) -> np.ndarray:
     try:
         return np.asarray(result.outputs[name])
@@ -506,7 +495,7 @@ def _v2_response(
     request_id = req.id if req.id is not None else result.request_id
     if request_id is not None:
         body["id"] = request_id
-    body["parameters"] = _timing(result)
+    body["parameters"] = result.timing()
     body["outputs"] = outputs
     if not blobs:
         return _JSON(body, arrays)
@@ -702,7 +691,7 @@ def build_router(
                 "model": req.model,
                 "id": req.id if req.id is not None else result.request_id,
                 "outputs": outputs,
-                "timing": _timing(result),
+                "timing": result.timing(),
             },
             arrays,
         )

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -21,6 +21,17 @@ class InferResult:
     device: str
     intake_ms: float = 0.0  # arrival → the scheduler saw it (parsing, event loop)
     answer_ms: float = 0.0  # batch end → answer ready (report, outputs read)
+
+    def timing(self) -> dict[str, Any]:
+        """Where the request's time went: the `timing` object of an answer."""
+        return {
+            "queue_ms": float(self.queue_ms),
+            "exec_ms": float(self.exec_ms),
+            "batch_size": int(self.batch_size),
+            "device": str(self.device),
+            "intake_ms": float(self.intake_ms),
+            "answer_ms": float(self.answer_ms),
+        }
 
 
 class InferenceService(Protocol):
