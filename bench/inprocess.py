@@ -97,18 +97,17 @@ def service_settings(
 ) -> Settings:
     """The daemon's settings (environment variables included, as under
     `python -m app serve`) with these overrides."""
-    settings = dataclasses.replace(
+    given = {
+        "policy": policy,
+        "deadline_margin_ms": deadline_margin_ms,
+        "timer_lead_ms": timer_lead_ms,
+    }
+    return dataclasses.replace(
         Settings.from_env(),
         repository=Path(repository),
         emulated_devices=emulated_devices,
+        **{name: value for name, value in given.items() if value is not None},
     )
-    if policy is not None:
-        settings = dataclasses.replace(settings, policy=policy)
-    if deadline_margin_ms is not None:
-        settings = dataclasses.replace(settings, deadline_margin_ms=deadline_margin_ms)
-    if timer_lead_ms is not None:
-        settings = dataclasses.replace(settings, timer_lead_ms=timer_lead_ms)
-    return settings
 
 
 @contextlib.asynccontextmanager
