@@ -26,6 +26,12 @@ def main(argv: list[str] | None = None) -> int:
     serve.add_argument(
         "--emulated-devices", type=int, help="emulated devices (env EMULATED_DEVICES)"
     )
+    serve.add_argument(
+        "--realtime-priority",
+        type=int,
+        help="SCHED_FIFO priority of the event loop, executors one below (0: off; env "
+        "REALTIME_PRIORITY; needs root or CAP_SYS_NICE)",
+    )
     serve.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     args = parser.parse_args(argv)
 
@@ -40,6 +46,7 @@ def main(argv: list[str] | None = None) -> int:
         ("cpu_slices", "CPU_SLICES"),
         ("threads_per_slice", "THREADS_PER_SLICE"),
         ("emulated_devices", "EMULATED_DEVICES"),
+        ("realtime_priority", "REALTIME_PRIORITY"),
     ]:
         value = getattr(args, flag)
         if value is not None:
@@ -51,11 +58,17 @@ def main(argv: list[str] | None = None) -> int:
 
     from app.api.received import receive_stamping_protocol
     from app.main import create_app
+    from app.runtime.realtime import RealtimeUnavailable, check_permitted
     from app.server.settings import Settings
 
     try:
         settings = Settings.from_env()
     except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    try:
+        check_permitted(settings.realtime_priority)
+    except RealtimeUnavailable as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     uvicorn.run(

@@ -3,6 +3,7 @@ Serve's best @serve.batch configuration, on the same live workloads.
 
     python -m bench.compare [--workload a b c] [--systems symphony,triton,clockwork,ray]
                             [--probe-duration 5] [--max-probes 8] [--out bench/results]
+                            [--realtime-priority N]
 
 For each workload every system is started on a free loopback port, its
 capacity (highest offered load with ≥ 99 % of requests within SLO) is found by
@@ -13,6 +14,10 @@ by the SLO/2 and SLO rules × batch wait 0-5 ms), one short run per point at
 the screening load, and the best point (`pick_best`) gets the capacity search.
 Written under `--out/<workload>/`: results.json (every probe), summary.md (the
 table), goodput.png (goodput and attainment vs offered load) and cdf.png.
+
+`--realtime-priority N` (root or CAP_SYS_NICE) runs the daemon with
+REALTIME_PRIORITY=N and the load generator at SCHED_FIFO N while it measures;
+Ray Serve's processes stay at normal priority.
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ from typing import Any
 import numpy as np
 
 from app.repository.loader import load_repository
+from app.runtime.realtime import RealtimeUnavailable, check_permitted, restore, set_fifo
 from app.workloads.spec import Workload, load_workload
 from bench.daemon_launcher import start_daemon, stop_daemon
 from bench.loadgen import (
@@ -112,6 +118,7 @@ class Options:
     screen_scale: float | None
     workers: int
     ray_waits_s: tuple[float, ...] | None = None  # None: ray_grid.WAITS_S
+    realtime_priority: int = 0  # SCHED_FIFO of the daemon and the generator (0: off)
 
 
 # ------------------------------------------------------------------ measuring
@@ -146,6 +153,22 @@ def measure(
     startup_s: float,
 ) -> SystemResult:
     """Capacity search, then one run at the nominal rate for the CDF."""
+    before = set_fifo(options.realtime_priority, "--realtime-priority")
+    try:
+        return _measure(url, workload, targets, options, system, label, startup_s)
+    finally:
+        restore(before)
+
+
+def _measure(
+    url: str,
+    workload: Workload,
+    targets: Sequence[ModelTarget],
+    options: Options,
+    system: str,
+    label: str,
+    startup_s: float,
+) -> SystemResult:
     capacity, probes = find_live_capacity(
         url,
         workload,
@@ -199,6 +222,7 @@ def run_daemon(setup: Setup, workload: Workload, policy: str, options: Options) 
         emulated_devices=setup.emulated_devices,
         cpu_slices=setup.cpu_slices,
         threads_per_slice=setup.cpu_threads,
+        extra_env={"REALTIME_PRIORITY": str(options.realtime_priority)},
     )
     try:
         targets = asyncio.run(prepare_targets(handle.url, _short(workload, options)))
@@ -430,6 +454,14 @@ def build_parser() -> argparse.ArgumentParser:
         "(default: 0,1,2,5)",
     )
     p.add_argument("--out", type=Path, default=REPO_ROOT / "bench" / "results")
+    p.add_argument(
+        "--realtime-priority",
+        type=int,
+        default=0,
+        metavar="N",
+        help="SCHED_FIFO priority of the daemon (REALTIME_PRIORITY) and the generator "
+        "(0: off; needs root or CAP_SYS_NICE)",
+    )
     return p
 
 
@@ -450,7 +482,13 @@ def main(argv: list[str] | None = None) -> int:
         args.screen_scale,
         args.workers,
         (tuple(float(v) / 1000.0 for v in args.ray_waits.split(",")) if args.ray_waits else None),
+        args.realtime_priority,
     )
+    try:
+        check_permitted(args.realtime_priority, "--realtime-priority")
+    except (ValueError, RealtimeUnavailable) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     for key in args.workload:
         setup = SETUPS[key]
         workload = load_workload(setup.workload)

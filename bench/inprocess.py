@@ -2,7 +2,7 @@
 
     python -m bench.inprocess --workload FILE [--rate-scale X] [--duration S]
         [--repository DIR] [--emulated-devices N] [--policy NAME]
-        [--deadline-margin-ms MS] [--timer-lead-ms MS]
+        [--deadline-margin-ms MS] [--timer-lead-ms MS] [--realtime-priority N]
         [--capacity] [--probe-duration S] [--json] [--plot out.png] [-q]
 
 symphony.txt §5.1 runs its system two ways: "scheduler-only (s) runs only the
@@ -49,6 +49,7 @@ import numpy as np
 from app.api.metrics import Metrics
 from app.errors import ServingError
 from app.repository.config import ModelConfig
+from app.runtime.realtime import RealtimeUnavailable, check_permitted
 from app.scheduling.registry import policy_names
 from app.server.live import LiveService
 from app.server.settings import Settings
@@ -94,6 +95,7 @@ def service_settings(
     policy: str | None = None,
     deadline_margin_ms: float | None = None,
     timer_lead_ms: float | None = None,
+    realtime_priority: int | None = None,
 ) -> Settings:
     """The daemon's settings (environment variables included, as under
     `python -m app serve`) with these overrides."""
@@ -101,6 +103,7 @@ def service_settings(
         "policy": policy,
         "deadline_margin_ms": deadline_margin_ms,
         "timer_lead_ms": timer_lead_ms,
+        "realtime_priority": realtime_priority,
     }
     return dataclasses.replace(
         Settings.from_env(),
@@ -291,6 +294,7 @@ def server_block(service: LiveService) -> dict[str, Any]:
         "policy": settings.policy,
         "deadline_margin_ms": settings.deadline_margin_ms,
         "timer_lead_ms": settings.timer_lead_ms,
+        "realtime_priority": settings.realtime_priority,
         "devices": [device.name for device in service.devices],
     }
 
@@ -331,7 +335,11 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="MS",
         help="the daemon's TIMER_LEAD_MS (default: its setting)",
     )
-    add_run_options(p, what="the service's capacity")
+    add_run_options(
+        p,
+        what="the service's capacity",
+        realtime_what="the service's event loop, which the generator shares (executors one below)",
+    )
     return p
 
 
@@ -363,8 +371,12 @@ def _main(argv: list[str] | None, err: Any) -> int:
             policy=args.policy,
             deadline_margin_ms=args.deadline_margin_ms,
             timer_lead_ms=args.timer_lead_ms,
+            realtime_priority=args.realtime_priority or None,
         )
+        check_permitted(settings.realtime_priority, "--realtime-priority")
     except ValueError as exc:  # the daemon's environment variables (POLICY, ...)
+        raise UsageError(str(exc)) from None
+    except RealtimeUnavailable as exc:
         raise UsageError(str(exc)) from None
     progress, bar = progress_bars(err, args.quiet)
     common = {

@@ -103,6 +103,7 @@ from typing import Any, Protocol
 import httpx
 import numpy as np
 
+from app.runtime.realtime import RealtimeUnavailable, check_priority, fifo_priority, set_fifo
 from app.simulation.capacity_search import CapacityResult, find_capacity
 from app.workloads.arrivals import Arrivals, generate_arrivals
 from app.workloads.spec import Workload
@@ -1247,6 +1248,7 @@ def generator_stats(
         "lag_threshold_ms": lag_threshold_ms,
         "behind_fraction": behind,
         "fell_behind": bool(behind > BEHIND_FRACTION_LIMIT or not_sent > 0),
+        "realtime_priority": fifo_priority(),
     }
 
 
@@ -1665,7 +1667,9 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def add_run_options(p: argparse.ArgumentParser, *, what: str) -> None:
+def add_run_options(
+    p: argparse.ArgumentParser, *, what: str, realtime_what: str = "the generator"
+) -> None:
     """The options of a measured run and its capacity search, and the output
     options (bench.loadgen and bench.inprocess)."""
     p.add_argument(
@@ -1698,6 +1702,13 @@ def add_run_options(p: argparse.ArgumentParser, *, what: str) -> None:
         help="length of each capacity probe (5)",
     )
     p.add_argument("--max-probes", type=int, default=12, help="capacity probes at most (12)")
+    p.add_argument(
+        "--realtime-priority",
+        type=int,
+        default=0,
+        metavar="N",
+        help=f"SCHED_FIFO priority of {realtime_what} (0: off; needs root or CAP_SYS_NICE)",
+    )
     cli.add_output_options(p, plot="write a plot of the run")
 
 
@@ -1710,6 +1721,10 @@ def read_run_args(args: argparse.Namespace) -> tuple[Path, Workload]:
         cli.check_positive("--duration", args.duration)
     cli.check_target(args.target)
     cli.check_plot(args.plot)
+    try:
+        check_priority(args.realtime_priority, "--realtime-priority")
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
     path, workload = cli.read_workload(args.workload)
     if args.duration is not None:
         workload = dataclasses.replace(workload, duration_s=float(args.duration))
@@ -1791,6 +1806,11 @@ def _main(argv: list[str] | None, err: Any) -> int:
     if args.workers < 1 or args.workers > 64:
         raise UsageError(f"--workers must be in 1..64, got {args.workers}")
     path, workload = read_run_args(args)
+    try:
+        # Before any worker starts: they inherit it.
+        set_fifo(args.realtime_priority, "--realtime-priority")
+    except RealtimeUnavailable as exc:
+        raise UsageError(str(exc)) from None
     progress, bar = progress_bars(err, args.quiet)
     common = {
         "client": args.client,

@@ -130,6 +130,7 @@ def _cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedP
         (["--deadline-margin-ms", "-1"], "--deadline-margin-ms must be ≥ 0"),
         (["--emulated-devices", "0"], "--emulated-devices must be ≥ 1"),
         (["--rate-scale", "0"], "--rate-scale must be a positive number"),
+        (["--realtime-priority", "100"], "--realtime-priority must be 0 (off) to 99, got 100"),
     ],
 )
 def test_cli_refuses_bad_input_before_starting(tmp_path, args, message):

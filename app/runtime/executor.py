@@ -52,6 +52,7 @@ from typing import Any
 import numpy as np
 
 from app.repository.config import ModelConfig, ProfileSpec, TensorSpec
+from app.runtime.realtime import RealtimeUnavailable, executor_priority, set_fifo
 
 CANCELLED = "cancelled"
 
@@ -395,8 +396,11 @@ class Executor:
                 self.send(("stopped",))
 
 
-def executor_main(conn: Any, device: dict[str, Any], log_level: int = logging.WARNING) -> None:
-    """Entry point of an executor process (spawn target)."""
+def executor_main(
+    conn: Any, device: dict[str, Any], log_level: int = logging.WARNING, realtime_priority: int = 0
+) -> None:
+    """Entry point of an executor process (spawn target). `realtime_priority`
+    is the event loop's; the executor runs one below it (app.runtime.realtime)."""
     name = str(device.get("name", "executor"))
     logging.basicConfig(
         level=log_level,
@@ -406,6 +410,11 @@ def executor_main(conn: Any, device: dict[str, Any], log_level: int = logging.WA
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     set_process_title(f"dsrv-{name}")
     tighten_timer_slack()
+    if realtime_priority:
+        try:
+            set_fifo(executor_priority(realtime_priority))
+        except RealtimeUnavailable as exc:  # the parent could; say so and run on
+            log.warning("%s: %s", name, exc)
     cpus = device.get("cpus")
     if cpus and hasattr(os, "sched_setaffinity"):
         try:

@@ -222,6 +222,7 @@ class ExecutorPool:
         stuck_factor: float = 10.0,
         stuck_margin_s: float = 1.0,
         load_timeout_s: float = 300.0,
+        realtime_priority: int = 0,
     ) -> None:
         self.devices: dict[int, ExecutorDevice] = {d.id: d for d in devices}
         if len(self.devices) != len(devices):
@@ -249,6 +250,7 @@ class ExecutorPool:
         self.stuck_factor = stuck_factor
         self.stuck_margin_s = stuck_margin_s
         self.load_timeout_s = load_timeout_s
+        self.realtime_priority = realtime_priority  # the event loop's; see app.runtime.realtime
         self._tasks: set[asyncio.Task] = set()
 
     # ----------------------------------------------------------- placement
@@ -326,7 +328,7 @@ class ExecutorPool:
         w.dead = False
         w.process = ctx.Process(
             target=executor_main,
-            args=(child, w.device.to_dict(), self.log_level),
+            args=(child, w.device.to_dict(), self.log_level, self.realtime_priority),
             name=f"executor-{w.device.name}",
             daemon=True,
         )

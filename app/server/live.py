@@ -37,6 +37,7 @@ from app.repository.loader import (
 )
 from app.runtime.arena import Arena
 from app.runtime.pool import ExecutorDevice, ExecutorPool, detect_devices
+from app.runtime.realtime import SchedState, restore, set_fifo
 from app.scheduling.autoscale import advised_device_change
 from app.scheduling.model import ModelInfo
 from app.scheduling.profile import LatencyProfile
@@ -72,6 +73,7 @@ class LiveService:
         self.ready = False
         self.closing = False
         self._signals_task: asyncio.Task | None = None
+        self._sched_before: SchedState | None = None  # the loop thread's, if changed
         # Per model, requests accepted and not yet answered (MAX_QUEUE).
         self._outstanding: dict[str, int] = {}
 
@@ -93,6 +95,10 @@ class LiveService:
         self.devices = detect_devices(
             settings.cpu_slices, settings.threads_per_slice, settings.emulated_devices
         )
+        if settings.realtime_priority:
+            # Before the executors start: they inherit it, then step one below.
+            self._sched_before = set_fifo(settings.realtime_priority)
+            log.info("event loop at SCHED_FIFO priority %d", settings.realtime_priority)
         for device in self.devices:
             log.info(
                 "device %d: %s (%s, %d threads)",
@@ -115,6 +121,7 @@ class LiveService:
             respawn=settings.respawn,
             stuck_factor=settings.stuck_factor,
             stuck_margin_s=settings.stuck_margin_s,
+            realtime_priority=settings.realtime_priority,
         )
         await self.pool.start()
         for name, config in index.models.items():
@@ -167,6 +174,9 @@ class LiveService:
         for state in self.models.values():
             state.arena.close_and_unlink()
         thaw_heap()
+        if self._sched_before is not None:
+            restore(self._sched_before)
+            self._sched_before = None
         log.info("shut down")
 
     # -------------------------------------------------------------- profiles

@@ -16,6 +16,7 @@
 | RESPAWN | 1 | restart an executor that died or hung (0: leave its device down) |
 | DEADLINE_MARGIN_MS | 3 | plan to finish this much before each deadline (timer, IPC jitter) |
 | TIMER_LEAD_MS | 2 | run the core this long before its timers, which fire late under load |
+| REALTIME_PRIORITY | 0 | SCHED_FIFO priority of the event loop, executors one below (0: off) |
 | SHUTDOWN_GRACE_S | 5 | on SIGTERM, how long in-flight requests may take to finish |
 | MAX_BODY_BYTES | 67108864 | largest request body accepted (413 above) |
 | ADMIN_TOKEN | none | bearer token for management routes (off on non-loopback hosts without one) |
@@ -29,6 +30,7 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from app.runtime.realtime import check_priority
 from app.scheduling.registry import policy_names
 
 BUNDLED_REPOSITORY = Path(__file__).resolve().parent.parent.parent / "models"
@@ -52,6 +54,7 @@ class Settings:
     shutdown_grace_s: float = 5.0
     deadline_margin_ms: float = 3.0
     timer_lead_ms: float = 2.0
+    realtime_priority: int = 0
     max_body_bytes: int = 64 << 20
     admin_token: str | None = None
     profile_batch_sizes: tuple[int, ...] = (1, 2, 4, 8, 16, 32)
@@ -89,10 +92,18 @@ class Settings:
             shutdown_grace_s=float(env.get("SHUTDOWN_GRACE_S", "5")),
             deadline_margin_ms=float(env.get("DEADLINE_MARGIN_MS", "3")),
             timer_lead_ms=_float(env, "TIMER_LEAD_MS", 2.0),
+            realtime_priority=_realtime(env),
             max_body_bytes=_int(env, "MAX_BODY_BYTES", 64 << 20, 1),
             admin_token=env.get("ADMIN_TOKEN") or None,
             profile_batch_sizes=sizes,
         )
+
+
+def _realtime(env: dict[str, str]) -> int:
+    priority = _int(env, "REALTIME_PRIORITY", 0, 0)
+    assert priority is not None
+    check_priority(priority)
+    return priority
 
 
 def _int(env: dict[str, str], key: str, default: int | None, minimum: int) -> int | None:

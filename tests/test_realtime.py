@@ -1,0 +1,148 @@
+"""REALTIME_PRIORITY: SCHED_FIFO for the event loop and the executors."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import threading
+
+import pytest
+
+from app.__main__ import main as app_main
+from app.runtime import realtime
+from app.runtime.arena import Arena
+from app.runtime.pool import ExecutorDevice, ExecutorPool
+from app.runtime.realtime import (
+    RealtimeUnavailable,
+    SchedState,
+    check_priority,
+    executor_priority,
+    fifo_priority,
+    restore,
+    set_fifo,
+)
+from app.server.settings import Settings
+from tests.test_runtime import Done, emulated_config
+
+linux = pytest.mark.skipif(not hasattr(os, "sched_setscheduler"), reason="Linux scheduling API")
+
+
+def test_priority_range_and_executor_step():
+    check_priority(0)
+    check_priority(99)
+    for bad in (-1, 100):
+        with pytest.raises(ValueError, match=rf"--flag must be 0 \(off\) to 99, got {bad}"):
+            check_priority(bad, "--flag")
+    assert [executor_priority(p) for p in (0, 1, 2, 10, 99)] == [0, 1, 1, 9, 98]
+
+
+def test_settings_read_realtime_priority():
+    assert Settings.from_env({}).realtime_priority == 0
+    assert Settings.from_env({"REALTIME_PRIORITY": "7"}).realtime_priority == 7
+    with pytest.raises(ValueError, match="REALTIME_PRIORITY must be 0 \\(off\\) to 99, got 100"):
+        Settings.from_env({"REALTIME_PRIORITY": "100"})
+    with pytest.raises(ValueError, match="REALTIME_PRIORITY='high' is not an integer"):
+        Settings.from_env({"REALTIME_PRIORITY": "high"})
+
+
+@linux
+def test_set_fifo_asks_the_kernel_and_restores(monkeypatch):
+    calls: list[tuple[int, int, int]] = []
+    state = {"policy": os.SCHED_OTHER, "priority": 0}
+
+    def setscheduler(pid: int, policy: int, param: os.sched_param) -> None:
+        calls.append((pid, policy, param.sched_priority))
+        state.update(policy=policy, priority=param.sched_priority)
+
+    monkeypatch.setattr(os, "sched_setscheduler", setscheduler)
+    monkeypatch.setattr(os, "sched_getscheduler", lambda pid: state["policy"])
+    monkeypatch.setattr(os, "sched_getparam", lambda pid: os.sched_param(state["priority"]))
+
+    assert set_fifo(0) == SchedState(os.SCHED_OTHER, 0)
+    assert calls == []  # 0 is off: nothing asked
+    before = set_fifo(12)
+    assert calls == [(0, os.SCHED_FIFO, 12)]
+    assert before == SchedState(os.SCHED_OTHER, 0)
+    assert fifo_priority() == 12
+    restore(before)
+    assert calls[-1] == (0, os.SCHED_OTHER, 0)
+    assert fifo_priority() == 0
+
+
+@linux
+def test_refusal_names_the_setting_and_the_fix(monkeypatch):
+    def refuse(pid: int, policy: int, param: os.sched_param) -> None:
+        raise PermissionError(1, "Operation not permitted")
+
+    monkeypatch.setattr(os, "sched_setscheduler", refuse)
+    with pytest.raises(RealtimeUnavailable) as info:
+        set_fifo(5, "--realtime-priority")
+    message = str(info.value)
+    assert message.startswith("--realtime-priority=5: the kernel refused SCHED_FIFO")
+    assert "CAP_SYS_NICE" in message and "--realtime-priority=0" in message
+
+
+@linux
+def test_real_kernel_fifo_on_a_thread_or_a_clear_refusal():
+    """On a thread of its own, so the test process keeps its policy."""
+    seen: dict[str, object] = {}
+
+    def body() -> None:
+        try:
+            before = set_fifo(1)
+        except RealtimeUnavailable as exc:
+            seen["refused"] = str(exc)
+            return
+        seen["during"] = fifo_priority()
+        restore(before)
+        seen["after"] = fifo_priority()
+
+    thread = threading.Thread(target=body)
+    thread.start()
+    thread.join()
+    if "refused" in seen:
+        assert "REALTIME_PRIORITY=1" in str(seen["refused"])
+    else:
+        assert seen == {"during": 1, "after": 0}
+    assert fifo_priority() == 0
+
+
+def test_serve_refuses_a_bad_or_refused_priority(monkeypatch, capsys):
+    monkeypatch.delenv("REALTIME_PRIORITY", raising=False)
+    assert app_main(["serve", "--realtime-priority", "100", "--port", "1"]) == 2
+    assert "REALTIME_PRIORITY must be 0 (off) to 99, got 100" in capsys.readouterr().err
+
+    def refuse(priority: int, setting: str = "REALTIME_PRIORITY") -> None:
+        raise RealtimeUnavailable(f"{setting}={priority}: the kernel refused SCHED_FIFO")
+
+    monkeypatch.setattr(realtime, "check_permitted", refuse)
+    assert app_main(["serve", "--realtime-priority", "3", "--port", "1"]) == 2
+    assert "REALTIME_PRIORITY=3: the kernel refused SCHED_FIFO" in capsys.readouterr().err
+
+
+@linux
+def test_executor_runs_one_below_the_loop():
+    try:
+        realtime.check_permitted(1)
+    except RealtimeUnavailable:
+        pytest.skip("SCHED_FIFO not permitted here (needs root or CAP_SYS_NICE)")
+    config = emulated_config("emu", alpha_ms=1.0, beta_ms=2.0)
+
+    async def scenario() -> tuple[int, int]:
+        arenas = {config.name: Arena.create(config, capacity=2)}
+        pool = ExecutorPool(
+            [ExecutorDevice(0, "emulated", "emulated:0")],
+            [config],
+            arenas,
+            Done(),
+            realtime_priority=3,
+        )
+        try:
+            await pool.start()
+            pid = pool._workers[0].process.pid
+            return os.sched_getscheduler(pid), os.sched_getparam(pid).sched_priority
+        finally:
+            await pool.stop(timeout=5)
+            arenas[config.name].close_and_unlink()
+
+    assert asyncio.run(scenario()) == (os.SCHED_FIFO, 2)
