@@ -444,3 +444,34 @@ def test_no_resource_tracker_warnings_in_a_fresh_interpreter():
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "ok"
     assert proc.stderr == ""
+
+
+def test_a_spawn_that_fails_surfaces_its_error_and_stops_the_rest(monkeypatch):
+    """The second executor cannot start: pool.start raises that error (not a
+    failure of the clean-up), and the first executor is stopped."""
+    import multiprocessing.context as mp_context
+
+    real_start = mp_context.SpawnProcess.start
+    starts = []
+
+    def start(self):
+        starts.append(self.name)
+        if len(starts) == 2:
+            raise OSError(11, "Resource temporarily unavailable")
+        real_start(self)
+
+    monkeypatch.setattr(mp_context.SpawnProcess, "start", start)
+    config = emulated_config("emu", alpha_ms=1.0, beta_ms=2.0)
+
+    async def scenario():
+        arenas = {config.name: Arena.create(config, capacity=2)}
+        devices = [ExecutorDevice(i, "emulated", f"emulated:{i}") for i in range(2)]
+        pool = ExecutorPool(devices, [config], arenas, Done())
+        with pytest.raises(OSError, match="Resource temporarily unavailable"):
+            await pool.start()
+        first = pool._workers[0].process
+        assert first is not None and not first.is_alive() and first.exitcode is not None
+        assert pool._workers[1].process is None
+        assert our_segments() == []
+
+    asyncio.run(scenario())

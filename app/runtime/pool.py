@@ -324,16 +324,23 @@ class ExecutorPool:
     def _spawn(self, w: _Worker) -> None:
         ctx = mp.get_context("spawn")
         parent, child = ctx.Pipe(duplex=True)
-        w.conn = parent
-        w.dead = False
-        w.process = ctx.Process(
+        process = ctx.Process(
             target=executor_main,
             args=(child, w.device.to_dict(), self.log_level, self.realtime_priority),
             name=f"executor-{w.device.name}",
             daemon=True,
         )
-        w.process.start()
-        child.close()
+        try:
+            process.start()
+        except BaseException:
+            # Never started: nothing for stop() to join; the caller sees why.
+            parent.close()
+            raise
+        finally:
+            child.close()
+        w.conn = parent
+        w.dead = False
+        w.process = process
         self._add_reader(w)
 
     def _background(self, coro: Any) -> None:
