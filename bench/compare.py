@@ -35,7 +35,7 @@ from typing import Any
 import numpy as np
 
 from app.repository.loader import load_repository
-from app.runtime.realtime import RealtimeUnavailable, check_permitted, restore, set_fifo
+from app.runtime.realtime import RealtimeUnavailable, check_permitted, fifo_while
 from app.workloads.spec import Workload, load_workload
 from bench.daemon_launcher import start_daemon, stop_daemon
 from bench.loadgen import (
@@ -153,42 +153,27 @@ def measure(
     startup_s: float,
 ) -> SystemResult:
     """Capacity search, then one run at the nominal rate for the CDF."""
-    before = set_fifo(options.realtime_priority, "--realtime-priority")
-    try:
-        return _measure(url, workload, targets, options, system, label, startup_s)
-    finally:
-        restore(before)
-
-
-def _measure(
-    url: str,
-    workload: Workload,
-    targets: Sequence[ModelTarget],
-    options: Options,
-    system: str,
-    label: str,
-    startup_s: float,
-) -> SystemResult:
-    capacity, probes = find_live_capacity(
-        url,
-        workload,
-        probe_duration_s=options.probe_duration_s,
-        max_runs=options.max_probes,
-        targets=targets,
-        workers=options.workers,
-    )
-    cdf_scale = options.cdf_scale
-    if options.cdf_fraction is not None and capacity.rate_scale is not None:
-        cdf_scale = capacity.rate_scale * options.cdf_fraction
-    cdf = asyncio.run(
-        run_load(
+    with fifo_while(options.realtime_priority, "--realtime-priority"):
+        capacity, probes = find_live_capacity(
             url,
-            _short(workload, options),
-            cdf_scale,
+            workload,
+            probe_duration_s=options.probe_duration_s,
+            max_runs=options.max_probes,
             targets=targets,
             workers=options.workers,
         )
-    )
+        cdf_scale = options.cdf_scale
+        if options.cdf_fraction is not None and capacity.rate_scale is not None:
+            cdf_scale = capacity.rate_scale * options.cdf_fraction
+        cdf = asyncio.run(
+            run_load(
+                url,
+                _short(workload, options),
+                cdf_scale,
+                targets=targets,
+                workers=options.workers,
+            )
+        )
     rows = sorted((_probe_row(r) for r in probes.values()), key=lambda p: p["offered_rps"])
     return SystemResult(
         system=system,

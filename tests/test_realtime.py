@@ -18,6 +18,7 @@ from app.runtime.realtime import (
     check_priority,
     executor_priority,
     fifo_priority,
+    fifo_while,
     restore,
     set_fifo,
 )
@@ -67,6 +68,10 @@ def test_set_fifo_asks_the_kernel_and_restores(monkeypatch):
     restore(before)
     assert calls[-1] == (0, os.SCHED_OTHER, 0)
     assert fifo_priority() == 0
+    with pytest.raises(KeyError), fifo_while(30):
+        assert fifo_priority() == 30
+        raise KeyError("the block failed")
+    assert fifo_priority() == 0  # restored all the same
 
 
 @linux

@@ -20,8 +20,10 @@ with timing the operator did not ask for.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import resource
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 MAX_PRIORITY = 99
@@ -90,6 +92,16 @@ def check_permitted(priority: int, setting: str = "REALTIME_PRIORITY") -> None:
     (tried on the calling thread, then undone)."""
     if priority:
         restore(set_fifo(priority, setting))
+
+
+@contextlib.contextmanager
+def fifo_while(priority: int, setting: str = "REALTIME_PRIORITY") -> Iterator[None]:
+    """The calling thread at SCHED_FIFO `priority` (0: unchanged) inside the block."""
+    before = set_fifo(priority, setting)
+    try:
+        yield
+    finally:
+        restore(before)
 
 
 def restore(state: SchedState) -> None:
