@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import resource
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -76,6 +75,8 @@ def set_fifo(priority: int, setting: str = "REALTIME_PRIORITY") -> SchedState:
     try:
         os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(priority))
     except PermissionError:
+        import resource  # POSIX only, like SCHED_FIFO itself
+
         soft, _hard = resource.getrlimit(resource.RLIMIT_RTPRIO)
         raise RealtimeUnavailable(
             f"{setting}={priority}: the kernel refused SCHED_FIFO (needs root or "
