@@ -34,7 +34,9 @@ def test_priority_range_and_executor_step():
     for bad in (-1, 100):
         with pytest.raises(ValueError, match=rf"--flag must be 0 \(off\) to 99, got {bad}"):
             check_priority(bad, "--flag")
-    assert [executor_priority(p) for p in (0, 1, 2, 10, 99)] == [0, 1, 1, 9, 98]
+    assert [executor_priority(p, "emulated") for p in (0, 1, 2, 10, 99)] == [0, 1, 1, 9, 98]
+    assert executor_priority(10, "cuda") == 9
+    assert executor_priority(10, "cpu") == 0  # computes: stays at normal priority
 
 
 def test_settings_read_realtime_priority():
@@ -126,28 +128,44 @@ def test_serve_refuses_a_bad_or_refused_priority(monkeypatch, capsys):
 
 
 @linux
-def test_executor_runs_one_below_the_loop():
+def test_executors_step_down_from_the_loop_cpu_ones_to_normal():
+    """As under LiveService: the loop's thread is at SCHED_FIFO 3 when the
+    executors spawn (they inherit it); the emulated one steps to 2, the CPU
+    one back to normal scheduling."""
     try:
-        realtime.check_permitted(1)
+        realtime.check_permitted(3)
     except RealtimeUnavailable:
         pytest.skip("SCHED_FIFO not permitted here (needs root or CAP_SYS_NICE)")
     config = emulated_config("emu", alpha_ms=1.0, beta_ms=2.0)
+    seen: dict[str, object] = {}
 
-    async def scenario() -> tuple[int, int]:
+    async def scenario() -> None:
         arenas = {config.name: Arena.create(config, capacity=2)}
-        pool = ExecutorPool(
-            [ExecutorDevice(0, "emulated", "emulated:0")],
-            [config],
-            arenas,
-            Done(),
-            realtime_priority=3,
-        )
+        devices = [
+            ExecutorDevice(0, "emulated", "emulated:0"),
+            ExecutorDevice(1, "cpu", "cpu:0", threads=1),
+        ]
+        pool = ExecutorPool(devices, [config], arenas, Done(), realtime_priority=3)
         try:
             await pool.start()
-            pid = pool._workers[0].process.pid
-            return os.sched_getscheduler(pid), os.sched_getparam(pid).sched_priority
+            for worker in pool._workers.values():
+                pid = worker.process.pid
+                seen[worker.device.kind] = (
+                    os.sched_getscheduler(pid),
+                    os.sched_getparam(pid).sched_priority,
+                )
         finally:
             await pool.stop(timeout=5)
-            arenas[config.name].close_and_unlink()
 
-    assert asyncio.run(scenario()) == (os.SCHED_FIFO, 2)
+    def loop_thread() -> None:
+        try:
+            with fifo_while(3):
+                asyncio.run(scenario())
+        except BaseException as exc:  # reported below
+            seen["error"] = exc
+
+    thread = threading.Thread(target=loop_thread)
+    thread.start()
+    thread.join(60)
+    assert "error" not in seen, seen.get("error")
+    assert seen == {"emulated": (os.SCHED_FIFO, 2), "cpu": (os.SCHED_OTHER, 0)}

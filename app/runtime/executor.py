@@ -52,7 +52,13 @@ from typing import Any
 import numpy as np
 
 from app.repository.config import ModelConfig, ProfileSpec, TensorSpec
-from app.runtime.realtime import RealtimeUnavailable, executor_priority, set_fifo
+from app.runtime.realtime import (
+    NORMAL,
+    RealtimeUnavailable,
+    executor_priority,
+    restore,
+    set_fifo,
+)
 
 CANCELLED = "cancelled"
 
@@ -410,9 +416,13 @@ def executor_main(
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     set_process_title(f"dsrv-{name}")
     tighten_timer_slack()
-    if realtime_priority:
+    if realtime_priority:  # inherited from the event loop's thread: step down
+        priority = executor_priority(realtime_priority, str(device.get("kind")))
         try:
-            set_fifo(executor_priority(realtime_priority))
+            if priority:
+                set_fifo(priority)
+            else:
+                restore(NORMAL)
         except RealtimeUnavailable as exc:  # the parent could; say so and run on
             log.warning("%s: %s", name, exc)
     cpus = device.get("cpus")

@@ -8,9 +8,10 @@ daemon serves 850 r/s beside it, against +0.16–0.18 ms at SCHED_FIFO
 (`sched_setattr` runtime) did not help there: the daemon's threads are busy,
 and a busy thread is not eligible to preempt however short its slice.
 
-The event loop runs at the given priority and the executors one below it, so
-the loop (intake, timers, answers) can preempt an executor that spins out the
-last fraction of a millisecond before a batch's start or end. Threads and
+The event loop runs at the given priority and the emulated and GPU executors
+one below it, so the loop (intake, timers, answers) can preempt an executor
+that spins out the last fraction of a millisecond before a batch's start or
+end; CPU executors, which compute, return to normal scheduling. Threads and
 processes started afterwards inherit the policy. Linux's real-time throttling
 (`sched_rt_runtime_us`, 95 % by default) keeps a runaway thread from locking
 the box. Needs CAP_SYS_NICE (root, or `RLIMIT_RTPRIO` ≥ the priority): where
@@ -40,9 +41,14 @@ class SchedState:
     priority: int
 
 
-def executor_priority(loop_priority: int) -> int:
-    """Executors run one below the event loop (never below 1)."""
-    return max(loop_priority - 1, 1) if loop_priority > 0 else 0
+def executor_priority(loop_priority: int, device_kind: str) -> int:
+    """Executors that wait on a device (emulated, GPU) run one below the event
+    loop (never below 1). CPU executors compute: real-time priority would only
+    let them (and ONNX Runtime's spinning worker threads) starve everything
+    else on their cores, so they run at normal priority (0)."""
+    if loop_priority <= 0 or device_kind == "cpu":
+        return 0
+    return max(loop_priority - 1, 1)
 
 
 def check_priority(priority: int, setting: str = "REALTIME_PRIORITY") -> None:
@@ -103,6 +109,9 @@ def fifo_while(priority: int, setting: str = "REALTIME_PRIORITY") -> Iterator[No
         yield
     finally:
         restore(before)
+
+
+NORMAL = SchedState(os.SCHED_OTHER, 0) if hasattr(os, "SCHED_OTHER") else SchedState(0, 0)
 
 
 def restore(state: SchedState) -> None:

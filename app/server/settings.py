@@ -16,7 +16,7 @@
 | RESPAWN | 1 | restart an executor that died or hung (0: leave its device down) |
 | DEADLINE_MARGIN_MS | 3 | plan to finish this much before each deadline (timer, IPC jitter) |
 | TIMER_LEAD_MS | 2 | run the core this long before its timers, which fire late under load |
-| REALTIME_PRIORITY | 0 | SCHED_FIFO priority of the event loop, executors one below (0: off) |
+| REALTIME_PRIORITY | 0 | SCHED_FIFO of the event loop, emulated/GPU executors one below (0: off) |
 | SHUTDOWN_GRACE_S | 5 | on SIGTERM, how long in-flight requests may take to finish |
 | MAX_BODY_BYTES | 67108864 | largest request body accepted (413 above) |
 | ADMIN_TOKEN | none | bearer token for management routes (off on non-loopback hosts without one) |
