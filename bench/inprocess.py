@@ -79,6 +79,7 @@ from bench.loadgen import (
     report_run,
     run_schedule,
     search_capacity,
+    search_options,
 )
 
 IN_PROCESS = "in-process"
@@ -399,13 +400,7 @@ def _main(argv: list[str] | None, err: Any) -> int:
                 capacity, probes = await find_inprocess_capacity(
                     service,
                     workload,
-                    target=args.target,
-                    lo=args.rate_scale,
-                    hi=args.rate_scale,
-                    rel_tol=args.capacity_tol,
-                    max_runs=args.max_probes,
-                    probe_duration_s=args.probe_duration,
-                    on_probe=lambda s: bar(f"capacity probe ×{s:.4g}"),
+                    **search_options(args, bar),
                     **common,
                 )
             return result, capacity, probes, server_block(service)

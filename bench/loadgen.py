@@ -1731,6 +1731,22 @@ def read_run_args(args: argparse.Namespace) -> tuple[Path, Workload]:
     return path, workload
 
 
+def search_options(
+    args: argparse.Namespace, bar: Callable[[str], ProgressCallback]
+) -> dict[str, Any]:
+    """The capacity search's options from `add_run_options`: bisection from
+    --rate-scale, one progress bar per probe."""
+    return {
+        "target": args.target,
+        "lo": args.rate_scale,
+        "hi": args.rate_scale,
+        "rel_tol": args.capacity_tol,
+        "max_runs": args.max_probes,
+        "probe_duration_s": args.probe_duration,
+        "on_probe": lambda scale: bar(f"capacity probe ×{scale:.4g}"),
+    }
+
+
 def progress_bars(err: Any, quiet: bool) -> tuple[Any, Callable[[str], ProgressCallback]]:
     """A rich Progress on `err` and `bar(description)`, which adds a bar
     and returns the ProgressCallback that moves it."""
@@ -1839,14 +1855,8 @@ def _main(argv: list[str] | None, err: Any) -> int:
             capacity, probes = find_live_capacity(
                 url,
                 workload,
-                target=args.target,
-                lo=args.rate_scale,
-                hi=args.rate_scale,
-                rel_tol=args.capacity_tol,
-                max_runs=args.max_probes,
-                probe_duration_s=args.probe_duration,
                 max_requests=args.max_requests,
-                on_probe=lambda s: bar(f"capacity probe ×{s:.4g}"),
+                **search_options(args, bar),
                 **common,
             )
     report_run(args, err, workload, path, result, capacity, probes, server)
