@@ -115,7 +115,9 @@ def test_real_kernel_fifo_on_a_thread_or_a_clear_refusal():
 
 
 def test_serve_refuses_a_bad_or_refused_priority(monkeypatch, capsys):
-    monkeypatch.delenv("REALTIME_PRIORITY", raising=False)
+    # The CLI writes its flags into the environment: give it one of its own,
+    # or REALTIME_PRIORITY=3 would reach every daemon the suite starts later.
+    monkeypatch.setattr(os, "environ", {})
     assert app_main(["serve", "--realtime-priority", "100", "--port", "1"]) == 2
     assert "REALTIME_PRIORITY must be 0 (off) to 99, got 100" in capsys.readouterr().err
 
