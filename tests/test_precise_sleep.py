@@ -60,7 +60,7 @@ def test_a_cancelled_sleep_leaves_the_sleeper_usable():
             time.sleep(0.05)
             if sleeper.precise:
                 with pytest.raises(BlockingIOError):
-                    os.read(sleeper._fd, 8)
+                    os.read(sleeper._timer.fd, 8)
             started = time.monotonic()
             when = started + 0.005
             await sleeper.sleep_until(when)
