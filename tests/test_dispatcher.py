@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import sys
 import time
 
 import pytest
@@ -51,6 +52,33 @@ def test_a_batch_formed_on_an_early_wakeup_may_start_at_once():
     # sent does not (the wakeup cannot fire before its time), so the batch
     # starts as soon as it reaches an idle device.
     assert sent <= real + 1e-3
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="timerfd is Linux's")
+def test_on_uvloop_the_dispatchers_wakeups_are_never_early():
+    """uvloop's own timers count whole milliseconds and fire up to one early;
+    the dispatcher's timerfd fires at its time or after. 20 timer-decided
+    batches, each submitted no earlier than its start minus the lead."""
+    uvloop = pytest.importorskip("uvloop")
+    early: list[float] = []
+
+    def submit(device: int, batch_id: int, name: str, slots: list[int], start_at: float) -> None:
+        early.append(start_at - time.monotonic())
+
+    async def scenario() -> None:
+        info = model("m", alpha_ms=1.0, beta_ms=5.0, slo_ms=20.0, expected_rate=1000.0)
+        core = SymphonyScheduler([info], devices(1))
+        group = CoreGroup(core, frozenset({"m"}), (0,))
+        dispatcher = Dispatcher([group], submit, timer_lead_s=0.0)
+        for request_id in range(20):
+            dispatcher.submit_request("m", request_id, 0.020)
+            count = len(early)
+            while len(early) == count:
+                await asyncio.sleep(0.001)
+        assert group.wakeup is not None and group.wakeup.precise
+
+    uvloop.run(scenario())
+    assert len(early) == 20 and max(early) <= 0.0, early
 
 
 def test_start_up_heap_is_frozen_until_thawed():

@@ -2,7 +2,8 @@
 
 The core is sans-IO: this module feeds it the monotonic clock
 (`time.monotonic()`, the same CLOCK_MONOTONIC the executor processes report in),
-arms one `loop.call_at` for the core's next wakeup, and carries out its
+arms one timer for the core's next wakeup (a timerfd on Linux: uvloop's own
+timers fire up to a millisecond early or late; app/server/timerfd.py), and carries out its
 decisions: a Dispatch goes to the executor of that device (which runs it as
 soon as the device is free; see `timer_lead_s`), a Drop fails the requests'
 futures with the reason, and a finished batch resolves its requests' futures
@@ -25,6 +26,7 @@ from dataclasses import dataclass, field
 from app.errors import Dropped, ExecutorFailed, ShuttingDown
 from app.scheduling.base import Scheduler
 from app.scheduling.types import Batch, Dispatch, Drop, DropReason, Preempt, Request
+from app.server.timerfd import Timer, make_timer
 
 log = logging.getLogger(__name__)
 
@@ -76,8 +78,8 @@ class CoreGroup:
     scheduler: Scheduler
     models: frozenset[str]
     devices: tuple[int, ...]
-    wakeup: asyncio.TimerHandle | None = None
-    wake_at: float | None = None
+    wakeup: Timer | None = None  # made on first use, on the running loop
+    wake_at: float | None = None  # what `wakeup` is armed for (None: disarmed)
     batches: dict[int, Batch] = field(default_factory=dict)
 
 
@@ -87,7 +89,8 @@ class Dispatcher:
     batch crosses a pipe and is gathered from shared memory; Symphony's
     frontrun rule leaves only ℓ(b+1) − ℓ(b) = α of slack, less than that
     jitter for small models, so without a margin on-time requests would be
-    pruned at the last moment."""
+    pruned at the last moment. `precise_timers=False` keeps the loop's own
+    (millisecond) timers instead of a timerfd."""
 
     def __init__(
         self,
@@ -96,10 +99,12 @@ class Dispatcher:
         deadline_margin_s: float = 0.0,
         timer_lead_s: float = 0.002,
         cancel: Cancel | None = None,
+        precise_timers: bool = True,
     ) -> None:
         self.deadline_margin_s = deadline_margin_s
+        self.precise_timers = precise_timers
         # Wake `timer_lead_s` before the core's next timer and advance the
-        # core to that timer's time: `call_at` fires late by up to a few ms
+        # core to that timer's time: a timer fires late by up to a few ms
         # under load, and a batch decided at `exec_at` must not be pruned for
         # lateness the core cannot see. Its start time is then up to the lead
         # in the future. The batch is formed already, so holding it on an
@@ -365,20 +370,17 @@ class Dispatcher:
         wake_at = group.scheduler.next_wakeup()
         if wake_at == group.wake_at:
             return
-        if group.wakeup is not None:
-            group.wakeup.cancel()
-            group.wakeup = None
         group.wake_at = wake_at
-        if wake_at is not None:
-            # Scheduled relative to time.monotonic(): some loops (uvloop) keep
-            # a millisecond, per-iteration cached loop.time().
-            delay = wake_at - self.timer_lead_s - time.monotonic()
-            loop = asyncio.get_running_loop()
-            group.wakeup = loop.call_later(max(delay, 0.0), self._on_wakeup, group)
+        if wake_at is None:
+            if group.wakeup is not None:
+                group.wakeup.cancel()
+            return
+        if group.wakeup is None:
+            group.wakeup = make_timer(asyncio.get_running_loop(), self.precise_timers)
+        group.wakeup.call_at(wake_at - self.timer_lead_s, self._on_wakeup, group)
 
     def _on_wakeup(self, group: CoreGroup) -> None:
         due = group.wake_at
-        group.wakeup = None
         group.wake_at = None
         now = self._now(at_least=due)
         self._apply(group, group.scheduler.advance(now))
@@ -404,8 +406,9 @@ class Dispatcher:
         self._fail(waiting, error)
         for group in self.groups:
             if group.wakeup is not None:
-                group.wakeup.cancel()
+                group.wakeup.close()
                 group.wakeup = None
+            group.wake_at = None
         return len(waiting)
 
 
