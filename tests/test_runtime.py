@@ -23,7 +23,7 @@ from app.runtime import backends as backends_mod
 from app.runtime import pool as pool_mod
 from app.runtime.arena import SEGMENT_PREFIX, Arena
 from app.runtime.backends import EmulatedBackend, OnnxBackend
-from app.runtime.executor import CANCELLED, config_from_dict, config_to_dict
+from app.runtime.executor import CANCELLED, Executor, config_from_dict, config_to_dict
 from app.runtime.pool import ExecutorDevice, ExecutorPool, detect_devices
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -251,6 +251,41 @@ def test_emulated_backend_in_process():
     np.testing.assert_array_equal(out["x"], x)
     np.testing.assert_array_equal(out["ids"], np.zeros((2, 2), np.int64))
     assert backends_mod.backend_supports("emulated", "emulated")
+
+
+def test_an_emulated_batch_holds_its_device_from_its_start_copies_included(monkeypatch):
+    """The executor writes an emulated batch's outputs first and then holds
+    the device until started + ℓ(b): the copies count inside ℓ(b), as they
+    would in a profiled ℓ(b), so the batch ends when the core planned it to."""
+    config = emulated_config("emu", alpha_ms=2.0, beta_ms=20.0)
+    arena = Arena.create(config, capacity=4)
+    try:
+        backend = EmulatedBackend()
+        backend.load(config)
+        sent: list[tuple] = []
+
+        class Conn:
+            def send(self, msg: tuple) -> None:
+                sent.append(msg)
+
+        executor = Executor(Conn(), {"name": "emulated:0", "kind": "emulated"})
+        executor.backends["emu"] = backend
+        executor.arenas["emu"] = arena
+        slots = [arena.acquire() for _ in range(3)]
+        for slot in slots:
+            arena.write_inputs(slot, {"x": np.full(4, slot + 1.0, np.float32)})
+        holds: list[tuple[float, list[float]]] = []
+
+        def hold(until: float) -> None:  # records what the arena held by then
+            holds.append((until, [float(arena.read_outputs(s)["x"][0, 0]) for s in slots]))
+
+        monkeypatch.setattr(backend, "hold", hold)
+        executor.run(7, "emu", slots, 0.0)
+        (tag, batch_id, started, _finished, error), = sent
+        assert (tag, batch_id, error) == ("done", 7, None)
+        assert holds == [(pytest.approx(started + 0.002 * 3 + 0.020, abs=1e-9), [1.0, 2.0, 3.0])]
+    finally:
+        arena.close_and_unlink()
 
 
 # ---------------------------------------------------------- through the pool

@@ -250,33 +250,55 @@ class EmulatedBackend:
         self._plan = plan
 
     def run(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        assert self.profile is not None, "load() first"
         start = time.monotonic()
-        batch = len(next(iter(inputs.values()))) if inputs else 1
-        deadline = start + self.profile.latency(batch)
-        self._abort.clear()
+        self.reset()
+        outputs = self.outputs(inputs)
+        self.hold(start + self.latency(_batch_of(inputs)))
+        return outputs
+
+    def latency(self, batch: int) -> float:
+        """ℓ(batch) in seconds."""
+        assert self.profile is not None, "load() first"
+        return self.profile.latency(batch)
+
+    def outputs(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """The batch's outputs (echoes or zeros), ready before the hold ends."""
+        batch = _batch_of(inputs)
         outputs: dict[str, np.ndarray] = {}
         for name, source, spec in self._plan:
             if source is not None:
                 outputs[name] = inputs[source]
             else:
                 outputs[name] = np.zeros((batch, *spec.item_shape), dtype=spec.dtype)
+        return outputs
+
+    def hold(self, until: float) -> None:
+        """Hold the device until `until` (time.monotonic()): interruptible
+        sleep, short spin at the end. Raises Terminated if stopped since the
+        last `reset()`."""
         if self._hang_file is not None and _hang_requested(self._hang_file):
-            deadline += 3600.0
-        # Hold the device: interruptible sleep, short spin at the end.
-        remaining = deadline - time.monotonic()
+            until += 3600.0
+        remaining = until - time.monotonic()
         if remaining > EMULATED_SPIN_S and self._abort.wait(remaining - EMULATED_SPIN_S):
             stop_at = time.monotonic() + self.preemption_delay_s
-            if stop_at < deadline:
+            if stop_at < until:
                 spin_until(stop_at)
                 raise Terminated("run terminated")
-        spin_until(deadline)
+        spin_until(until)
         if self._abort.is_set() and self.preemption_delay_s == 0.0:
             raise Terminated("run terminated")
-        return outputs
 
     def terminate(self) -> None:
         self._abort.set()
+
+    def reset(self) -> None:
+        """Forget an earlier stop (the executor calls this, under the lock
+        that guards terminate(), as each batch starts and ends)."""
+        self._abort.clear()
+
+
+def _batch_of(inputs: dict[str, np.ndarray]) -> int:
+    return len(next(iter(inputs.values()))) if inputs else 1
 
 
 def _hang_requested(path: str) -> bool:

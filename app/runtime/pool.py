@@ -177,6 +177,7 @@ class _Worker:
         self.device = device
         self.process: Any = None
         self.conn: Any = None
+        self.cancels: Any = None  # the one-way pipe for cancels (executor.py)
         self.models: list[str] = []
         self.load_errors: dict[str, str] = {}
         self.load_info: dict[str, str] = {}
@@ -324,9 +325,10 @@ class ExecutorPool:
     def _spawn(self, w: _Worker) -> None:
         ctx = mp.get_context("spawn")
         parent, child = ctx.Pipe(duplex=True)
+        cancels_in, cancels_out = ctx.Pipe(duplex=False)
         process = ctx.Process(
             target=executor_main,
-            args=(child, w.device.to_dict(), self.log_level, self.realtime_priority),
+            args=(child, w.device.to_dict(), self.log_level, self.realtime_priority, cancels_in),
             name=f"executor-{w.device.name}",
             daemon=True,
         )
@@ -335,10 +337,13 @@ class ExecutorPool:
         except BaseException:
             # Never started: nothing for stop() to join; the caller sees why.
             parent.close()
+            cancels_out.close()
             raise
         finally:
             child.close()
+            cancels_in.close()
         w.conn = parent
+        w.cancels = cancels_out
         w.dead = False
         w.process = process
         self._add_reader(w)
@@ -473,8 +478,8 @@ class ExecutorPool:
         if batch_id not in w.inflight or w.dead:
             return False
         try:
-            self._send(w, ("cancel", int(batch_id)))
-        except ExecutorFailed:
+            w.cancels.send(("cancel", int(batch_id)))
+        except (OSError, ValueError):  # the executor is gone: its EOF reports it
             return False
         return True
 
@@ -618,6 +623,9 @@ class ExecutorPool:
             w.dead = True
             with contextlib.suppress(OSError):
                 w.conn.close()
+            if w.cancels is not None:
+                with contextlib.suppress(OSError):
+                    w.cancels.close()
         # A fault (not a stop, not a failed restart): tell the owner before
         # failing the batches, so it can re-plan their requests, and respawn.
         fault = first and not w.stopping and not self._stopped and not w.loading
