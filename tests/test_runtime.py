@@ -281,7 +281,7 @@ def test_an_emulated_batch_holds_its_device_from_its_start_copies_included(monke
 
         monkeypatch.setattr(backend, "hold", hold)
         executor.run(7, "emu", slots, 0.0)
-        (tag, batch_id, started, _finished, error), = sent
+        ((tag, batch_id, started, _finished, error),) = sent
         assert (tag, batch_id, error) == ("done", 7, None)
         assert holds == [(pytest.approx(started + 0.002 * 3 + 0.020, abs=1e-9), [1.0, 2.0, 3.0])]
     finally:
