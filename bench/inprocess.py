@@ -38,6 +38,7 @@ import dataclasses
 import json
 import logging
 import math
+import os
 import sys
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
@@ -99,15 +100,18 @@ def service_settings(
     realtime_priority: int | None = None,
 ) -> Settings:
     """The daemon's settings (environment variables included, as under
-    `python -m app serve`) with these overrides."""
+    `python -m app serve`) with these overrides. The priority goes in as
+    REALTIME_PRIORITY, so the slack defaults that follow from it do too."""
+    env = dict(os.environ)
+    if realtime_priority is not None:
+        env["REALTIME_PRIORITY"] = str(realtime_priority)
     given = {
         "policy": policy,
         "deadline_margin_ms": deadline_margin_ms,
         "timer_lead_ms": timer_lead_ms,
-        "realtime_priority": realtime_priority,
     }
     return dataclasses.replace(
-        Settings.from_env(),
+        Settings.from_env(env),
         repository=Path(repository),
         emulated_devices=emulated_devices,
         **{name: value for name, value in given.items() if value is not None},

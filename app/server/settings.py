@@ -14,13 +14,15 @@
 | STUCK_FACTOR | 10 | batch past STUCK_FACTOR·ℓ(b) + STUCK_MARGIN_S: executor hung (0: off) |
 | STUCK_MARGIN_S | 1 | see STUCK_FACTOR; a hung executor is killed and respawned |
 | RESPAWN | 1 | restart an executor that died or hung (0: leave its device down) |
-| DEADLINE_MARGIN_MS | 3 | plan to finish this much before each deadline (timer, IPC jitter) |
-| TIMER_LEAD_MS | 2 | run the core this long before its timers, which fire late under load |
+| DEADLINE_MARGIN_MS | 3 (†: 1.5) | plan to finish this long before each deadline (IPC, answer) |
+| TIMER_LEAD_MS | 2 (†: 0.5) | run the core this long before its timers (late under load) |
 | REALTIME_PRIORITY | 0 | SCHED_FIFO of the event loop, emulated/GPU executors one below (0: off) |
 | SHUTDOWN_GRACE_S | 5 | on SIGTERM, how long in-flight requests may take to finish |
 | MAX_BODY_BYTES | 67108864 | largest request body accepted (413 above) |
 | ADMIN_TOKEN | none | bearer token for management routes (off on non-loopback hosts without one) |
 | PROFILE_BATCH_SIZES | 1,2,4,8,16,32 | batch sizes the profiler measures at load (≤ max batch) |
+
+† with REALTIME_PRIORITY > 0.
 """
 
 from __future__ import annotations
@@ -34,6 +36,9 @@ from app.runtime.realtime import check_priority
 from app.scheduling.registry import policy_names
 
 BUNDLED_REPOSITORY = Path(__file__).resolve().parent.parent.parent / "models"
+# Default (DEADLINE_MARGIN_MS, TIMER_LEAD_MS) at normal and at real-time priority.
+NORMAL_SLACK_MS = (3.0, 2.0)
+REALTIME_SLACK_MS = (1.5, 0.5)
 
 
 @dataclass(frozen=True)
@@ -75,6 +80,11 @@ class Settings:
             int(s) for s in env.get("PROFILE_BATCH_SIZES", "1,2,4,8,16,32").split(",") if s
         )
         threads = env.get("THREADS_PER_SLICE")
+        realtime_priority = _realtime(env)
+        # The slack the answer path needs: under SCHED_FIFO its p99 over HTTP
+        # is ~1.2–1.5 ms, at normal priority ~2.1–2.6 ms on a busy 2-core box
+        # (BENCHMARKS.md, issue 4, session 10).
+        margin_ms, lead_ms = REALTIME_SLACK_MS if realtime_priority else NORMAL_SLACK_MS
         return cls(
             repository=Path(env.get("MODEL_REPOSITORY", str(BUNDLED_REPOSITORY))),
             policy=policy,
@@ -90,9 +100,9 @@ class Settings:
             stuck_margin_s=_float(env, "STUCK_MARGIN_S", 1.0),
             respawn=env.get("RESPAWN", "1").strip().lower() not in ("0", "false", "no", "off"),
             shutdown_grace_s=float(env.get("SHUTDOWN_GRACE_S", "5")),
-            deadline_margin_ms=float(env.get("DEADLINE_MARGIN_MS", "3")),
-            timer_lead_ms=_float(env, "TIMER_LEAD_MS", 2.0),
-            realtime_priority=_realtime(env),
+            deadline_margin_ms=_float(env, "DEADLINE_MARGIN_MS", margin_ms),
+            timer_lead_ms=_float(env, "TIMER_LEAD_MS", lead_ms),
+            realtime_priority=realtime_priority,
             max_body_bytes=_int(env, "MAX_BODY_BYTES", 64 << 20, 1),
             admin_token=env.get("ADMIN_TOKEN") or None,
             profile_batch_sizes=sizes,
