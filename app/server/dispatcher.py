@@ -89,8 +89,7 @@ class Dispatcher:
     batch crosses a pipe and is gathered from shared memory; Symphony's
     frontrun rule leaves only ℓ(b+1) − ℓ(b) = α of slack, less than that
     jitter for small models, so without a margin on-time requests would be
-    pruned at the last moment. `precise_timers=False` keeps the loop's own
-    (millisecond) timers instead of a timerfd."""
+    pruned at the last moment."""
 
     def __init__(
         self,
@@ -99,10 +98,8 @@ class Dispatcher:
         deadline_margin_s: float = 0.0,
         timer_lead_s: float = 0.002,
         cancel: Cancel | None = None,
-        precise_timers: bool = True,
     ) -> None:
         self.deadline_margin_s = deadline_margin_s
-        self.precise_timers = precise_timers
         # Wake `timer_lead_s` before the core's next timer and advance the
         # core to that timer's time: a timer fires late by up to a few ms
         # under load, and a batch decided at `exec_at` must not be pruned for
@@ -376,7 +373,7 @@ class Dispatcher:
                 group.wakeup.cancel()
             return
         if group.wakeup is None:
-            group.wakeup = make_timer(asyncio.get_running_loop(), self.precise_timers)
+            group.wakeup = make_timer(asyncio.get_running_loop())
         group.wakeup.call_at(wake_at - self.timer_lead_s, self._on_wakeup, group)
 
     def _on_wakeup(self, group: CoreGroup) -> None:
