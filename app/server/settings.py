@@ -57,8 +57,8 @@ class Settings:
     stuck_margin_s: float = 1.0
     respawn: bool = True
     shutdown_grace_s: float = 5.0
-    deadline_margin_ms: float = 3.0
-    timer_lead_ms: float = 2.0
+    deadline_margin_ms: float = NORMAL_SLACK_MS[0]
+    timer_lead_ms: float = NORMAL_SLACK_MS[1]
     realtime_priority: int = 0
     max_body_bytes: int = 64 << 20
     admin_token: str | None = None
