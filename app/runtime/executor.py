@@ -4,7 +4,8 @@ Started by `ExecutorPool` with the *spawn* context as
 ``executor_main(conn, device, log_level, realtime_priority, cancels)``.
 Everything that crosses the pipes is a tuple of ints, floats, strings, lists
 and dicts built by the parent (or by this process); tensor bytes live in
-shared-memory arenas and never cross them. Nothing here ever sees data from the network.
+shared-memory arenas and never cross them. Nothing here ever sees data from
+the network.
 
 Parent → executor (tuple tag first)::
 
@@ -28,14 +29,15 @@ Clock: `start_at`, `started_at` and `finished_at` are `time.monotonic()`
 seconds — CLOCK_MONOTONIC is system-wide on Linux, and asyncio's `loop.time()`
 uses the same clock, so the parent can compare them with its own times.
 `start_at` ≤ now means "at once". `started_at` is taken just before the
-inputs are gathered, `finished_at` just after the outputs are scattered.
+inputs are gathered, `finished_at` just after the outputs are scattered (on
+an emulated device, once it has been held until `started_at` + ℓ(b)).
 
 Messages are executed strictly in order by the main thread, which reads the
 pipe itself: a batch reaches it with one wake-up, not two (a reader thread
-handing it over cost ~0.1 ms more per batch). Cancels come on their own pipe
-to a thread that acts on them at once, even mid-batch. An exception inside a
-batch becomes the `error` string of its "done" reply ("cancelled" for a terminated batch); the
-loop keeps serving. The process exits on "stop" or when the parent's end of
+handing it over through a queue). Cancels come on their own pipe to a thread
+that acts on them at once, even mid-batch. An exception inside a batch
+becomes the `error` string of its "done" reply ("cancelled" for a terminated
+batch); the loop keeps serving. The process exits on "stop" or when the parent's end of
 the pipe closes.
 """
 

@@ -3,10 +3,10 @@
 The core is sans-IO: this module feeds it the monotonic clock
 (`time.monotonic()`, the same CLOCK_MONOTONIC the executor processes report in),
 arms one timer for the core's next wakeup (a timerfd on Linux: uvloop's own
-timers fire up to a millisecond early or late; app/server/timerfd.py), and carries out its
-decisions: a Dispatch goes to the executor of that device (which runs it as
-soon as the device is free; see `timer_lead_s`), a Drop fails the requests'
-futures with the reason, and a finished batch resolves its requests' futures
+timers fire up to a millisecond early or late; app/server/timerfd.py), and
+carries out its decisions: a Dispatch goes to the executor of that device
+(which runs it as soon as the device is free; see `timer_lead_s`), a Drop
+fails the requests' futures with the reason, and a finished batch resolves its requests' futures
 with their outputs, read from their shared-memory slots.
 
 Symphony partitions models into sub-clusters of devices that load the same
