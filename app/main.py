@@ -9,9 +9,10 @@ from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
 
-from app.api import Metrics, create_api
+from app.api import create_api
 from app.errors import ModelNotReady
 from app.server.live import LiveService
+from app.server.metrics import Metrics
 from app.server.settings import Settings
 
 log = logging.getLogger("app.server")

@@ -47,12 +47,12 @@ from typing import Any
 
 import numpy as np
 
-from app.api.metrics import Metrics
 from app.errors import ServingError
 from app.repository.config import ModelConfig
 from app.runtime.realtime import RealtimeUnavailable, check_permitted
 from app.scheduling.registry import policy_names
 from app.server.live import LiveService
+from app.server.metrics import Metrics
 from app.server.settings import Settings
 from app.simulation.capacity_search import CapacityResult
 from app.workloads.spec import Workload

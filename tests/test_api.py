@@ -19,9 +19,10 @@ import httpx
 import numpy as np
 import pytest
 
-from app.api import Metrics, create_api
+from app.api import create_api
 from app.errors import Dropped, ModelNotFound, Overloaded
 from app.repository.config import ModelConfig, TensorSpec
+from app.server.metrics import Metrics
 from app.server.service import InferResult
 
 HDR = "Inference-Header-Content-Length"

@@ -12,9 +12,10 @@ import pytest
 from fastapi import FastAPI
 from fastapi.routing import APIRoute
 
-from app.api import Metrics, create_api
+from app.api import create_api
 from app.api.fastpath import ServingAPI, match_infer_path
 from app.api.routes import install
+from app.server.metrics import Metrics
 from tests.test_api import GOOD_V2, FakeService
 
 pytestmark = pytest.mark.anyio

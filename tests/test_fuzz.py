@@ -68,7 +68,8 @@ from schemathesis.specs.openapi.checks import (  # noqa: E402
     unsupported_method,
 )
 
-from app.api import Metrics, create_api  # noqa: E402
+from app.api import create_api  # noqa: E402
+from app.server.metrics import Metrics  # noqa: E402
 from tests.test_api import FakeService, _config  # noqa: E402
 
 # ------------------------------------------------------------------ bad input, by hand

@@ -13,10 +13,11 @@ import httpx
 import pytest
 import uvicorn
 
-from app.api import Metrics, create_api
+from app.api import create_api
 from app.api.received import RECEIVED_AT, receive_stamping_protocol, received_at
 from app.scheduling.flex import FlexScheduler
 from app.server.dispatcher import CoreGroup, Dispatcher
+from app.server.metrics import Metrics
 from bench.daemon_launcher import free_port
 from tests.helpers import devices, model
 from tests.test_api import GOOD_V2, FakeService

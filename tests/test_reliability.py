@@ -515,7 +515,8 @@ class _DegradedService:
 def test_readiness_reports_capacity_and_fails_when_a_model_has_no_live_device(
     alive, unavailable, status
 ):
-    from app.api import Metrics, create_api
+    from app.api import create_api
+    from app.server.metrics import Metrics
 
     app = create_api(lambda: _DegradedService(alive, unavailable), Metrics())
 

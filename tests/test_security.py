@@ -31,10 +31,11 @@ import numpy as np
 import pytest
 from fastapi import APIRouter, Depends
 
-from app.api import Metrics, create_api, require_token
+from app.api import create_api, require_token
 from app.api.security import check_model_name, is_loopback, management_enabled
 from app.repository.config import DATATYPES
 from app.repository.loader import validate_model_name
+from app.server.metrics import Metrics
 from app.server.settings import Settings
 from tests.test_api import FakeService, _config
 

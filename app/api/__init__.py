@@ -9,7 +9,6 @@ app = create_api(lambda: service, metrics, lifespan=lifespan,
 Management routes take `Depends(app.state.require_admin)` (app.api.security).
 """
 
-from app.api.metrics import Metrics
 from app.api.routes import (
     DEFAULT_MAX_BODY_BYTES,
     MAX_BODY_BYTES_ENV,
@@ -18,6 +17,7 @@ from app.api.routes import (
     install,
 )
 from app.api.security import ADMIN_TOKEN_ENV, require_token
+from app.server.metrics import Metrics
 
 __all__ = [
     "ADMIN_TOKEN_ENV",

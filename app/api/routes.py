@@ -61,7 +61,6 @@ from starlette.requests import ClientDisconnect
 
 from app.api import models as m
 from app.api.fastpath import InferEndpoints, ServingAPI, install_fast_path
-from app.api.metrics import Metrics
 from app.api.received import received_at
 from app.api.security import check_model_name, require_token, short_repr
 from app.api.tensors import (
@@ -77,6 +76,7 @@ from app.api.tensors import (
 )
 from app.errors import InvalidInput, ModelNotFound, Overloaded, ServingError
 from app.repository.config import ModelConfig
+from app.server.metrics import Metrics
 from app.server.service import InferenceService, InferResult
 
 try:  # fast JSON for tensor data (30x faster than json.dumps on float arrays)

@@ -17,7 +17,6 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from app.api.metrics import Metrics
 from app.errors import (
     Dropped,
     ExecutorFailed,
@@ -45,6 +44,7 @@ from app.scheduling.registry import make_scheduler
 from app.scheduling.types import DeviceInfo
 from app.server.dispatcher import CoreGroup, Dispatcher, Finished
 from app.server.heap import freeze_startup_heap, thaw_heap
+from app.server.metrics import Metrics
 from app.server.service import InferResult
 from app.server.settings import BUNDLED_REPOSITORY, Settings
 
