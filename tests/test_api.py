@@ -226,7 +226,7 @@ async def test_nan_and_inf_are_data(client):
 
 async def test_json_encoding_without_orjson(client, monkeypatch):
     """Outputs are the same whether orjson (the fast path) is installed or not."""
-    import app.api.routes as routes
+    import app.api.bodies as bodies
 
     native = {"model": "typed", "inputs": {"a": [7, -3], "b": [True, False], "c": [[1, 2, 3]]}}
     v2 = {"inputs": [{"name": "x", "shape": [1, 4], "datatype": "FP32", "data": [0.1, 2, 3, 1e30]}]}
@@ -238,7 +238,7 @@ async def test_json_encoding_without_orjson(client, monkeypatch):
         return r1.json(), r2.json()
 
     fast_native, fast_v2 = await run()
-    monkeypatch.setattr(routes, "_orjson", None)
+    monkeypatch.setattr(bodies, "_orjson", None)
     slow_native, slow_v2 = await run()
     assert fast_native == slow_native
     # float32 values may be written with different digits; they read back equal

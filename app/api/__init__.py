@@ -1,12 +1,31 @@
 """The HTTP API: native `/infer`, KServe v2 (binary tensor extension included), `/metrics`.
 
-from app.api import Metrics, create_api
+from app.api import create_api
+from app.server.metrics import Metrics
 app = create_api(lambda: service, metrics, lifespan=lifespan,
                  max_body_bytes=settings.max_body_bytes,      # env MAX_BODY_BYTES
                  admin_token=settings.admin_token,            # env ADMIN_TOKEN
                  bind_host=settings.host)                     # env HOST
 
 Management routes take `Depends(app.state.require_admin)` (app.api.security).
+
+The modules, from the wire inwards:
+
+    routes      create_api / install / build_router: every route, mounted on an app
+    fastpath    the inference routes' short way past FastAPI's own stack
+    context     ApiContext: what every endpoint function is given
+    native      the native `POST /infer`
+    v2_routes   the KServe v2 endpoints (metadata, health, readiness, infer, index)
+    v2          the v2 codec: binary tensor data extension, requested outputs
+    bodies      request bodies under the limit, parsing, JSON rendering of tensors
+    tensors     tensors: decoding, checks against the model config, encoding
+    models      the pydantic request and response models
+    errors      error classes, the JSON error body, exception handlers
+    openapi     request schemas and error documentation in the OpenAPI document
+    security    model-name checks and the management-route token
+    received    the time each request was received, stamped by the protocol
+
+`Metrics` (app.server.metrics) is re-exported here.
 """
 
 from app.api.routes import (

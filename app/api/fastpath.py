@@ -8,44 +8,30 @@ dependency solving and response wrappers (profiled with py-spy and measured,
 BENCHMARKS.md "Live daemon"). `ServingAPI` is a FastAPI app that recognises the
 three inference routes — `POST /infer`, `POST /v2/models/{name}/infer` and
 `POST /v2/models/{name}/versions/{version}/infer` — before FastAPI's own
-`__call__`, and calls the very endpoint functions FastAPI would, with the same
-error responses (an unexpected exception is logged and answered with the API's
-JSON 500). Everything else (and any other method on those paths) goes through
-FastAPI unchanged, so the OpenAPI schema, 404/405 answers, management routes
-and their telemetry stay FastAPI's. On a plain FastAPI app the same short way
-is a middleware inside FastAPI's stack (`install_fast_path`).
+`__call__`, and calls the very endpoint functions the routes call
+(`app.api.native.infer`, `app.api.v2_routes.infer`) with the same `ApiContext`
+and the same error responses (an unexpected exception is logged and answered
+with the API's JSON 500). Everything else (and any other method on those
+paths) goes through FastAPI unchanged, so the OpenAPI schema, 404/405 answers,
+management routes and their telemetry stay FastAPI's. On a plain FastAPI app
+the same short way is a middleware inside FastAPI's stack (`install_fast_path`).
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
 
 from fastapi import FastAPI
 from starlette.requests import Request
-from starlette.responses import Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from app.api import native, v2_routes
+from app.api.context import ApiContext
+from app.api.errors import serving_error_response, unexpected_error_response
 from app.api.received import stamp_if_missing
 from app.errors import ServingError
 
 log = logging.getLogger(__name__)
-
-NativeInfer = Callable[[Request], Awaitable[Response]]
-V2Infer = Callable[[str, "str | None", Request], Awaitable[Response]]
-ErrorResponder = Callable[[Request, ServingError], Response]
-UnexpectedResponder = Callable[[Exception], Response]
-
-
-@dataclass(frozen=True)
-class InferEndpoints:
-    """The endpoint functions of the inference routes (built by build_router)."""
-
-    native: NativeInfer
-    v2: V2Infer
-    on_error: ErrorResponder
-    on_unexpected: UnexpectedResponder
 
 
 def match_infer_path(path: str) -> tuple[str, str | None] | None:
@@ -64,7 +50,7 @@ def match_infer_path(path: str) -> tuple[str, str | None] | None:
 
 
 async def serve_infer(
-    endpoints: InferEndpoints,
+    ctx: ApiContext,
     route: tuple[str, str | None],
     scope: Scope,
     receive: Receive,
@@ -76,30 +62,30 @@ async def serve_infer(
     name, version = route
     try:
         if name:
-            response = await endpoints.v2(name, version, request)
+            response = await v2_routes.infer(ctx, name, version, request)
         else:
-            response = await endpoints.native(request)
+            response = await native.infer(ctx, request)
     except ServingError as exc:
-        response = endpoints.on_error(request, exc)
+        response = serving_error_response(request, exc)
     except Exception as exc:
         log.exception("%s %s failed", scope["method"], scope["path"])
-        response = endpoints.on_unexpected(exc)
+        response = unexpected_error_response(exc)
     await response(scope, receive, send)
 
 
 class ServingAPI(FastAPI):
     """FastAPI with the inference routes' short way (module docstring); set
-    `infer_endpoints` to enable it."""
+    `api_context` (install_fast_path) to enable it."""
 
-    infer_endpoints: InferEndpoints | None = None
+    api_context: ApiContext | None = None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        endpoints = self.infer_endpoints
-        if endpoints is not None and scope["type"] == "http" and scope["method"] == "POST":
+        ctx = self.api_context
+        if ctx is not None and scope["type"] == "http" and scope["method"] == "POST":
             route = match_infer_path(scope["path"])
             if route is not None:
                 scope["app"] = self
-                await serve_infer(endpoints, route, scope, receive, send)
+                await serve_infer(ctx, route, scope, receive, send)
                 return
         await super().__call__(scope, receive, send)
 
@@ -107,9 +93,9 @@ class ServingAPI(FastAPI):
 class InferFastPath:
     """Pure ASGI middleware: the short way inside a plain FastAPI app's stack."""
 
-    def __init__(self, app: ASGIApp, endpoints: InferEndpoints) -> None:
+    def __init__(self, app: ASGIApp, ctx: ApiContext) -> None:
         self.app = app
-        self.endpoints = endpoints
+        self.ctx = ctx
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         route = None
@@ -118,13 +104,13 @@ class InferFastPath:
         if route is None:
             await self.app(scope, receive, send)
         else:
-            await serve_infer(self.endpoints, route, scope, receive, send)
+            await serve_infer(self.ctx, route, scope, receive, send)
 
 
-def install_fast_path(app: FastAPI, endpoints: InferEndpoints) -> None:
-    """Give `app` the short way: outside FastAPI's stack on a ServingAPI,
-    as a middleware inside it on any other FastAPI app."""
+def install_fast_path(app: FastAPI, ctx: ApiContext) -> None:
+    """Give `app` the short way for the API served over `ctx`: outside FastAPI's
+    stack on a ServingAPI, as a middleware inside it on any other FastAPI app."""
     if isinstance(app, ServingAPI):
-        app.infer_endpoints = endpoints
+        app.api_context = ctx
     else:
-        app.add_middleware(InferFastPath, endpoints=endpoints)
+        app.add_middleware(InferFastPath, ctx=ctx)

@@ -1,0 +1,59 @@
+"""What the endpoints are given: `ApiContext`, built once by `install`.
+
+Every endpoint function (app.api.native, app.api.v2_routes) takes the context
+as its first argument; the routers bind it, and the inference fast path
+(app.api.fastpath) passes the same context to the same functions.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from app.api.security import check_model_name, short_repr
+from app.errors import ModelNotFound
+from app.repository.config import ModelConfig
+from app.server.metrics import Metrics
+from app.server.service import InferenceService
+
+SERVER_NAME = "deadline-serve"
+
+ServiceProvider = Callable[[], InferenceService]
+
+
+def server_version() -> str:
+    """The installed package's version (server metadata, OpenAPI info)."""
+    try:
+        from importlib.metadata import version
+
+        return version(SERVER_NAME)
+    except Exception:
+        return "0.1.0"
+
+
+@dataclass(frozen=True)
+class ApiContext:
+    """The server as the endpoints see it: `get_service()`, called on every
+    request (app.api.routes: why), the metrics `/metrics` serves, the cap on
+    request bodies (app.api.bodies) and the version the server reports."""
+
+    get_service: ServiceProvider
+    metrics: Metrics
+    max_body_bytes: int
+    server_version: str
+
+
+def lookup_model(service: InferenceService, name: str, version: str | None = None) -> ModelConfig:
+    """The model's config; `name` is checked to be a safe model name first, so
+    the service is never asked about `../x`, absolute paths or NUL bytes."""
+    check_model_name(name)
+    try:
+        config = service.model_config(name)
+    except KeyError:
+        raise ModelNotFound(f"unknown model {short_repr(name)}") from None
+    if version is not None and version != config.version:
+        raise ModelNotFound(
+            f"model {short_repr(name)} has no version {short_repr(version)} "
+            f"(available: {config.version})"
+        )
+    return config

@@ -1,0 +1,193 @@
+"""The KServe v2 codec: request bodies to tensors, results to response bodies.
+
+Covers the JSON form and the binary tensor data extension as
+`tritonclient.http` uses it: a body is a JSON header of
+`Inference-Header-Content-Length` bytes followed by the binary data of the
+inputs that set `parameters.binary_data_size`, in input order; a response
+carries the outputs asked for as binary (`binary_data`, `binary_data_output`)
+the same way. Every declared size is checked against the body before a tensor
+is built (truncated or lying sizes are malformed requests, 400).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+from fastapi.responses import Response
+
+from app.api import models as m
+from app.api.bodies import TensorJSONResponse, dumps_json, is_uint, result_output
+from app.api.errors import MalformedRequest
+from app.api.tensors import (
+    check_datatype,
+    check_input_names,
+    check_shape,
+    datatype_name,
+    decode_binary_tensor,
+    decode_json_tensor,
+    output_bytes,
+    spec_map,
+)
+from app.errors import InvalidInput
+from app.repository.config import ModelConfig
+from app.server.service import InferResult
+
+HEADER_LENGTH = "Inference-Header-Content-Length"
+
+
+def split_body(body: bytes, header_value: str | None) -> tuple[bytes, memoryview]:
+    """(JSON part, binary part) of a v2 request body; `header_value` is the
+    Inference-Header-Content-Length header (None: the whole body is JSON)."""
+    if header_value is None:
+        return body, memoryview(b"")
+    text = header_value.strip()
+    if not is_uint(text):
+        raise MalformedRequest(
+            f"{HEADER_LENGTH} must be a non-negative integer, got {header_value!r}"
+        )
+    n = int(text)
+    if n > len(body):
+        raise MalformedRequest(f"{HEADER_LENGTH} is {n} but the body has only {len(body)} bytes")
+    return body[:n], memoryview(body)[n:]
+
+
+def decode_inputs(
+    config: ModelConfig,
+    req: m.V2InferRequest,
+    binary: memoryview,
+    header_length: int | None,
+    max_elements: int,
+) -> dict[str, np.ndarray]:
+    """The request's tensors, checked against the model; `header_length` is the
+    Inference-Header-Content-Length (None: no header, the body is all JSON).
+    Every shape is checked (against the config and `max_elements`) before
+    its tensor is built."""
+    check_input_names(config, [i.name for i in req.inputs])
+    specs = spec_map(config.inputs)
+
+    declared = 0
+    sizes = []
+    for inp in req.inputs:
+        params = inp.parameters
+        if params is not None and params.binary_data_size is not None:
+            declared += params.binary_data_size
+            sizes.append(f"{inp.name}: {params.binary_data_size}")
+    if declared != len(binary):
+        if header_length is None:
+            raise MalformedRequest(
+                f"inputs set parameters.binary_data_size ({', '.join(sizes)}) but the request "
+                f"has no {HEADER_LENGTH} header to say where the JSON ends"
+            )
+        if not declared:
+            raise MalformedRequest(
+                f"{len(binary)} unexpected bytes after the JSON header ({HEADER_LENGTH} "
+                "is shorter than the body and no input sets parameters.binary_data_size)"
+            )
+        raise MalformedRequest(
+            f"binary tensor data: the inputs declare {declared} bytes ({', '.join(sizes)}) "
+            f"but the body carries {len(binary)} bytes after the {header_length}-byte JSON "
+            f"header ({HEADER_LENGTH})"
+        )
+
+    inputs: dict[str, np.ndarray] = {}
+    offset = 0
+    for inp in req.inputs:
+        spec = specs[inp.name]
+        check_datatype(inp.name, spec, inp.datatype)
+        shape = check_shape(inp.name, spec, inp.shape, max_elements=max_elements)
+        params = inp.parameters
+        extra = (params.model_extra or {}) if params is not None else {}
+        if "shared_memory_region" in extra:
+            raise InvalidInput(f"input '{inp.name}': the shared-memory extension is not supported")
+        size = params.binary_data_size if params is not None else None
+        if size is not None:
+            if inp.data is not None:
+                raise InvalidInput(
+                    f"input '{inp.name}' has both data and parameters.binary_data_size; give one"
+                )
+            inputs[inp.name] = decode_binary_tensor(
+                inp.name, spec, binary[offset : offset + size], shape
+            )
+            offset += size
+        elif inp.data is not None:
+            inputs[inp.name] = decode_json_tensor(inp.name, spec, inp.data, shape)
+        else:
+            raise InvalidInput(
+                f"input '{inp.name}' has no data: give data or parameters.binary_data_size"
+            )
+    return inputs
+
+
+def requested_outputs(config: ModelConfig, req: m.V2InferRequest) -> list[tuple[str, bool]] | None:
+    """[(name, binary)] for requested outputs, or None for all outputs."""
+    params = req.parameters
+    default_binary = bool(params.binary_data_output) if params is not None else False
+    if not req.outputs:
+        return None
+    known = [s.name for s in config.outputs]
+    seen: set[str] = set()
+    chosen = []
+    for out in req.outputs:
+        if out.name not in known:
+            raise InvalidInput(
+                f"unknown output '{out.name}': model '{config.name}' has outputs {', '.join(known)}"
+            )
+        if out.name in seen:
+            raise InvalidInput(f"output '{out.name}' is requested more than once")
+        seen.add(out.name)
+        p = out.parameters
+        if p is not None and p.classification:
+            raise InvalidInput(
+                f"output '{out.name}': the classification extension is not supported"
+            )
+        binary = p.binary_data if p is not None and p.binary_data is not None else default_binary
+        chosen.append((out.name, binary))
+    return chosen
+
+
+def build_response(
+    config: ModelConfig,
+    req: m.V2InferRequest,
+    result: InferResult,
+    chosen: list[tuple[str, bool]] | None,
+) -> Response:
+    """The answer to `req`: JSON, or JSON followed by the binary outputs
+    (`chosen` from requested_outputs; None: every output)."""
+    if chosen is None:
+        params = req.parameters
+        default_binary = bool(params.binary_data_output) if params is not None else False
+        chosen = [(name, default_binary) for name in result.outputs]
+    outputs = []
+    blobs: list[bytes] = []
+    arrays: list[np.ndarray] = []
+    for name, binary in chosen:
+        arr = result_output(result, name)
+        entry: dict[str, Any] = {
+            "name": name,
+            "shape": [int(d) for d in arr.shape],
+            "datatype": datatype_name(arr.dtype),
+        }
+        if binary:
+            blob = output_bytes(arr)
+            entry["parameters"] = {"binary_data_size": len(blob)}
+            blobs.append(blob)
+        else:
+            data = np.ascontiguousarray(arr.reshape(-1))
+            entry["data"] = data
+            arrays.append(data)
+        outputs.append(entry)
+    body: dict[str, Any] = {"model_name": config.name, "model_version": config.version}
+    request_id = req.id if req.id is not None else result.request_id
+    if request_id is not None:
+        body["id"] = request_id
+    body["parameters"] = result.timing()
+    body["outputs"] = outputs
+    if not blobs:
+        return TensorJSONResponse(body, arrays)
+    header = dumps_json(body, arrays)
+    return Response(
+        b"".join([header, *blobs]),
+        media_type="application/octet-stream",
+        headers={HEADER_LENGTH: str(len(header))},
+    )

@@ -1,0 +1,306 @@
+"""The KServe v2 (Open Inference Protocol) REST endpoints.
+
+Server metadata and health, model metadata, configuration (Triton-style) and
+readiness (each also under `/versions/{version}`), inference with the binary
+tensor data extension (codec: app.api.v2) and the repository index. A health
+or readiness check that answers "no" is a 400 (`NotReady`), as KServe asks.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from fastapi import APIRouter, Request
+from fastapi.responses import Response
+
+from app.api import models as m
+from app.api import v2
+from app.api.bodies import parse_model, read_body
+from app.api.context import SERVER_NAME, ApiContext, lookup_model
+from app.api.errors import NotReady
+from app.api.openapi import (
+    ERROR_RESPONSES,
+    NOT_FOUND_RESPONSES,
+    V2_INFER_EXTRA,
+    V2_INFER_RESPONSES,
+    json_body,
+)
+from app.api.received import received_at
+from app.api.tensors import resolve_slo
+from app.errors import ServingError
+
+EXTENSIONS = ["binary_tensor_data", "model_configuration"]
+
+
+def server_metadata(ctx: ApiContext) -> m.ServerMetadata:
+    return m.ServerMetadata(name=SERVER_NAME, version=ctx.server_version, extensions=EXTENSIONS)
+
+
+def health_ready(ctx: ApiContext) -> m.ReadyResponse:
+    try:
+        service = ctx.get_service()
+        ready = bool(service.server_ready())
+    except ServingError as e:
+        raise NotReady(f"server not ready: {e.message}") from None
+    capacity_of = getattr(service, "capacity", None)
+    capacity = capacity_of() if callable(capacity_of) else {}
+    if not ready:
+        missing = capacity.get("models_unavailable")
+        if missing:
+            raise NotReady(
+                f"server not ready: no live device for {', '.join(missing)} "
+                f"({capacity.get('devices_alive')}/{capacity.get('devices_total')} "
+                "devices alive)"
+            )
+        raise NotReady("server not ready")
+    return m.ReadyResponse(
+        ready=True,
+        devices_alive=capacity.get("devices_alive"),
+        devices_total=capacity.get("devices_total"),
+    )
+
+
+def model_metadata(ctx: ApiContext, name: str, version: str | None) -> m.ModelMetadata:
+    config = lookup_model(ctx.get_service(), name, version)
+
+    def tensors(specs: Sequence[Any]) -> list[m.TensorMetadata]:
+        return [
+            m.TensorMetadata(name=s.name, datatype=s.datatype, shape=list(s.shape)) for s in specs
+        ]
+
+    return m.ModelMetadata(
+        name=config.name,
+        versions=[config.version],
+        platform=config.backend,
+        inputs=tensors(config.inputs),
+        outputs=tensors(config.outputs),
+    )
+
+
+def model_config(ctx: ApiContext, name: str, version: str | None) -> m.ModelConfigResponse:
+    config = lookup_model(ctx.get_service(), name, version)
+
+    def tensors(specs: Sequence[Any]) -> list[m.ModelConfigTensor]:
+        return [
+            m.ModelConfigTensor(
+                name=s.name, data_type=f"TYPE_{s.datatype}", dims=list(s.item_shape)
+            )
+            for s in specs
+        ]
+
+    return m.ModelConfigResponse(
+        name=config.name,
+        backend=config.backend,
+        version=config.version,
+        max_batch_size=config.max_batch_size,
+        slo_ms=config.slo_ms,
+        allow_slo_loosening=config.allow_slo_loosening,
+        devices=list(config.devices) if config.devices is not None else None,
+        description=config.description,
+        input=tensors(config.inputs),
+        output=tensors(config.outputs),
+    )
+
+
+def model_ready(ctx: ApiContext, name: str, version: str | None) -> m.ModelReadyResponse:
+    service = ctx.get_service()
+    lookup_model(service, name, version)
+    if not service.model_ready(name):
+        raise NotReady(f"model '{name}' is not ready")
+    return m.ModelReadyResponse(name=name, ready=True)
+
+
+async def infer(ctx: ApiContext, name: str, version: str | None, request: Request) -> Response:
+    """Run one inference (the routes' endpoint and the fast path's)."""
+    service = ctx.get_service()
+    config = lookup_model(service, name, version)
+    body = await read_body(request, ctx.max_body_bytes)
+    header_value = request.headers.get(v2.HEADER_LENGTH)
+    header, binary = v2.split_body(body, header_value)
+    what = (
+        "request body"
+        if header_value is None
+        else f"JSON header (the first {len(header)} bytes, per {v2.HEADER_LENGTH})"
+    )
+    req = parse_model(m.V2InferRequest, header, what)
+    inputs = v2.decode_inputs(
+        config, req, binary, None if header_value is None else len(header), ctx.max_body_bytes
+    )
+    chosen = v2.requested_outputs(config, req)
+    slo_ms = resolve_slo(config, req.parameters.slo_ms if req.parameters else None)
+    result = await service.infer(
+        name, inputs, slo_ms=slo_ms, request_id=req.id, received_at=received_at(request.scope)
+    )
+    return v2.build_response(config, req, result, chosen)
+
+
+async def repository_index(ctx: ApiContext, request: Request) -> list[m.RepositoryModel]:
+    body = await read_body(request, ctx.max_body_bytes)
+    ready_only = False
+    if body.strip():
+        req = parse_model(m.RepositoryIndexRequest, body)
+        ready_only = bool(req.ready)
+    entries = [m.RepositoryModel.model_validate(e) for e in ctx.get_service().repository_index()]
+    if ready_only:
+        entries = [e for e in entries if e.state == "READY"]
+    return entries
+
+
+_READY_RESPONSES: dict[int | str, dict[str, Any]] = {
+    **NOT_FOUND_RESPONSES,
+    400: {"model": m.ErrorResponse, "description": "Not ready, or not a valid model name."},
+}
+
+
+def add_v2_routes(router: APIRouter, ctx: ApiContext) -> None:
+    """Add the v2 routes to `router`, each calling a function above with `ctx`.
+    A route is named after the function it calls (`name=` where the adapter's
+    own name differs so as not to shadow that function)."""
+
+    # -- server ---------------------------------------------------------------------
+
+    @router.get(
+        "/v2",
+        name="server_metadata",
+        response_model=m.ServerMetadata,
+        tags=["v2"],
+        summary="Server metadata",
+        operation_id="v2_server_metadata",
+    )
+    async def get_server_metadata() -> m.ServerMetadata:
+        return server_metadata(ctx)
+
+    @router.get(
+        "/v2/health/live",
+        response_model=m.LiveResponse,
+        tags=["v2"],
+        summary="Liveness (200: live)",
+        operation_id="v2_health_live",
+    )
+    async def health_live() -> m.LiveResponse:
+        return m.LiveResponse(live=True)
+
+    @router.get(
+        "/v2/health/ready",
+        name="health_ready",
+        response_model=m.ReadyResponse,
+        response_model_exclude_none=True,
+        responses={400: {"model": m.ErrorResponse, "description": "Not ready."}},
+        tags=["v2"],
+        summary="Readiness (200: ready, 400: not ready)",
+        operation_id="v2_health_ready",
+    )
+    async def get_health_ready() -> m.ReadyResponse:
+        return health_ready(ctx)
+
+    # -- models ---------------------------------------------------------------------
+
+    @router.get(
+        "/v2/models/{name}",
+        response_model=m.ModelMetadata,
+        responses=NOT_FOUND_RESPONSES,
+        tags=["v2"],
+        summary="Model metadata",
+        operation_id="v2_model_metadata",
+    )
+    async def get_model_metadata(name: str) -> m.ModelMetadata:
+        return model_metadata(ctx, name, None)
+
+    @router.get(
+        "/v2/models/{name}/versions/{version}",
+        response_model=m.ModelMetadata,
+        responses=NOT_FOUND_RESPONSES,
+        tags=["v2"],
+        summary="Model metadata (one version)",
+        operation_id="v2_model_version_metadata",
+    )
+    async def get_model_version_metadata(name: str, version: str) -> m.ModelMetadata:
+        return model_metadata(ctx, name, version)
+
+    @router.get(
+        "/v2/models/{name}/config",
+        response_model=m.ModelConfigResponse,
+        responses=NOT_FOUND_RESPONSES,
+        tags=["v2"],
+        summary="Model configuration (Triton-style)",
+        operation_id="v2_model_config",
+    )
+    async def get_model_config(name: str) -> m.ModelConfigResponse:
+        return model_config(ctx, name, None)
+
+    @router.get(
+        "/v2/models/{name}/versions/{version}/config",
+        response_model=m.ModelConfigResponse,
+        responses=NOT_FOUND_RESPONSES,
+        tags=["v2"],
+        summary="Model configuration (one version)",
+        operation_id="v2_model_version_config",
+    )
+    async def get_model_version_config(name: str, version: str) -> m.ModelConfigResponse:
+        return model_config(ctx, name, version)
+
+    @router.get(
+        "/v2/models/{name}/ready",
+        response_model=m.ModelReadyResponse,
+        responses=_READY_RESPONSES,
+        tags=["v2"],
+        summary="Model readiness (200: ready, 400: not ready)",
+        operation_id="v2_model_ready",
+    )
+    async def get_model_ready(name: str) -> m.ModelReadyResponse:
+        return model_ready(ctx, name, None)
+
+    @router.get(
+        "/v2/models/{name}/versions/{version}/ready",
+        response_model=m.ModelReadyResponse,
+        responses=_READY_RESPONSES,
+        tags=["v2"],
+        summary="Model readiness (one version)",
+        operation_id="v2_model_version_ready",
+    )
+    async def get_model_version_ready(name: str, version: str) -> m.ModelReadyResponse:
+        return model_ready(ctx, name, version)
+
+    # -- inference ------------------------------------------------------------------
+
+    @router.post(
+        "/v2/models/{name}/infer",
+        response_model=m.V2InferResponse,
+        responses=V2_INFER_RESPONSES,
+        tags=["v2"],
+        summary="Run one inference (KServe v2, JSON or binary tensor data)",
+        operation_id="v2_infer",
+        openapi_extra=V2_INFER_EXTRA,
+    )
+    async def infer_v2(name: str, request: Request) -> Response:
+        return await infer(ctx, name, None, request)
+
+    @router.post(
+        "/v2/models/{name}/versions/{version}/infer",
+        response_model=m.V2InferResponse,
+        responses=V2_INFER_RESPONSES,
+        tags=["v2"],
+        summary="Run one inference on a model version",
+        operation_id="v2_infer_version",
+        openapi_extra=V2_INFER_EXTRA,
+    )
+    async def infer_v2_version(name: str, version: str, request: Request) -> Response:
+        return await infer(ctx, name, version, request)
+
+    # -- repository -----------------------------------------------------------------
+
+    @router.post(
+        "/v2/repository/index",
+        name="repository_index",
+        response_model=list[m.RepositoryModel],
+        responses={code: ERROR_RESPONSES[code] for code in (400, 413, 415, 422, 503)},
+        tags=["v2"],
+        summary="Models in the repository",
+        operation_id="v2_repository_index",
+        openapi_extra=json_body(
+            m.RepositoryIndexRequest, "Optional filter; an empty body lists every model.", False
+        ),
+    )
+    async def post_repository_index(request: Request) -> list[m.RepositoryModel]:
+        return await repository_index(ctx, request)
