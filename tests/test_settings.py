@@ -1,5 +1,6 @@
 """Settings from one source: every setting by its variable and by its flag,
-errors that name the setting, the CLI leaving the environment alone."""
+errors that name the setting, the CLI leaving the environment alone, and the
+README's table generated from the same metadata."""
 
 from __future__ import annotations
 
@@ -19,6 +20,9 @@ from app.server.settings import (
     Settings,
     read_settings,
 )
+from app.server.settings_cli import TABLE_END, TABLE_START, markdown_table, table_in, with_table
+
+README = Path(__file__).resolve().parent.parent / "README.md"
 
 # For every setting: a text other than its default, and the value it gives.
 SAMPLES: dict[str, tuple[str, object]] = {
@@ -266,3 +270,40 @@ def test_serve_help_lists_every_setting(monkeypatch, capsys):
 
 def test_the_admin_token_is_not_in_the_settings_repr():
     assert "s3cret" not in repr(Settings.from_env({"ADMIN_TOKEN": "s3cret"}))
+
+
+# ------------------------------------------------------------------ the README
+
+
+def test_readme_table_is_the_generated_one():
+    readme = README.read_text(encoding="utf-8")
+    assert table_in(readme) == markdown_table(), (
+        "README.md's settings table is stale: run "
+        "`python -m app.server.settings_cli --write README.md`"
+    )
+    assert with_table(readme) == readme
+    assert readme.count(TABLE_START) == readme.count(TABLE_END) == 1
+
+
+def test_table_has_a_row_per_setting_with_its_default():
+    rows = markdown_table().splitlines()[2:]
+    assert len(rows) == len(SETTINGS)
+    for row, setting in zip(rows, SETTINGS, strict=True):
+        cells = [cell.strip() for cell in row.strip("|").split(" | ")]
+        assert cells[:3] == [
+            f"`{setting.env}`",
+            ", ".join(f"`{flag}`" for flag in (setting.flag, *setting.aliases)),
+            setting.shown(),
+        ]
+    assert "| `MAX_QUEUE` | `--max-queue` | 0 |" in markdown_table()
+    assert "| `DEADLINE_MARGIN_MS` | `--deadline-margin-ms` | 3 (1.5 with" in markdown_table()
+
+
+def test_with_table_rewrites_only_between_the_markers():
+    document = f"intro\n{TABLE_START}\nold\n{TABLE_END}\nafter\n"
+    rewritten = with_table(document)
+    assert rewritten.startswith(f"intro\n{TABLE_START}\n\n| variable |")
+    assert rewritten.endswith(f"|\n\n{TABLE_END}\nafter\n")
+    assert table_in(rewritten) == markdown_table()
+    with pytest.raises(ValueError, match="markers"):
+        table_in("no table here")
