@@ -1,4 +1,9 @@
-"""`python -m app serve …` — start the inference server (uvicorn)."""
+"""`python -m app serve …` — start the inference server (uvicorn).
+
+Every setting has a flag (`--help` lists them, the README's settings table
+too); a flag wins over its environment variable. The flags are passed to
+`create_app` as `Settings`, never written into the environment.
+"""
 
 from __future__ import annotations
 
@@ -6,76 +11,81 @@ import argparse
 import logging
 import os
 import sys
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 
-from app.scheduling.registry import policy_names
+from app.server.settings import SETTING_BY_NAME, Settings, read_settings
+from app.server.settings_cli import add_setting_flags, flag_values
+
+LOG_LEVELS = ("debug", "info", "warning", "error")
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m app", description=__doc__)
+@dataclass(frozen=True)
+class ServeCommand:
+    """What `python -m app serve …` was asked to run."""
+
+    settings: Settings
+    log_level: str = "info"
+    flags: frozenset[str] = field(default_factory=frozenset)  # settings given as flags
+
+    def label(self, name: str) -> str:
+        """How the user named a setting: its flag if given as one, else its variable."""
+        setting = SETTING_BY_NAME[name]
+        return setting.flag if name in self.flags else setting.env
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m app", description="Start the inference server (uvicorn)."
+    )
     commands = parser.add_subparsers(dest="command", required=True)
-    serve = commands.add_parser("serve", help="serve the model repository over HTTP")
-    serve.add_argument("--host", help="bind address (default 127.0.0.1, env HOST)")
-    serve.add_argument("--port", type=int, help="port (default 8000, env PORT)")
-    serve.add_argument("--repository", help="model repository (env MODEL_REPOSITORY)")
-    serve.add_argument("--policy", choices=policy_names(), help="scheduling policy (env POLICY)")
-    serve.add_argument(
-        "--policy-options", help="JSON policy options, e.g. '{\"stagger_slack\": 2}'"
+    serve = commands.add_parser(
+        "serve",
+        help="serve the model repository over HTTP",
+        description="Serve the model repository over HTTP.",
     )
-    serve.add_argument("--cpu-slices", type=int, help="CPU executor processes (env CPU_SLICES)")
-    serve.add_argument("--threads-per-slice", type=int, help="threads per CPU slice")
-    serve.add_argument(
-        "--emulated-devices", type=int, help="emulated devices (env EMULATED_DEVICES)"
-    )
-    serve.add_argument(
-        "--realtime-priority",
-        type=int,
-        help="SCHED_FIFO priority of the event loop, executors one below (0: off; env "
-        "REALTIME_PRIORITY; needs root or CAP_SYS_NICE)",
-    )
-    serve.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
-    args = parser.parse_args(argv)
+    serve.add_argument("--log-level", default="info", choices=LOG_LEVELS)
+    add_setting_flags(serve)
+    return parser
 
-    # The CLI sets the same environment variables the settings read, so
-    # `uvicorn app.main:app` and `python -m app serve` behave the same.
-    for flag, variable in [
-        ("host", "HOST"),
-        ("port", "PORT"),
-        ("repository", "MODEL_REPOSITORY"),
-        ("policy", "POLICY"),
-        ("policy_options", "POLICY_OPTIONS"),
-        ("cpu_slices", "CPU_SLICES"),
-        ("threads_per_slice", "THREADS_PER_SLICE"),
-        ("emulated_devices", "EMULATED_DEVICES"),
-        ("realtime_priority", "REALTIME_PRIORITY"),
-    ]:
-        value = getattr(args, flag)
-        if value is not None:
-            os.environ[variable] = str(value)
+
+def parse_command(argv: Sequence[str], env: Mapping[str, str]) -> ServeCommand:
+    """argv and the environment → what to serve; reads, never writes, `env`.
+    A bad setting raises ValueError naming the flag or variable; a malformed
+    command line exits through argparse (status 2)."""
+    args = build_parser().parse_args(list(argv))
+    flags = flag_values(args)
+    return ServeCommand(read_settings(env, flags), args.log_level, frozenset(flags))
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    try:
+        command = parse_command(sys.argv[1:] if argv is None else argv, os.environ)
+    except ValueError as exc:
+        print(f"python -m app serve: error: {exc}", file=sys.stderr)
+        return 2
+
+    from app.runtime.realtime import RealtimeUnavailable, check_permitted
+
+    try:
+        check_permitted(command.settings.realtime_priority, command.label("realtime_priority"))
+    except RealtimeUnavailable as exc:
+        print(f"python -m app serve: error: {exc}", file=sys.stderr)
+        return 2
     logging.basicConfig(
-        level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+        level=command.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
     import uvicorn
 
     from app.api.received import receive_stamping_protocol
     from app.main import create_app
-    from app.runtime.realtime import RealtimeUnavailable, check_permitted
-    from app.server.settings import Settings
 
-    try:
-        settings = Settings.from_env()
-    except ValueError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    try:
-        check_permitted(settings.realtime_priority)
-    except RealtimeUnavailable as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+    settings = command.settings
     uvicorn.run(
         create_app(settings),
         host=settings.host,
         port=settings.port,
-        log_level=args.log_level,
+        log_level=command.log_level,
         http=receive_stamping_protocol(),
         timeout_graceful_shutdown=int(settings.shutdown_grace_s) + 1,
     )

@@ -10,6 +10,7 @@ import time
 
 import pytest
 
+from app.__main__ import parse_command
 from app.errors import Dropped
 from app.scheduling.symphony import SymphonyScheduler
 from app.server.dispatcher import CoreGroup, Dispatcher
@@ -112,3 +113,7 @@ def test_timer_lead_is_a_setting():
     for bad in ("-1", "nan", "soon"):
         with pytest.raises(ValueError, match="TIMER_LEAD_MS"):
             Settings.from_env({"TIMER_LEAD_MS": bad})
+    command = parse_command(["serve", "--timer-lead-ms", "0.5"], {"TIMER_LEAD_MS": "1"})
+    assert command.settings.timer_lead_ms == 0.5
+    with pytest.raises(ValueError, match="--timer-lead-ms must be ≥ 0, got -1"):
+        parse_command(["serve", "--timer-lead-ms", "-1"], {})

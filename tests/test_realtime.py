@@ -144,18 +144,23 @@ def test_real_kernel_fifo_on_a_thread_or_a_clear_refusal():
 
 
 def test_serve_refuses_a_bad_or_refused_priority(monkeypatch, capsys):
-    # The CLI writes its flags into the environment: give it one of its own,
-    # or REALTIME_PRIORITY=3 would reach every daemon the suite starts later.
-    monkeypatch.setattr(os, "environ", {})
+    monkeypatch.delenv("REALTIME_PRIORITY", raising=False)
+    before = dict(os.environ)
     assert app_main(["serve", "--realtime-priority", "100", "--port", "1"]) == 2
-    assert "REALTIME_PRIORITY must be 0 (off) to 99, got 100" in capsys.readouterr().err
+    assert "--realtime-priority must be 0 (off) to 99, got 100" in capsys.readouterr().err
 
     def refuse(priority: int, setting: str = "REALTIME_PRIORITY") -> None:
         raise RealtimeUnavailable(f"{setting}={priority}: the kernel refused SCHED_FIFO")
 
     monkeypatch.setattr(realtime, "check_permitted", refuse)
     assert app_main(["serve", "--realtime-priority", "3", "--port", "1"]) == 2
+    assert "--realtime-priority=3: the kernel refused SCHED_FIFO" in capsys.readouterr().err
+    monkeypatch.setenv("REALTIME_PRIORITY", "3")
+    assert app_main(["serve", "--port", "1"]) == 2
     assert "REALTIME_PRIORITY=3: the kernel refused SCHED_FIFO" in capsys.readouterr().err
+    # The flag went to the settings only: nothing the suite starts later sees it.
+    monkeypatch.delenv("REALTIME_PRIORITY")
+    assert dict(os.environ) == before
 
 
 @linux

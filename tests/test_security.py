@@ -67,14 +67,16 @@ def test_cli_binds_loopback_unless_told(monkeypatch):
     import app.__main__ as cli
     import app.main
 
-    env: dict[str, str] = {}
-    monkeypatch.setattr(os, "environ", env)  # the CLI writes its flags here
+    monkeypatch.delenv("HOST", raising=False)
+    monkeypatch.delenv("REALTIME_PRIORITY", raising=False)
     binds: list[str] = []
+    hosts: list[str] = []
     monkeypatch.setattr(uvicorn, "run", lambda app, host, **kw: binds.append(host))
-    monkeypatch.setattr(app.main, "create_app", lambda settings: object())
+    monkeypatch.setattr(app.main, "create_app", lambda settings: hosts.append(settings.host))
     assert cli.main(["serve"]) == 0
     assert cli.main(["serve", "--host", "0.0.0.0"]) == 0
-    assert binds == ["127.0.0.1", "0.0.0.0"]
+    assert binds == hosts == ["127.0.0.1", "0.0.0.0"]
+    assert "HOST" not in os.environ  # the flag went to the settings, not the environment
 
 
 @pytest.mark.parametrize(

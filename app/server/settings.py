@@ -1,142 +1,305 @@
-"""Server settings from environment variables (and the CLI, which sets them).
+"""The daemon's settings, and how each is set.
 
-| variable | default | meaning |
-|---|---|---|
-| MODEL_REPOSITORY | bundled `models/` | model repository root |
-| POLICY | symphony | scheduling policy (any of `app.scheduling.policy_names()`) |
-| POLICY_OPTIONS | {} | JSON object of policy options, e.g. {"stagger_slack": 2} |
-| HOST / PORT | 127.0.0.1 / 8000 | where uvicorn binds (loopback unless told otherwise) |
-| CPU_SLICES | auto | CPU executor processes for ONNX models (1 without a GPU, 0 with) |
-| THREADS_PER_SLICE | cores / slices | ONNX Runtime intra-op threads per CPU slice |
-| EMULATED_DEVICES | 2 | emulated devices for emulated models (0: none) |
-| ARENA_SLOTS | 1024 | shared-memory slots per model: requests in flight at once |
-| MAX_QUEUE | 0 | per model, requests accepted, not answered (429 queue_full above; 0: off) |
-| STUCK_FACTOR | 10 | batch past STUCK_FACTOR·ℓ(b) + STUCK_MARGIN_S: executor hung (0: off) |
-| STUCK_MARGIN_S | 1 | see STUCK_FACTOR; a hung executor is killed and respawned |
-| RESPAWN | 1 | restart an executor that died or hung (0: leave its device down) |
-| DEADLINE_MARGIN_MS | 3 (†: 1.5) | plan to finish this long before each deadline (IPC, answer) |
-| TIMER_LEAD_MS | 2 (†: 0.5) | run the core this long before its timers (late under load) |
-| REALTIME_PRIORITY | 0 | SCHED_FIFO of the event loop, emulated/GPU executors one below (0: off) |
-| SHUTDOWN_GRACE_S | 5 | on SIGTERM, how long in-flight requests may take to finish |
-| MAX_BODY_BYTES | 67108864 | largest request body accepted (413 above) |
-| ADMIN_TOKEN | none | bearer token for management routes (off on non-loopback hosts without one) |
-| PROFILE_BATCH_SIZES | 1,2,4,8,16,32 | batch sizes the profiler measures at load (≤ max batch) |
+Each field of `Settings` carries its own description (`Setting`, in the
+field's metadata): the environment variable, the parser that checks its text
+(`app.server.setting_parsers`), its default, and one line saying what it means.
+Everything else is generated from that: the environment reader
+(`Settings.from_env`, used by `uvicorn app.main:app`), a `python -m app serve`
+flag for every setting (`app.server.settings_cli`; MAX_QUEUE → `--max-queue`,
+a flag wins over its variable), and the table under "Server settings" in the
+README (`python -m app.server.settings_cli --write README.md` rewrites it; a
+test checks it is current). Read the table there, or `python -m app serve
+--help`.
 
-† with REALTIME_PRIORITY > 0.
+One default depends on another setting: the deadline margin and the timer
+lead are smaller under REALTIME_PRIORITY (`NORMAL_SLACK_MS`,
+`REALTIME_SLACK_MS`) unless set explicitly.
 """
 
 from __future__ import annotations
 
-import json
 import os
-from dataclasses import dataclass, field
+from collections.abc import Mapping
+from dataclasses import MISSING, Field, dataclass, field, fields, replace
 from pathlib import Path
+from typing import Any
 
-from app.runtime.realtime import check_priority
-from app.scheduling.registry import policy_names
+from app.server.setting_parsers import (
+    Boolean,
+    FilePath,
+    Integer,
+    IntegerList,
+    JsonObject,
+    Number,
+    Parser,
+    PolicyName,
+    RealtimePriority,
+    Text,
+)
 
 BUNDLED_REPOSITORY = Path(__file__).resolve().parent.parent.parent / "models"
-# Default (DEADLINE_MARGIN_MS, TIMER_LEAD_MS) at normal and at real-time priority.
+# Default (DEADLINE_MARGIN_MS, TIMER_LEAD_MS) at normal and at real-time
+# priority: the slack the answer path needs. Under SCHED_FIFO its p99 over
+# HTTP is ~1.2–1.5 ms, at normal priority ~2.1–2.6 ms on a busy 2-core box
+# (BENCHMARKS.md, issue 4, session 10).
 NORMAL_SLACK_MS = (3.0, 2.0)
 REALTIME_SLACK_MS = (1.5, 0.5)
 
 
 @dataclass(frozen=True)
+class Setting:
+    """How one field of `Settings` is set and documented."""
+
+    env: str  # the environment variable; the flag is derived from it
+    parser: Parser
+    meaning: str  # one line, as the README's table and `--help` show it
+    shown_default: str | None = None  # where the default value does not say it
+    aliases: tuple[str, ...] = ()  # further flags, kept for existing command lines
+    name: str = ""  # the `Settings` attribute (filled in from the field)
+    default: object = None  # (filled in from the field)
+
+    @property
+    def flag(self) -> str:
+        return "--" + self.env.lower().replace("_", "-")
+
+    @property
+    def optional(self) -> bool:
+        """Unset (None) by default; an empty value also means unset."""
+        return self.default is None
+
+    def parse(self, text: str, label: str) -> object:
+        if self.optional and not text.strip():
+            return None
+        return self.parser.parse(text, label)
+
+    def shown(self) -> str:
+        """The default as a user reads it."""
+        if self.shown_default is not None:
+            return self.shown_default
+        assert self.default is not None, f"{self.env}: an unset default needs shown_default"
+        return self.parser.show(self.default)
+
+
+_KEY = "setting"
+
+
+def _setting(
+    env: str,
+    parser: Parser,
+    meaning: str,
+    *,
+    shown: str | None = None,
+    aliases: tuple[str, ...] = (),
+) -> dict[str, Setting]:
+    """A field's metadata: how the setting is set and documented."""
+    return {_KEY: Setting(env, parser, meaning, shown, aliases)}
+
+
+def _slack_shown(index: int) -> str:
+    return f"{NORMAL_SLACK_MS[index]:g} ({REALTIME_SLACK_MS[index]:g} with `REALTIME_PRIORITY` > 0)"
+
+
+@dataclass(frozen=True)
 class Settings:
-    repository: Path = BUNDLED_REPOSITORY
-    policy: str = "symphony"
-    policy_options: dict[str, object] = field(default_factory=dict)
-    host: str = "127.0.0.1"
-    port: int = 8000
-    cpu_slices: int | None = None
-    threads_per_slice: int | None = None
-    emulated_devices: int = 2
-    arena_slots: int = 1024
-    max_queue: int = 0
-    stuck_factor: float = 10.0
-    stuck_margin_s: float = 1.0
-    respawn: bool = True
-    shutdown_grace_s: float = 5.0
-    deadline_margin_ms: float = NORMAL_SLACK_MS[0]
-    timer_lead_ms: float = NORMAL_SLACK_MS[1]
-    realtime_priority: int = 0
-    max_body_bytes: int = 64 << 20
-    admin_token: str | None = None
-    profile_batch_sizes: tuple[int, ...] = (1, 2, 4, 8, 16, 32)
+    """What the daemon runs with. Each field's metadata (`Setting`) says how
+    it is set; the field's default is the setting's default."""
+
+    repository: Path = field(
+        default=BUNDLED_REPOSITORY,
+        metadata=_setting(
+            "MODEL_REPOSITORY",
+            FilePath(),
+            "model repository root",
+            shown="the bundled `models/`",
+            aliases=("--repository",),
+        ),
+    )
+    policy: str = field(
+        default="symphony",
+        metadata=_setting(
+            "POLICY", PolicyName(), "scheduling policy, one of `app.scheduling.policy_names()`"
+        ),
+    )
+    policy_options: dict[str, object] = field(
+        default_factory=dict,
+        metadata=_setting(
+            "POLICY_OPTIONS",
+            JsonObject(),
+            'JSON object of policy options, e.g. `{"stagger_slack": 2}`',
+        ),
+    )
+    host: str = field(
+        default="127.0.0.1",
+        metadata=_setting(
+            "HOST",
+            Text(metavar="ADDRESS"),
+            "address uvicorn binds (loopback unless told otherwise)",
+        ),
+    )
+    port: int = field(
+        default=8000, metadata=_setting("PORT", Integer(0, 65535), "port uvicorn binds")
+    )
+    cpu_slices: int | None = field(
+        default=None,
+        metadata=_setting(
+            "CPU_SLICES",
+            Integer(0),
+            "CPU executor processes for ONNX models (auto: 1 without a GPU, 0 with one)",
+            shown="auto",
+        ),
+    )
+    threads_per_slice: int | None = field(
+        default=None,
+        metadata=_setting(
+            "THREADS_PER_SLICE",
+            Integer(1),
+            "ONNX Runtime intra-op threads per CPU slice",
+            shown="cores / slices",
+        ),
+    )
+    emulated_devices: int = field(
+        default=2,
+        metadata=_setting(
+            "EMULATED_DEVICES", Integer(0), "emulated devices for emulated models (0: none)"
+        ),
+    )
+    arena_slots: int = field(
+        default=1024,
+        metadata=_setting(
+            "ARENA_SLOTS",
+            Integer(1),
+            "shared-memory slots per model: a hard cap on requests in flight "
+            "(429 `overloaded` above)",
+        ),
+    )
+    max_queue: int = field(
+        default=0,
+        metadata=_setting(
+            "MAX_QUEUE",
+            Integer(0),
+            "per model, requests accepted and not yet answered; above it 429 `queue_full` (0: off)",
+        ),
+    )
+    stuck_factor: float = field(
+        default=10.0,
+        metadata=_setting(
+            "STUCK_FACTOR",
+            Number(),
+            "a batch running past `STUCK_FACTOR`·ℓ(b) + `STUCK_MARGIN_S` means a hung "
+            "executor: it is killed and handled as a crash (0: no watchdog)",
+        ),
+    )
+    stuck_margin_s: float = field(
+        default=1.0,
+        metadata=_setting("STUCK_MARGIN_S", Number(metavar="S"), "see `STUCK_FACTOR`"),
+    )
+    respawn: bool = field(
+        default=True,
+        metadata=_setting(
+            "RESPAWN", Boolean(), "restart an executor that died or hung (0: leave its device down)"
+        ),
+    )
+    shutdown_grace_s: float = field(
+        default=5.0,
+        metadata=_setting(
+            "SHUTDOWN_GRACE_S",
+            Number(metavar="S"),
+            "on SIGTERM, how long in-flight requests may take to finish",
+        ),
+    )
+    deadline_margin_ms: float = field(
+        default=NORMAL_SLACK_MS[0],
+        metadata=_setting(
+            "DEADLINE_MARGIN_MS",
+            Number(metavar="MS"),
+            "plan batches to end this long before each deadline (IPC, the answer); "
+            "raise it on a busy small machine",
+            shown=_slack_shown(0),
+        ),
+    )
+    timer_lead_ms: float = field(
+        default=NORMAL_SLACK_MS[1],
+        metadata=_setting(
+            "TIMER_LEAD_MS",
+            Number(metavar="MS"),
+            "run the scheduling core this long before each of its timers, "
+            "which fire late on a busy event loop",
+            shown=_slack_shown(1),
+        ),
+    )
+    realtime_priority: int = field(
+        default=0,
+        metadata=_setting(
+            "REALTIME_PRIORITY",
+            RealtimePriority(),
+            "`SCHED_FIFO` priority of the event loop, emulated and GPU executors one below "
+            "(0: off; Linux, root or `CAP_SYS_NICE`)",
+        ),
+    )
+    max_body_bytes: int = field(
+        default=64 << 20,
+        metadata=_setting(
+            "MAX_BODY_BYTES", Integer(1), "largest request body accepted (413 above)"
+        ),
+    )
+    admin_token: str | None = field(
+        default=None,
+        repr=False,  # a credential: kept out of logs
+        metadata=_setting(
+            "ADMIN_TOKEN",
+            Text(metavar="TOKEN"),
+            "bearer token for the management routes (off on non-loopback hosts without one)",
+            shown="none",
+        ),
+    )
+    profile_batch_sizes: tuple[int, ...] = field(
+        default=(1, 2, 4, 8, 16, 32),
+        metadata=_setting(
+            "PROFILE_BATCH_SIZES",
+            IntegerList(),
+            "batch sizes the profiler measures at load (those ≤ the model's max batch, "
+            "with 1 and the max)",
+        ),
+    )
 
     @classmethod
-    def from_env(cls, env: dict[str, str] | None = None) -> Settings:
-        env = dict(os.environ if env is None else env)
-        policy = env.get("POLICY", "symphony")
-        if policy not in policy_names():
-            raise ValueError(f"POLICY={policy!r} is not a policy; choose one of {policy_names()}")
-        try:
-            options = json.loads(env.get("POLICY_OPTIONS", "{}"))
-        except json.JSONDecodeError as exc:
-            raise ValueError(f"POLICY_OPTIONS is not JSON: {exc}") from None
-        if not isinstance(options, dict):
-            raise ValueError("POLICY_OPTIONS must be a JSON object")
-        sizes = tuple(
-            int(s) for s in env.get("PROFILE_BATCH_SIZES", "1,2,4,8,16,32").split(",") if s
-        )
-        threads = env.get("THREADS_PER_SLICE")
-        realtime_priority = _realtime(env)
-        # The slack the answer path needs: under SCHED_FIFO its p99 over HTTP
-        # is ~1.2–1.5 ms, at normal priority ~2.1–2.6 ms on a busy 2-core box
-        # (BENCHMARKS.md, issue 4, session 10).
-        margin_ms, lead_ms = REALTIME_SLACK_MS if realtime_priority else NORMAL_SLACK_MS
-        return cls(
-            repository=Path(env.get("MODEL_REPOSITORY", str(BUNDLED_REPOSITORY))),
-            policy=policy,
-            policy_options=options,
-            host=env.get("HOST", "127.0.0.1"),
-            port=_int(env, "PORT", 8000, 0),
-            cpu_slices=_int(env, "CPU_SLICES", None, 0),
-            threads_per_slice=int(threads) if threads else None,
-            emulated_devices=_int(env, "EMULATED_DEVICES", 2, 0),
-            arena_slots=_int(env, "ARENA_SLOTS", 1024, 1),
-            max_queue=_int(env, "MAX_QUEUE", 0, 0),
-            stuck_factor=_float(env, "STUCK_FACTOR", 10.0),
-            stuck_margin_s=_float(env, "STUCK_MARGIN_S", 1.0),
-            respawn=env.get("RESPAWN", "1").strip().lower() not in ("0", "false", "no", "off"),
-            shutdown_grace_s=float(env.get("SHUTDOWN_GRACE_S", "5")),
-            deadline_margin_ms=_float(env, "DEADLINE_MARGIN_MS", margin_ms),
-            timer_lead_ms=_float(env, "TIMER_LEAD_MS", lead_ms),
-            realtime_priority=realtime_priority,
-            max_body_bytes=_int(env, "MAX_BODY_BYTES", 64 << 20, 1),
-            admin_token=env.get("ADMIN_TOKEN") or None,
-            profile_batch_sizes=sizes,
-        )
+    def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
+        """Settings from environment variables (`os.environ` by default)."""
+        return read_settings(os.environ if env is None else env)
 
 
-def _realtime(env: dict[str, str]) -> int:
-    priority = _int(env, "REALTIME_PRIORITY", 0, 0)
-    assert priority is not None
-    check_priority(priority)
-    return priority
+def _described(spec: Field[Any]) -> Setting:
+    setting = spec.metadata.get(_KEY)
+    assert isinstance(setting, Setting), f"Settings.{spec.name} has no Setting metadata"
+    default = spec.default_factory() if spec.default is MISSING else spec.default  # type: ignore[misc]
+    return replace(setting, name=spec.name, default=default)
 
 
-def _int(env: dict[str, str], key: str, default: int | None, minimum: int) -> int | None:
-    raw = env.get(key)
-    if raw is None:
-        return default
-    try:
-        value = int(raw)
-    except ValueError:
-        raise ValueError(f"{key}={raw!r} is not an integer") from None
-    if value < minimum:
-        raise ValueError(f"{key} must be ≥ {minimum}, got {value}")
-    return value
+# Every setting, in the order of the README's table.
+SETTINGS: tuple[Setting, ...] = tuple(_described(spec) for spec in fields(Settings))
+SETTING_BY_NAME: dict[str, Setting] = {setting.name: setting for setting in SETTINGS}
 
 
-def _float(env: dict[str, str], key: str, default: float) -> float:
-    raw = env.get(key)
-    if raw is None:
-        return default
-    try:
-        value = float(raw)
-    except ValueError:
-        raise ValueError(f"{key}={raw!r} is not a number") from None
-    if not value >= 0:  # also rejects NaN
-        raise ValueError(f"{key} must be ≥ 0, got {value}")
-    return value
+def read_settings(env: Mapping[str, str], flags: Mapping[str, str] | None = None) -> Settings:
+    """Settings from environment variables and flag values (keyed by
+    attribute name, e.g. `{"max_queue": "5"}`); a flag wins over its
+    variable, and a setting given by neither takes its default. A bad value
+    raises ValueError naming the variable or flag it came from."""
+    flags = flags or {}
+    unknown = set(flags) - set(SETTING_BY_NAME)
+    if unknown:
+        raise ValueError(f"not settings: {', '.join(sorted(unknown))}")
+    given: dict[str, object] = {}
+    for setting in SETTINGS:
+        if setting.name in flags:
+            given[setting.name] = setting.parse(flags[setting.name], setting.flag)
+        elif setting.env in env:
+            given[setting.name] = setting.parse(env[setting.env], setting.env)
+    return Settings(**{**_dependent_defaults(given), **given})  # type: ignore[arg-type]
+
+
+def _dependent_defaults(given: Mapping[str, object]) -> dict[str, object]:
+    """Defaults that follow from other settings: the slack of the answer
+    path is smaller at real-time priority."""
+    margin_ms, lead_ms = REALTIME_SLACK_MS if given.get("realtime_priority") else NORMAL_SLACK_MS
+    return {"deadline_margin_ms": margin_ms, "timer_lead_ms": lead_ms}

@@ -1,0 +1,230 @@
+"""How a setting's text — an environment variable's value or a flag's — becomes
+its value.
+
+Each parser turns the text into a value, checks its bounds, and on bad input
+raises ValueError naming where the text came from (`label`: the variable or
+the flag, e.g. `MAX_QUEUE` or `--max-queue`) and the bad value. Nothing is
+guessed: a boolean is one of a few spellings, a list has no empty items, a
+number is finite. `show` writes a value back the way a user would type it (the
+defaults in the README's table and in `--help`); `describe` says what is
+accepted, for `--help`.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+from app.runtime.realtime import MAX_PRIORITY, check_priority
+from app.scheduling.registry import policy_names
+
+
+class Parser(Protocol):
+    metavar: str
+
+    def parse(self, text: str, label: str) -> object: ...
+
+    def show(self, value: object) -> str: ...
+
+    def describe(self) -> str: ...
+
+
+def _integer(text: str, label: str) -> int:
+    try:
+        return int(text.strip())
+    except ValueError:
+        raise ValueError(f"{label}={text!r} is not an integer") from None
+
+
+@dataclass(frozen=True)
+class Integer:
+    minimum: int = 0
+    maximum: int | None = None
+    metavar: str = "N"
+
+    def parse(self, text: str, label: str) -> int:
+        value = _integer(text, label)
+        if self.maximum is not None and not self.minimum <= value <= self.maximum:
+            raise ValueError(f"{label} must be {self.minimum} to {self.maximum}, got {value}")
+        if value < self.minimum:
+            raise ValueError(f"{label} must be ≥ {self.minimum}, got {value}")
+        return value
+
+    def show(self, value: object) -> str:
+        return str(value)
+
+    def describe(self) -> str:
+        if self.maximum is not None:
+            return f"integer {self.minimum} to {self.maximum}"
+        return f"integer ≥ {self.minimum}"
+
+
+@dataclass(frozen=True)
+class Number:
+    """A finite float ≥ `minimum` (NaN and infinity are refused: a NaN
+    compares false with everything and would switch a check off silently)."""
+
+    minimum: float = 0.0
+    metavar: str = "X"
+
+    def parse(self, text: str, label: str) -> float:
+        try:
+            value = float(text.strip())
+        except ValueError:
+            raise ValueError(f"{label}={text!r} is not a number") from None
+        if not math.isfinite(value):
+            raise ValueError(f"{label}={text!r} is not a finite number")
+        if value < self.minimum:
+            raise ValueError(f"{label} must be ≥ {self.minimum:g}, got {value:g}")
+        return value
+
+    def show(self, value: object) -> str:
+        assert isinstance(value, float | int)
+        return f"{value:g}"
+
+    def describe(self) -> str:
+        return f"number ≥ {self.minimum:g}"
+
+
+TRUE = ("1", "true", "yes", "on")
+FALSE = ("0", "false", "no", "off")
+
+
+@dataclass(frozen=True)
+class Boolean:
+    metavar: str = "BOOL"
+
+    def parse(self, text: str, label: str) -> bool:
+        word = text.strip().lower()
+        if word in TRUE:
+            return True
+        if word in FALSE:
+            return False
+        raise ValueError(
+            f"{label}={text!r} is not a boolean; use one of {'/'.join(TRUE)} or {'/'.join(FALSE)}"
+        )
+
+    def show(self, value: object) -> str:
+        return "1" if value else "0"
+
+    def describe(self) -> str:
+        return f"{'/'.join(TRUE)} or {'/'.join(FALSE)}"
+
+
+@dataclass(frozen=True)
+class Text:
+    metavar: str = "TEXT"
+
+    def parse(self, text: str, label: str) -> str:
+        return text
+
+    def show(self, value: object) -> str:
+        return str(value)
+
+    def describe(self) -> str:
+        return "text"
+
+
+@dataclass(frozen=True)
+class FilePath:
+    metavar: str = "PATH"
+
+    def parse(self, text: str, label: str) -> Path:
+        if not text.strip():
+            raise ValueError(f"{label}={text!r} is not a path")
+        return Path(text)
+
+    def show(self, value: object) -> str:
+        return str(value)
+
+    def describe(self) -> str:
+        return "path"
+
+
+@dataclass(frozen=True)
+class JsonObject:
+    metavar: str = "JSON"
+
+    def parse(self, text: str, label: str) -> dict[str, object]:
+        try:
+            value = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"{label}={text!r} is not JSON: {exc}") from None
+        if not isinstance(value, dict):
+            raise ValueError(f"{label} must be a JSON object, got {text!r}")
+        return value
+
+    def show(self, value: object) -> str:
+        return json.dumps(value)
+
+    def describe(self) -> str:
+        return "JSON object"
+
+
+@dataclass(frozen=True)
+class IntegerList:
+    """Comma-separated integers, each ≥ `minimum`, at least one."""
+
+    minimum: int = 1
+    metavar: str = "N,N,…"
+
+    def parse(self, text: str, label: str) -> tuple[int, ...]:
+        try:
+            values = tuple(int(item) for item in text.split(","))
+        except ValueError:
+            raise ValueError(
+                f"{label}={text!r} is not a comma-separated list of integers"
+            ) from None
+        for value in values:
+            if value < self.minimum:
+                raise ValueError(f"{label} items must be ≥ {self.minimum}, got {value}")
+        return values
+
+    def show(self, value: object) -> str:
+        assert isinstance(value, tuple)
+        return ",".join(str(item) for item in value)
+
+    def describe(self) -> str:
+        return f"comma-separated integers ≥ {self.minimum}"
+
+
+@dataclass(frozen=True)
+class PolicyName:
+    """One of `app.scheduling.registry.policy_names()`."""
+
+    metavar: str = "NAME"
+
+    def parse(self, text: str, label: str) -> str:
+        if text not in policy_names():
+            raise ValueError(
+                f"{label}={text!r} is not a policy; choose one of {', '.join(policy_names())}"
+            )
+        return text
+
+    def show(self, value: object) -> str:
+        return str(value)
+
+    def describe(self) -> str:
+        return "one of " + ", ".join(policy_names())
+
+
+@dataclass(frozen=True)
+class RealtimePriority:
+    """A SCHED_FIFO priority, 0 (off) to 99, checked by `check_priority`.
+    Whether the kernel permits it is checked at start-up, not here."""
+
+    metavar: str = "N"
+
+    def parse(self, text: str, label: str) -> int:
+        value = _integer(text, label)
+        check_priority(value, label)
+        return value
+
+    def show(self, value: object) -> str:
+        return str(value)
+
+    def describe(self) -> str:
+        return f"0 (off) to {MAX_PRIORITY}"

@@ -1,0 +1,309 @@
+"""Settings from one source: every setting by its variable and by its flag,
+errors that name the setting, the CLI leaving the environment alone, and the
+README's table generated from the same metadata."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+import app.__main__ as cli
+from app.runtime import realtime
+from app.runtime.realtime import RealtimeUnavailable
+from app.server.setting_parsers import FALSE, TRUE
+from app.server.settings import (
+    NORMAL_SLACK_MS,
+    REALTIME_SLACK_MS,
+    SETTINGS,
+    Settings,
+    read_settings,
+)
+from app.server.settings_cli import TABLE_END, TABLE_START, markdown_table, table_in, with_table
+
+README = Path(__file__).resolve().parent.parent / "README.md"
+
+# For every setting: a text other than its default, and the value it gives.
+SAMPLES: dict[str, tuple[str, object]] = {
+    "MODEL_REPOSITORY": ("/srv/models", Path("/srv/models")),
+    "POLICY": ("flex", "flex"),
+    "POLICY_OPTIONS": ('{"stagger_slack": 2}', {"stagger_slack": 2}),
+    "HOST": ("0.0.0.0", "0.0.0.0"),
+    "PORT": ("9000", 9000),
+    "CPU_SLICES": ("3", 3),
+    "THREADS_PER_SLICE": ("2", 2),
+    "EMULATED_DEVICES": ("0", 0),
+    "ARENA_SLOTS": ("64", 64),
+    "MAX_QUEUE": ("5", 5),
+    "STUCK_FACTOR": ("2.5", 2.5),
+    "STUCK_MARGIN_S": ("0.25", 0.25),
+    "RESPAWN": ("off", False),
+    "SHUTDOWN_GRACE_S": ("0.5", 0.5),
+    "DEADLINE_MARGIN_MS": ("4", 4.0),
+    "TIMER_LEAD_MS": ("1.25", 1.25),
+    "REALTIME_PRIORITY": ("7", 7),
+    "MAX_BODY_BYTES": ("1024", 1024),
+    "ADMIN_TOKEN": ("s3cret", "s3cret"),
+    "PROFILE_BATCH_SIZES": ("1, 3,9", (1, 3, 9)),
+}
+
+# (variable, bad text, the error after the variable's or flag's name)
+BAD: list[tuple[str, str, str]] = [
+    ("MAX_QUEUE", "-1", " must be ≥ 0, got -1"),
+    ("MAX_QUEUE", "many", "='many' is not an integer"),
+    ("PORT", "70000", " must be 0 to 65535, got 70000"),
+    ("ARENA_SLOTS", "0", " must be ≥ 1, got 0"),
+    ("THREADS_PER_SLICE", "0", " must be ≥ 1, got 0"),
+    ("CPU_SLICES", "-1", " must be ≥ 0, got -1"),
+    ("MAX_BODY_BYTES", "0", " must be ≥ 1, got 0"),
+    ("EMULATED_DEVICES", "1.5", "='1.5' is not an integer"),
+    ("STUCK_FACTOR", "-0.5", " must be ≥ 0, got -0.5"),
+    ("STUCK_MARGIN_S", "nan", "='nan' is not a finite number"),
+    ("SHUTDOWN_GRACE_S", "-1", " must be ≥ 0, got -1"),
+    ("SHUTDOWN_GRACE_S", "inf", "='inf' is not a finite number"),
+    ("SHUTDOWN_GRACE_S", "soon", "='soon' is not a number"),
+    ("DEADLINE_MARGIN_MS", "-1", " must be ≥ 0, got -1"),
+    ("TIMER_LEAD_MS", "", "='' is not a number"),
+    ("RESPAWN", "maybe", "='maybe' is not a boolean"),
+    ("RESPAWN", "2", "='2' is not a boolean"),
+    ("RESPAWN", "", "='' is not a boolean"),
+    ("REALTIME_PRIORITY", "100", " must be 0 (off) to 99, got 100"),
+    ("REALTIME_PRIORITY", "-1", " must be 0 (off) to 99, got -1"),
+    ("POLICY", "fifo", "='fifo' is not a policy; choose one of symphony"),
+    ("POLICY_OPTIONS", "{nope", "='{nope' is not JSON"),
+    ("POLICY_OPTIONS", "[1, 2]", " must be a JSON object, got '[1, 2]'"),
+    ("PROFILE_BATCH_SIZES", "1,,4", "='1,,4' is not a comma-separated list of integers"),
+    ("PROFILE_BATCH_SIZES", "1,0", " items must be ≥ 1, got 0"),
+    ("PROFILE_BATCH_SIZES", "1,x", "='1,x' is not a comma-separated list of integers"),
+    ("MODEL_REPOSITORY", "", "='' is not a path"),
+]
+
+FLAG = {setting.env: setting.flag for setting in SETTINGS}
+
+
+def serve(*argv: str, env: dict[str, str] | None = None) -> Settings:
+    return cli.parse_command(["serve", *argv], env or {}).settings
+
+
+def test_flag_names_come_from_the_variables():
+    assert FLAG["MAX_QUEUE"] == "--max-queue"
+    assert FLAG["MODEL_REPOSITORY"] == "--model-repository"
+    assert FLAG["SHUTDOWN_GRACE_S"] == "--shutdown-grace-s"
+    assert [setting.name for setting in SETTINGS] == [
+        "repository", "policy", "policy_options", "host", "port", "cpu_slices",
+        "threads_per_slice", "emulated_devices", "arena_slots", "max_queue", "stuck_factor",
+        "stuck_margin_s", "respawn", "shutdown_grace_s", "deadline_margin_ms",
+        "timer_lead_ms", "realtime_priority", "max_body_bytes", "admin_token",
+        "profile_batch_sizes",
+    ]  # fmt: skip
+
+
+def test_defaults_are_the_dataclass_defaults():
+    assert read_settings({}) == Settings() == serve()
+    assert Settings.from_env({}) == Settings()
+    for setting in SETTINGS:
+        assert getattr(Settings(), setting.name) == setting.default
+
+
+def test_every_setting_by_its_variable_and_by_its_flag():
+    assert set(SAMPLES) == {setting.env for setting in SETTINGS}
+    for setting in SETTINGS:
+        text, value = SAMPLES[setting.env]
+        assert value != setting.default, setting.env
+        by_env = Settings.from_env({setting.env: text})
+        by_flag = serve(setting.flag, text)
+        assert getattr(by_env, setting.name) == value, setting.env
+        assert by_flag == by_env, setting.flag
+        changed = {
+            other.name
+            for other in SETTINGS
+            if getattr(by_env, other.name) != getattr(Settings(), other.name)
+        }
+        # REALTIME_PRIORITY also brings its own slack defaults (below).
+        slack = {"deadline_margin_ms", "timer_lead_ms"}
+        assert changed == {setting.name} | (slack if setting.name == "realtime_priority" else set())
+    assert serve("--repository", "/srv/models").repository == Path("/srv/models")
+
+
+def test_all_flags_at_once_match_all_variables_at_once():
+    env = {name: text for name, (text, _value) in SAMPLES.items()}
+    argv = [arg for name, (text, _value) in SAMPLES.items() for arg in (FLAG[name], text)]
+    assert serve(*argv) == Settings.from_env(env)
+    assert Settings.from_env(env).max_queue == 5
+
+
+def test_a_flag_wins_over_its_variable():
+    env = {"MAX_QUEUE": "3", "POLICY": "flex", "RESPAWN": "0"}
+    settings = serve("--max-queue", "5", "--respawn", "yes", env=env)
+    assert (settings.max_queue, settings.policy, settings.respawn) == (5, "flex", True)
+
+
+@pytest.mark.parametrize("variable,text,error", BAD)
+def test_bad_values_name_the_setting_and_the_value(variable, text, error):
+    with pytest.raises(ValueError) as by_env:
+        Settings.from_env({variable: text})
+    assert str(by_env.value).startswith(variable + error)
+    with pytest.raises(ValueError) as by_flag:
+        serve(FLAG[variable], text)
+    assert str(by_flag.value).startswith(FLAG[variable] + error)
+
+
+def test_a_bad_value_exits_2_naming_the_setting(monkeypatch, capsys):
+    assert cli.main(["serve", "--max-queue", "-1"]) == 2
+    assert "error: --max-queue must be ≥ 0, got -1" in capsys.readouterr().err
+    monkeypatch.setenv("MAX_QUEUE", "-1")
+    assert cli.main(["serve"]) == 2
+    assert "error: MAX_QUEUE must be ≥ 0, got -1" in capsys.readouterr().err
+
+
+def test_booleans_are_a_few_spellings_only():
+    for word in TRUE:
+        assert Settings.from_env({"RESPAWN": word.upper()}).respawn is True
+        assert serve("--respawn", word).respawn is True
+    for word in FALSE:
+        assert Settings.from_env({"RESPAWN": f" {word.title()} "}).respawn is False
+        assert serve("--respawn", word).respawn is False
+
+
+def test_unset_by_default_means_empty_is_unset():
+    empty = {"CPU_SLICES": "", "THREADS_PER_SLICE": " ", "ADMIN_TOKEN": ""}
+    settings = Settings.from_env(empty)
+    assert (settings.cpu_slices, settings.threads_per_slice, settings.admin_token) == (
+        None,
+        None,
+        None,
+    )
+    assert Settings.from_env({"CPU_SLICES": "0"}).cpu_slices == 0
+    assert serve("--cpu-slices", "", env={"CPU_SLICES": "2"}).cpu_slices is None
+
+
+def test_realtime_priority_brings_smaller_slack_unless_it_is_set():
+    def slack(*argv: str, env: dict[str, str] | None = None) -> tuple[float, float]:
+        settings = serve(*argv, env=env)
+        return settings.deadline_margin_ms, settings.timer_lead_ms
+
+    assert slack() == NORMAL_SLACK_MS == (3.0, 2.0)
+    assert slack("--realtime-priority", "10") == REALTIME_SLACK_MS == (1.5, 0.5)
+    assert slack(env={"REALTIME_PRIORITY": "10"}) == (1.5, 0.5)
+    assert slack("--realtime-priority", "0", env={"REALTIME_PRIORITY": "10"}) == (3.0, 2.0)
+    assert slack("--realtime-priority", "10", "--timer-lead-ms", "1") == (1.5, 1.0)
+    assert slack("--deadline-margin-ms", "2", env={"REALTIME_PRIORITY": "10"}) == (2.0, 0.5)
+    assert slack(env={"REALTIME_PRIORITY": "10", "DEADLINE_MARGIN_MS": "0"}) == (0.0, 0.5)
+
+
+def test_read_settings_refuses_what_is_not_a_setting():
+    with pytest.raises(ValueError, match="not settings: log_level"):
+        read_settings({}, {"log_level": "info"})
+
+
+# ------------------------------------------------------------------ the CLI
+
+
+def test_parsing_reads_the_environment_and_never_writes_it(monkeypatch):
+    monkeypatch.setenv("MAX_QUEUE", "3")
+    monkeypatch.delenv("REALTIME_PRIORITY", raising=False)
+    before = dict(os.environ)
+    argv = [arg for name, (text, _value) in SAMPLES.items() for arg in (FLAG[name], text)]
+    command = cli.parse_command(["serve", "--log-level", "warning", *argv], os.environ)
+    assert command.settings.max_queue == 5 and command.log_level == "warning"
+    assert command.label("max_queue") == "--max-queue"
+    assert dict(os.environ) == before
+    assert cli.parse_command(["serve"], os.environ).settings.max_queue == 3
+    assert cli.parse_command(["serve"], os.environ).label("max_queue") == "MAX_QUEUE"
+    assert "REALTIME_PRIORITY" not in os.environ
+
+
+def test_serve_passes_its_settings_to_create_app(monkeypatch):
+    import uvicorn
+
+    import app.main
+
+    monkeypatch.delenv("REALTIME_PRIORITY", raising=False)
+    monkeypatch.setenv("HOST", "127.0.0.2")
+    before = dict(os.environ)
+    made: list[Settings] = []
+    runs: list[dict[str, object]] = []
+    monkeypatch.setattr(app.main, "create_app", lambda settings: made.append(settings) or "app")
+    monkeypatch.setattr(uvicorn, "run", lambda app, **kw: runs.append({"app": app, **kw}))
+    argv = ["serve", "--max-queue", "5", "--port", "9001", "--shutdown-grace-s", "2.5"]
+    assert cli.main([*argv, "--log-level", "warning"]) == 0
+    assert dict(os.environ) == before
+    [settings] = made
+    assert (settings.max_queue, settings.port, settings.host) == (5, 9001, "127.0.0.2")
+    [run] = runs
+    assert (run["app"], run["host"], run["port"], run["log_level"]) == (
+        "app",
+        "127.0.0.2",
+        9001,
+        "warning",
+    )
+    assert run["timeout_graceful_shutdown"] == 3
+
+
+def test_a_refused_priority_names_how_it_was_given(monkeypatch, capsys):
+    def refuse(priority: int, setting: str = "REALTIME_PRIORITY") -> None:
+        raise RealtimeUnavailable(f"{setting}={priority}: the kernel refused SCHED_FIFO")
+
+    monkeypatch.setattr(realtime, "check_permitted", refuse)
+    monkeypatch.delenv("REALTIME_PRIORITY", raising=False)
+    assert cli.main(["serve", "--realtime-priority", "3"]) == 2
+    assert "--realtime-priority=3: the kernel refused" in capsys.readouterr().err
+    monkeypatch.setenv("REALTIME_PRIORITY", "4")
+    assert cli.main(["serve"]) == 2
+    assert "REALTIME_PRIORITY=4: the kernel refused" in capsys.readouterr().err
+
+
+def test_serve_help_lists_every_setting(monkeypatch, capsys):
+    monkeypatch.setenv("ADMIN_TOKEN", "do-not-print-me")
+    with pytest.raises(SystemExit) as exited:
+        cli.main(["serve", "--help"])
+    assert exited.value.code == 0
+    text = capsys.readouterr().out
+    for setting in SETTINGS:
+        assert f"{setting.flag} {setting.parser.metavar}" in text, setting.flag
+        assert f"env {setting.env}]" in " ".join(text.split()), setting.env
+    assert "--log-level" in text and "--repository PATH" in text
+    assert "default 1,2,4,8,16,32" in text
+    assert "do-not-print-me" not in text
+
+
+def test_the_admin_token_is_not_in_the_settings_repr():
+    assert "s3cret" not in repr(Settings.from_env({"ADMIN_TOKEN": "s3cret"}))
+
+
+# ------------------------------------------------------------------ the README
+
+
+def test_readme_table_is_the_generated_one():
+    readme = README.read_text(encoding="utf-8")
+    assert table_in(readme) == markdown_table(), (
+        "README.md's settings table is stale: run "
+        "`python -m app.server.settings_cli --write README.md`"
+    )
+    assert with_table(readme) == readme
+    assert readme.count(TABLE_START) == readme.count(TABLE_END) == 1
+
+
+def test_table_has_a_row_per_setting_with_its_default():
+    rows = markdown_table().splitlines()[2:]
+    assert len(rows) == len(SETTINGS)
+    for row, setting in zip(rows, SETTINGS, strict=True):
+        cells = [cell.strip() for cell in row.strip("|").split(" | ")]
+        assert cells[:3] == [
+            f"`{setting.env}`",
+            ", ".join(f"`{flag}`" for flag in (setting.flag, *setting.aliases)),
+            setting.shown(),
+        ]
+    assert "| `MAX_QUEUE` | `--max-queue` | 0 |" in markdown_table()
+    assert "| `DEADLINE_MARGIN_MS` | `--deadline-margin-ms` | 3 (1.5 with" in markdown_table()
+
+
+def test_with_table_rewrites_only_between_the_markers():
+    document = f"intro\n{TABLE_START}\nold\n{TABLE_END}\nafter\n"
+    rewritten = with_table(document)
+    assert rewritten.startswith(f"intro\n{TABLE_START}\n\n| variable |")
+    assert rewritten.endswith(f"|\n\n{TABLE_END}\nafter\n")
+    assert table_in(rewritten) == markdown_table()
+    with pytest.raises(ValueError, match="markers"):
+        table_in("no table here")
