@@ -83,7 +83,7 @@ class Settings:
         realtime_priority = _realtime(env)
         # The slack the answer path needs: under SCHED_FIFO its p99 over HTTP
         # is ~1.2–1.5 ms, at normal priority ~2.1–2.6 ms on a busy 2-core box
-        # (BENCHMARKS.md, issue 4, session 10).
+        # (BENCHMARKS.md, "Live (a): in-process, HTTP and the simulator").
         margin_ms, lead_ms = REALTIME_SLACK_MS if realtime_priority else NORMAL_SLACK_MS
         return cls(
             repository=Path(env.get("MODEL_REPOSITORY", str(BUNDLED_REPOSITORY))),
