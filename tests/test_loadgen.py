@@ -169,7 +169,7 @@ def run(url, workload, **kw) -> lg.LiveResult:
 # Send-lag bound for these unit tests: generous, because CI shares two cores
 # with the stub server and pytest itself; a closed loop against the 300 ms
 # stub would lag by hundreds of ms. The generator's real figures (p99 lag
-# < 2 ms up to ~10,000 r/s per worker on an idle box) are in BENCHMARKS.md.
+# < 2 ms up to ~10,000 r/s per worker) are in docs/benchmark-history.md.
 LAG_MS = 25.0
 
 

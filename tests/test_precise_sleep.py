@@ -1,7 +1,8 @@
 """bench.precise_sleep: the load generator's sub-millisecond sleep (a Linux
 timerfd on the event loop): never wakes before its time, survives a
 cancelled sleep, and falls back to asyncio.sleep off Linux. How precise it
-is belongs to the benchmarks (BENCHMARKS.md, generator send lag)."""
+is belongs to the benchmarks (docs/benchmark-history.md, 2026-11-23,
+"the load generator sends on time")."""
 
 from __future__ import annotations
 

@@ -92,7 +92,7 @@ def test_flex_preempts_in_simulation_and_beats_non_preemptive_at_slo_90():
 
 
 def test_fig11a_slo_90_first_burst_is_the_papers_ratio_and_later_ones_are_not():
-    """The analysis behind BENCHMARKS "Simulator: Shepherd Figure 11(a)": a
+    """The analysis behind BENCHMARKS "Shepherd Figure 11(a)": a
     device finishes at most 128 + 128 + 102 = 358 of a burst of 1024 within
     90 ms. flex gets close on every burst. flex-np's first burst waits for
     B's first batch (started at t = 0) and keeps 57 (6.3×, the paper's 6.2×);

@@ -5,7 +5,8 @@ single event loop spends a large part of its CPU in FastAPI before any of our
 code runs — its per-request OpenTelemetry check (FastAPI 0.165 asks the
 tracer, meter and logger providers on every request), middleware, routing,
 dependency solving and response wrappers (profiled with py-spy and measured,
-BENCHMARKS.md "Live daemon"). `ServingAPI` is a FastAPI app that recognises the
+docs/benchmark-history.md, 2026-11-23, "inference requests skip FastAPI itself").
+`ServingAPI` is a FastAPI app that recognises the
 three inference routes — `POST /infer`, `POST /v2/models/{name}/infer` and
 `POST /v2/models/{name}/versions/{version}/infer` — before FastAPI's own
 `__call__`, and calls the very endpoint functions the routes call

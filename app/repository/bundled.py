@@ -14,7 +14,7 @@ Generated models (tensor names `input` → `output`, both FP32):
   Concat: ORT checks RunOptions.terminate only between nodes, so a stop
   waits for the running node, and one 4096×4096 Gemm is ~¼ of a batch. With
   8 chunks a node is ~1/32 of a batch. Measured (bench.preemption, 2-core
-  box, see BENCHMARKS.md): median stop delay 13.4 % unsplit, 5.4 % with 4
+  box, see docs/benchmark-history.md): median stop delay 13.4 % unsplit, 5.4 % with 4
   chunks, 4.3 % with 8, 3.4 % with 16; extra time over the unsplit model
   4.4 %, 3.7 %, 8.5 % (noisy: ±10 % per batch size), hence 8.
 - `cnn`: a small CIFAR-sized CNN, `input` [-1, 3, 32, 32] → `output` [-1, 10]

@@ -4,7 +4,7 @@ Opt-in (`REALTIME_PRIORITY`, 0 = off). A batch is planned to the millisecond,
 but on a busy box the kernel wakes an ordinary thread late: on the 2-core
 benchmark VM an idle process's timer fires p99 +1.3–2.0 ms late while the
 daemon serves 850 r/s beside it, against +0.16–0.18 ms at SCHED_FIFO
-(BENCHMARKS.md, issue 4, session 9). A shorter EEVDF slice
+(docs/benchmark-history.md, 2026-11-23, "real-time scheduling"). A shorter EEVDF slice
 (`sched_setattr` runtime) did not help there: the daemon's threads are busy,
 and a busy thread is not eligible to preempt however short its slice.
 

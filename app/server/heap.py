@@ -5,9 +5,10 @@ schemas, model configs, numpy, the arenas' views) lives until shutdown, yet
 each full (generation-2) collection walks all of it again. Measured live on
 workload (a) at 960 r/s: one such collection stalled the event loop for
 55 ms, long enough for every request in flight to miss a 25-ms SLO
-(BENCHMARKS.md, "Live daemon"). `gc.freeze()` moves those objects into the
-permanent generation, which collections skip; what the server allocates
-while serving is still collected as usual.
+(docs/benchmark-history.md, 2026-11-23, "early start, GC freeze").
+`gc.freeze()` moves those objects into the permanent generation, which
+collections skip; what the server allocates while serving is still collected
+as usual.
 """
 
 from __future__ import annotations

@@ -41,7 +41,7 @@ BUNDLED_REPOSITORY = Path(__file__).resolve().parent.parent.parent / "models"
 # Default (DEADLINE_MARGIN_MS, TIMER_LEAD_MS) at normal and at real-time
 # priority: the slack the answer path needs. Under SCHED_FIFO its p99 over
 # HTTP is ~1.2–1.5 ms, at normal priority ~2.1–2.6 ms on a busy 2-core box
-# (BENCHMARKS.md, issue 4, session 10).
+# (BENCHMARKS.md, "Live (a): in-process, HTTP and the simulator").
 NORMAL_SLACK_MS = (3.0, 2.0)
 REALTIME_SLACK_MS = (1.5, 0.5)
 
