@@ -1,5 +1,6 @@
-"""One results schema (app.results): live HTTP answers are classified by the
-scheduler's own drop reasons; both JSON schemas require its summary keys."""
+"""One results schema (app.results): a simulated trace and a live record set
+describing the same outcomes summarise identically, field by field; the live
+HTTP answers are classified by the scheduler's own drop reasons."""
 
 from __future__ import annotations
 
@@ -23,6 +24,8 @@ from app.scheduling.profile import LatencyProfile
 from app.scheduling.types import DropReason
 from app.simulation.engine import Trace
 from app.simulation.metrics import summarize_run
+from bench.loadgen.records import Records
+from bench.loadgen.results import summarize_live
 
 ROOT = Path(__file__).resolve().parents[1]
 NAMES = ["small", "big"]
@@ -73,6 +76,75 @@ def simulated_trace() -> Trace:
         preemptions=1,
         end_time=1.0,
     )
+
+
+def live_records() -> Records:
+    """The same requests as the daemon answers them over HTTP: 200 with its
+    timing, or 503 with the drop reason."""
+    arrival, start, finish = column(1), column(3), column(4)
+    rec = Records.empty(arrival, column(0, np.int32))
+    rec.sent[:] = arrival
+    served = np.array([row[6] is None for row in ROWS])
+    rec.status[:] = np.where(served, 200, Dropped.status)
+    rec.latency_ms[:] = (finish - arrival) * 1000.0
+    rec.queue_ms[served] = ((start - arrival) * 1000.0)[served]
+    rec.exec_ms[served] = ((finish - start) * 1000.0)[served]
+    rec.batch_size[:] = column(5, np.int32)
+    # Reason codes in first-seen order, as the driver assigns them.
+    for i, (*_, reason) in enumerate(ROWS):
+        if reason is not None:
+            if reason.value not in rec.reasons:
+                rec.reasons.append(reason.value)
+            rec.reason[i] = rec.reasons.index(reason.value)
+    return rec
+
+
+def test_a_simulated_trace_and_live_records_of_the_same_run_summarise_identically():
+    simulated = summarize_run(simulated_trace(), MODELS, DURATION_S, DEVICES)
+    live = summarize_live(live_records(), NAMES, SLO_MS, DURATION_S, DEVICES)
+    assert list(simulated["models"]) == list(live["models"]) == NAMES
+    for name in NAMES:
+        assert list(simulated["models"][name]) == list(SUMMARY_KEYS)
+        assert simulated["models"][name] == live["models"][name], name
+    # Overall, the simulator adds its batch and preemption counts, and takes
+    # the busy fraction from the devices' own record (work later preempted
+    # included, over the run and its drain).
+    sim_overall = dict(simulated["overall"])
+    assert sim_overall.pop("batches") == 4 and sim_overall.pop("preemptions") == 1
+    assert sim_overall.pop("device_busy_fraction") == pytest.approx(0.1875 / (2.0 * 2))
+    live_overall = dict(live["overall"])
+    live_overall.pop("device_busy_fraction")
+    assert sim_overall == live_overall
+
+    o = live["overall"]
+    assert o["requests"] == 8 and o["offered_rps"] == 4.0 and o["goodput_rps"] == 1.0
+    assert (o["slo_attainment"], o["late_fraction"], o["drop_fraction"]) == (0.25, 0.25, 0.5)
+    assert o["error_fraction"] == 0.0 and o["error_reasons"] == {}
+    assert o["drop_reasons"] == {"deadline": 1, "device_failed": 2, "preempted": 1}
+    # Served latencies 15.625, 39.0625, 62.5, 125 ms; queueing 7.8125, 7.8125, 7.8125, 31.25.
+    assert o["latency_p50_ms"] == pytest.approx((39.0625 + 62.5) / 2)
+    assert o["queue_delay_p50_ms"] == pytest.approx(7.8125)
+    assert o["mean_batch_size"] == pytest.approx((2 + 4 + 1 + 3) / 4)
+    # Each request's share of its batch: 7.8125/2 + 31.25/4 + 54.6875/1 + 93.75/3 ms.
+    busy_ms = 7.8125 / 2 + 31.25 / 4 + 54.6875 + 93.75 / 3
+    assert o["device_busy_fraction"] == pytest.approx(busy_ms / 1000 / (DURATION_S * DEVICES))
+    big = live["models"]["big"]
+    assert big["drop_reasons"] == {"device_failed": 2} and big["slo_attainment"] == 0.25
+
+
+def test_device_failed_is_a_drop_on_both_sides():
+    failed = Dropped("its device failed", reason=DropReason.DEVICE_FAILED.value)
+    names = ["device_failed"]
+    outcome = http_outcomes(
+        np.array([failed.status]), np.array([3.0]), np.array([25.0]), np.array([0]), names
+    )
+    assert outcome.tolist() == [Outcome.DROPPED]
+
+    live = summarize_live(live_records(), NAMES, SLO_MS, DURATION_S, DEVICES)["models"]["big"]
+    simulated = summarize_run(simulated_trace(), MODELS, DURATION_S, DEVICES)["models"]["big"]
+    for summary in (live, simulated):
+        assert summary["drop_reasons"]["device_failed"] == 2
+        assert summary["drop_fraction"] == 0.5 and summary["error_fraction"] == 0.0
 
 
 @pytest.mark.parametrize(
@@ -141,10 +213,3 @@ def test_both_json_schemas_require_the_summary_keys(schema):
     metrics = json.loads((ROOT / "bench" / schema).read_text())["$defs"]["metrics"]
     assert sorted(metrics["required"]) == sorted(SUMMARY_KEYS)
     assert set(SUMMARY_KEYS) <= set(metrics["properties"])
-
-
-def test_a_simulated_device_failure_is_a_drop():
-    big = summarize_run(simulated_trace(), MODELS, DURATION_S, DEVICES)["models"]["big"]
-    assert big["drop_reasons"] == {"device_failed": 2}
-    assert big["drop_fraction"] == 0.5 and big["error_fraction"] == 0.0
-    assert big["error_reasons"] == {} and list(big) == list(SUMMARY_KEYS)
