@@ -37,6 +37,7 @@ import numpy as np
 from app.repository.loader import load_repository
 from app.runtime.realtime import RealtimeUnavailable, check_permitted, fifo_while
 from app.workloads.spec import Workload, load_workload
+from bench.cli import sanitize
 from bench.daemon_launcher import start_daemon, stop_daemon
 from bench.loadgen import (
     LiveResult,
@@ -45,7 +46,6 @@ from bench.loadgen import (
     find_live_capacity,
     prepare_targets,
     run_load,
-    sanitize,
 )
 
 REPO_ROOT = Path(__file__).resolve().parent.parent

@@ -58,29 +58,24 @@ from app.simulation.capacity_search import CapacityResult
 from app.workloads.spec import Workload
 from bench import cli
 from bench.cli import UsageError
-from bench.loadgen import (
-    DEFAULT_LAG_THRESHOLD_MS,
-    DEFAULT_MAX_REQUESTS,
-    DEFAULT_PROBE_DURATION_S,
-    DEFAULT_TIMEOUT_MARGIN_MS,
-    RUN_GRACE_S,
-    START_DELAY_S,
-    LiveResult,
-    LoadGenError,
-    ProgressCallback,
-    RunFailed,
-    _drive,
-    _Plan,
-    _Reply,
+from bench.loadgen.capacity import DEFAULT_PROBE_DURATION_S, search_capacity
+from bench.loadgen.client import Reply
+from bench.loadgen.command_line import (
     add_run_options,
-    generator_stats,
-    live_result,
     progress_bars,
     read_run_args,
-    report_run,
-    run_schedule,
-    search_capacity,
     search_options,
+)
+from bench.loadgen.driver import START_DELAY_S, Schedule, drive, run_limit
+from bench.loadgen.errors import LoadGenError, RunFailed
+from bench.loadgen.report import report_run
+from bench.loadgen.results import LiveResult, generator_stats, live_result
+from bench.loadgen.run import (
+    DEFAULT_LAG_THRESHOLD_MS,
+    DEFAULT_MAX_REQUESTS,
+    DEFAULT_TIMEOUT_MARGIN_MS,
+    ProgressCallback,
+    run_schedule,
 )
 
 IN_PROCESS = "in-process"
@@ -147,10 +142,10 @@ def request_inputs(config: ModelConfig, seed: int = 0) -> dict[str, np.ndarray]:
 
 
 class ServiceSender:
-    """`_drive`'s sender that calls `service.infer` instead of a server. The
-    reply carries what the HTTP API would: the timing of a result (as a dict:
-    no JSON to write and parse back on the loop being measured), or the
-    status and reason of an error."""
+    """The driver's sender (`bench.loadgen.driver.drive`) that calls
+    `service.infer` instead of a server. The reply carries what the HTTP API
+    would: the timing of a result (as a dict: no JSON to write and parse back
+    on the loop being measured), or the status and reason of an error."""
 
     def __init__(
         self,
@@ -164,7 +159,7 @@ class ServiceSender:
         self.inputs = list(inputs)
         self.slo_ms = list(slo_ms)
 
-    async def send(self, m: int, on_sent: Callable[[], None]) -> _Reply:
+    async def send(self, m: int, on_sent: Callable[[], None]) -> Reply:
         on_sent()
         try:
             result = await self.service.infer(
@@ -175,8 +170,8 @@ class ServiceSender:
             )
         except ServingError as exc:
             end = time.monotonic()
-            return _Reply(exc.status, json.dumps({"reason": exc.reason}).encode(), end)
-        return _Reply(200, b"", time.monotonic(), result.timing())
+            return Reply(exc.status, json.dumps({"reason": exc.reason}).encode(), end)
+        return Reply(200, b"", time.monotonic(), result.timing())
 
 
 # --------------------------------------------------------------------------- runs
@@ -210,16 +205,11 @@ async def run_inprocess(
     slo_ms = [m.slo_ms for m in workload.models]
     inputs = [request_inputs(service.model_config(name), seed=k) for k, name in enumerate(names)]
     timeouts = [(s + timeout_margin_ms) / 1000.0 for s in slo_ms]
-    plan = _Plan(
-        base_url=IN_PROCESS,
-        bodies=[],
-        timeouts_s=timeouts,
+    schedule = Schedule(
         intended=arrivals.times.copy(),
         model_index=arrivals.model_index.copy(),
-        connections=0,
-        warm_connections=0,
-        run_limit_s=workload.duration_s + max(timeouts) + RUN_GRACE_S,
-        client=IN_PROCESS,
+        timeouts_s=timeouts,
+        run_limit_s=run_limit(workload.duration_s, timeouts),
     )
 
     def report(sent: int, done: int) -> None:
@@ -230,7 +220,7 @@ async def run_inprocess(
     started = time.perf_counter()
     # time.monotonic(), not the loop's clock: uvloop's counts whole milliseconds.
     t0 = time.monotonic() + START_DELAY_S
-    records = await _drive(plan, t0, sender, report if progress else None, clock=time.monotonic)
+    records = await drive(schedule, t0, sender, report if progress else None, clock=time.monotonic)
     wall = time.perf_counter() - started
     gen = generator_stats(records, lag_threshold_ms, 1, 0)
     gen["client"] = IN_PROCESS

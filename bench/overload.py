@@ -34,7 +34,7 @@ from typing import Any
 import numpy as np
 
 from bench.daemon_launcher import free_port, start_daemon, stop_daemon
-from bench.loadgen import _Plan, _RawSender, _reason
+from bench.loadgen.client import RawSender, reply_reason
 
 # ℓ(b) = 10·b + 50 ms, max batch 4: 2 devices serve 2 · 4 / 0.090 ≈ 89 req/s.
 MODEL_CONFIG = (
@@ -88,25 +88,15 @@ async def open_loop(
     timeout_s: float = 15.0,
 ) -> list[Answer]:
     """Send at `rate` req/s for `seconds`, phase after phase, open loop."""
-    plan = _Plan(
-        base_url=url,
-        bodies=[body(slo_ms)],
-        timeouts_s=[timeout_s],
-        intended=np.zeros(0),
-        model_index=np.zeros(0, dtype=np.int64),
-        connections=connections,
-        warm_connections=min(connections, 64),
-        run_limit_s=sum(s for _, s in phases) + timeout_s,
-    )
-    sender = _RawSender(plan)
-    await sender.warm(plan.warm_connections)
+    sender = RawSender(url, [body(slo_ms)], connections)
+    await sender.warm(min(connections, 64))
     answers: list[Answer] = []
 
     async def one(at: float) -> None:
         sent = time.monotonic()
         try:
             reply = await asyncio.wait_for(sender.send(0, lambda: None), timeout_s)
-            reason = "" if reply.status == 200 else _reason(reply.status, bytes(reply.body))
+            reason = "" if reply.status == 200 else reply_reason(reply.status, bytes(reply.body))
             answers.append(Answer(at, reply.status, reason, time.monotonic() - sent, sent))
         except TimeoutError:
             answers.append(Answer(at, -1, "timeout", time.monotonic() - sent, sent))

@@ -19,13 +19,16 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from app.results import DROP_REASONS, Outcome
 from app.scheduling.base import Scheduler
 from app.scheduling.model import ModelInfo
-from app.scheduling.types import DeviceInfo, Dispatch, Drop, DropReason, Preempt, Request
+from app.scheduling.types import DeviceInfo, Dispatch, Drop, Preempt, Request
 
-# Request outcome codes in `Trace.status`.
-PENDING, GOOD, LATE, DROPPED = 0, 1, 2, 3
-DROP_REASONS: tuple[DropReason, ...] = tuple(DropReason)
+# Request outcome codes in `Trace.status` (app.results.Outcome), as plain ints:
+# the event loop stores and compares them once per request.
+PENDING, GOOD, LATE, DROPPED = (
+    int(o) for o in (Outcome.PENDING, Outcome.GOOD, Outcome.LATE, Outcome.DROPPED)
+)
 _INF = float("inf")
 
 
