@@ -53,8 +53,10 @@ from rich.table import Table
 from app.repository.config import ModelConfig
 from app.repository.loader import load_repository
 from app.runtime.arena import Arena
-from app.runtime.executor import CANCELLED, synthetic_inputs
-from app.runtime.pool import ExecutorDevice, ExecutorPool
+from app.runtime.devices import ExecutorDevice
+from app.runtime.events import BatchFinished, BatchStopped, ExecutorEvent
+from app.runtime.executor import synthetic_inputs
+from app.runtime.pool import ExecutorPool
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_MODELS = ("mlp", "cnn", "torchcnn", "resnet50-emulated")
@@ -101,6 +103,9 @@ class ModelResult:
 
 # ------------------------------------------------------------ executor side
 class _Done:
+    """The pool's event sink: one future per batch id, resolved with its
+    BatchFinished or BatchStopped."""
+
     def __init__(self) -> None:
         self.futures: dict[int, asyncio.Future] = {}
 
@@ -109,10 +114,11 @@ class _Done:
         self.futures[batch_id] = fut
         return fut
 
-    def __call__(self, device: int, batch_id: int, started: float, finished: float, error) -> None:
-        fut = self.futures.pop(batch_id, None)
-        if fut is not None and not fut.done():
-            fut.set_result((started, finished, error))
+    def __call__(self, event: ExecutorEvent) -> None:
+        if isinstance(event, BatchFinished | BatchStopped):
+            fut = self.futures.pop(event.batch_id, None)
+            if fut is not None and not fut.done():
+                fut.set_result(event)
 
 
 async def _measure_executor(
@@ -153,9 +159,9 @@ async def _measure_executor(
                 for _ in range(trials):
                     fut = done.expect(bid := next(ids))
                     pool.submit(device, bid, config.name, batch, 0.0)
-                    started, finished, error = await fut
-                    assert error is None, error
-                    normal.append(finished - started)
+                    ran = await fut
+                    assert isinstance(ran, BatchFinished) and ran.error is None, ran
+                    normal.append(ran.finished_at - ran.started_at)
                 normal_s = statistics.median(normal)
                 delays = []
                 for _ in range(trials):
@@ -166,9 +172,9 @@ async def _measure_executor(
                     await asyncio.sleep(max(0.0, cancel_at - time.monotonic()))
                     asked = time.monotonic()
                     pool.cancel(device, bid)
-                    started, finished, error = await fut
-                    if error == CANCELLED:
-                        delays.append(finished - asked)
+                    ended = await fut
+                    if isinstance(ended, BatchStopped):
+                        delays.append(ended.at - asked)
                 delay_ms = statistics.median(delays) * 1000 if delays else float("nan")
                 rows.append((b, normal_s * 1000, delay_ms, len(delays)))
                 print(

@@ -49,7 +49,7 @@ from rich.table import Table
 
 from app.scheduling.registry import make_scheduler, policy_names, scheduler_class
 from app.simulation.capacity_search import CapacityResult, find_capacity
-from app.simulation.run import ServingPath, SimResult, simulate
+from app.simulation.run import SimResult, simulate
 from app.workloads.arrivals import Arrivals, generate_arrivals
 from app.workloads.spec import Workload
 from bench import cli
@@ -57,6 +57,36 @@ from bench.cli import UsageError, sanitize
 
 DEFAULT_SCALES = (0.25, 0.5, 0.75, 1.0, 1.25, 1.5, 1.75, 2.0)
 MAX_MODEL_ROWS = 8  # per-model rows in the table only for workloads this small
+
+
+@dataclasses.dataclass(frozen=True)
+class ServingPath:
+    """The live serving path, for setting a simulation beside a live run: the
+    core's own slack options (the daemon's DEADLINE_MARGIN_MS and
+    TIMER_LEAD_MS) and the intake delay that only the live path has."""
+
+    deadline_margin_ms: float = 0.0
+    timer_lead_ms: float = 0.0
+    intake_delay_ms: float = 0.0
+
+    def __post_init__(self) -> None:
+        for field in dataclasses.fields(self):
+            value = getattr(self, field.name)
+            if not (value >= 0.0 and math.isfinite(value)):
+                flag = "--" + field.name.replace("_", "-")
+                raise UsageError(f"{flag} must be a finite number ≥ 0, got {value}")
+
+    @property
+    def is_direct(self) -> bool:
+        return self == ServingPath()
+
+    def core_options(self) -> dict[str, float]:
+        options = {}
+        if self.deadline_margin_ms:
+            options["deadline_margin"] = self.deadline_margin_ms / 1000.0
+        if self.timer_lead_ms:
+            options["timer_lead"] = self.timer_lead_ms / 1000.0
+        return options
 
 
 @dataclasses.dataclass(frozen=True)
@@ -155,8 +185,8 @@ def build_parser() -> argparse.ArgumentParser:
         type=float,
         default=0.0,
         metavar="MS",
-        help="model the live daemon's DEADLINE_MARGIN_MS: plan every request to finish this "
-        "much before its SLO (still judged at the SLO); default 0",
+        help="the core's deadline margin, as the daemon's DEADLINE_MARGIN_MS: plan every "
+        "request to finish this much before its SLO (still judged at the SLO); default 0",
     )
     p.add_argument(
         "--intake-delay-ms",
@@ -167,12 +197,12 @@ def build_parser() -> argparse.ArgumentParser:
         "delay of this mean past its arrival (the SLO starts at the arrival); default 0",
     )
     p.add_argument(
-        "--dispatch-lead-ms",
+        "--timer-lead-ms",
         type=float,
         default=0.0,
         metavar="MS",
-        help="model the live daemon's dispatcher, which runs the core this long before each "
-        "timer (2 ms): every batch is formed that much before its start (the policy's d_ctrl); "
+        help="the core's timer lead, as the daemon's TIMER_LEAD_MS: handle every timer this "
+        "long before it is due (a batch is formed that early and may start that early); "
         "default 0",
     )
     p.add_argument(
@@ -201,7 +231,7 @@ class Runner:
         serving: ServingPath | None = None,
     ) -> None:
         self.workload = workload
-        self.serving = serving
+        self.serving = serving or ServingPath()
         self.timeout_s = timeout_s
         self.progress = progress
         self.task = task
@@ -222,10 +252,10 @@ class Runner:
             result = simulate(
                 self.workload,
                 spec.name,
-                spec.params,
+                {**self.serving.core_options(), **spec.params},
                 rate_scale=scale,
                 arrivals=arrivals,
-                serving=self.serving,
+                intake_delay_ms=self.serving.intake_delay_ms,
             )
         # Keep the summary only: traces of large runs are big.
         result = dataclasses.replace(result, trace=None)
@@ -299,12 +329,7 @@ def _main(argv: list[str] | None, err: Console) -> int:
         raise UsageError(f"--run-timeout must be > 0, got {args.run_timeout}")
     if not args.capacity_tol > 0:
         raise UsageError(f"--capacity-tol must be > 0, got {args.capacity_tol}")
-    try:
-        serving = ServingPath(args.deadline_margin_ms, args.intake_delay_ms, args.dispatch_lead_ms)
-    except ValueError as exc:
-        raise UsageError(
-            f"--deadline-margin-ms / --intake-delay-ms / --dispatch-lead-ms: {exc}"
-        ) from None
+    serving = ServingPath(args.deadline_margin_ms, args.timer_lead_ms, args.intake_delay_ms)
     scales = parse_scales(args.scales) if args.scales else list(DEFAULT_SCALES)
     sweep = bool(args.plot or args.scales)
     cli.check_plot(args.plot)
@@ -465,8 +490,8 @@ def print_table(doc: dict[str, Any], workload: Workload, capacity: bool) -> None
     if serving:
         title += (
             f"; serving path: margin {serving['deadline_margin_ms']:g} ms, "
-            f"intake delay {serving['intake_delay_ms']:g} ms (mean), "
-            f"dispatch lead {serving['dispatch_lead_ms']:g} ms"
+            f"timer lead {serving['timer_lead_ms']:g} ms, "
+            f"intake delay {serving['intake_delay_ms']:g} ms (mean)"
         )
     table = Table(title=title, title_justify="left")
     table.add_column("policy", no_wrap=True)

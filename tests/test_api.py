@@ -13,110 +13,16 @@ import struct
 import threading
 import time
 import zlib
-from pathlib import Path
 
 import httpx
 import numpy as np
 import pytest
 
 from app.api import create_api
-from app.errors import Dropped, ModelNotFound, Overloaded
-from app.repository.config import ModelConfig, TensorSpec
 from app.server.metrics import Metrics
-from app.server.service import InferResult
+from tests.fakes import GOOD_V2, FakeService
 
 HDR = "Inference-Header-Content-Length"
-
-
-def _config(name, inputs, outputs, slo_ms=50.0, loosen=False, version="1"):
-    return ModelConfig(
-        name=name,
-        backend="emulated",
-        directory=Path("/nonexistent") / name,
-        inputs=tuple(TensorSpec(n, dt, shape) for n, dt, shape in inputs),
-        outputs=tuple(TensorSpec(n, dt, shape) for n, dt, shape in outputs),
-        max_batch_size=32,
-        slo_ms=slo_ms,
-        allow_slo_loosening=loosen,
-        version=version,
-    )
-
-
-class FakeService:
-    """add_one: y = x + 1 (FP32 [-1, 4]); loose: same, SLO may be loosened;
-    typed: several datatypes and a variable dimension; dropper raises Dropped;
-    busy raises Overloaded; broken raises a bug; cold is never ready."""
-
-    def __init__(self) -> None:
-        x = [("x", "FP32", (-1, 4))]
-        y = [("y", "FP32", (-1, 4))]
-        self.configs = {
-            "add_one": _config("add_one", x, y),
-            "loose": _config("loose", x, y, loosen=True),
-            "typed": _config(
-                "typed",
-                [("a", "INT32", (-1, 2)), ("b", "BOOL", (-1, 2)), ("c", "FP16", (-1, -1, 3))],
-                [("a2", "INT32", (-1, 2)), ("nb", "BOOL", (-1, 2)), ("c", "FP16", (-1, -1, 3))],
-            ),
-            "dropper": _config("dropper", x, y, slo_ms=1.0),
-            "busy": _config("busy", x, y),
-            "broken": _config("broken", x, y),
-            "cold": _config("cold", x, y),
-        }
-        self.ready = True
-        self.calls: list[dict] = []
-
-    def model_names(self):
-        return list(self.configs)
-
-    def model_config(self, name):
-        try:
-            return self.configs[name]
-        except KeyError:
-            raise ModelNotFound(f"unknown model '{name}'") from None
-
-    def model_ready(self, name):
-        self.model_config(name)
-        return name != "cold"
-
-    def server_ready(self):
-        return self.ready
-
-    def repository_index(self):
-        return [
-            {
-                "name": n,
-                "version": "1",
-                "state": "UNAVAILABLE" if n == "cold" else "READY",
-                "reason": "loading" if n == "cold" else "",
-            }
-            for n in self.configs
-        ]
-
-    async def infer(self, model, inputs, *, slo_ms=None, request_id=None, received_at=None):
-        self.calls.append(
-            {
-                "model": model,
-                "inputs": inputs,
-                "slo_ms": slo_ms,
-                "id": request_id,
-                "received_at": received_at,
-            }
-        )
-        for name, arr in inputs.items():  # the HTTP layer's contract
-            spec = next(s for s in self.configs[model].inputs if s.name == name)
-            assert arr.dtype == spec.dtype and arr.shape[0] == 1, (name, arr.dtype, arr.shape)
-        if model == "dropper":
-            raise Dropped("deadline can no longer be met (needs 7.0 ms, 1.0 left)", "deadline")
-        if model == "busy":
-            raise Overloaded("queue of model 'busy' is full")
-        if model == "broken":
-            raise RuntimeError("executor exploded")
-        if model == "typed":
-            outs = {"a2": inputs["a"] * 2, "nb": ~inputs["b"], "c": inputs["c"].copy()}
-        else:
-            outs = {"y": inputs["x"] + np.float32(1)}
-        return InferResult(model, request_id, outs, 1.25, 3.5, 4, "cpu:0", 0.5, 0.75)
 
 
 @pytest.fixture
@@ -480,7 +386,6 @@ async def test_metadata_health_index(client, service):
 
 # ------------------------------------------------------------------ errors
 
-GOOD_V2 = {"inputs": [{"name": "x", "shape": [1, 4], "datatype": "FP32", "data": [1, 2, 3, 4]}]}
 
 
 def _v2(**changes):

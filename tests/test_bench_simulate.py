@@ -99,22 +99,25 @@ def test_json_validates_and_is_sane(tiny: Path) -> None:
 def test_serving_path_options_model_the_daemon(tiny: Path) -> None:
     args = ("--workload", str(tiny), "--policy", "symphony", "--rate-scale", "1.6", "--json")
     direct = json.loads(run_cli(*args).stdout)
-    proc = run_cli(*args, "--deadline-margin-ms", "3", "--intake-delay-ms", "0.5")
+    proc = run_cli(
+        *args, "--deadline-margin-ms", "3", "--timer-lead-ms", "1", "--intake-delay-ms", "0.5"
+    )
     assert proc.returncode == 0, proc.stderr
     doc = json.loads(proc.stdout)
     jsonschema.validate(doc, SCHEMA)
     assert "serving_path" not in direct
     assert doc["serving_path"] == {
         "deadline_margin_ms": 3.0,
+        "timer_lead_ms": 1.0,
         "intake_delay_ms": 0.5,
-        "dispatch_lead_ms": 0.0,
     }
+    assert doc["policies"]["symphony"]["params"] == {"deadline_margin": 0.003, "timer_lead": 0.001}
     # Planned 3 ms before the 25-ms SLO: the slow tail comes in earlier,
     # though the intake delay moves every answer later.
     p99 = [d["policies"]["symphony"]["overall"]["latency_p99_ms"] for d in (direct, doc)]
     assert p99[0] > 23.0 and p99[1] <= 22.0 + 1e-6
     bad = run_cli(*args, "--deadline-margin-ms", "-1")
-    assert bad.returncode == 2 and "deadline_margin_ms" in bad.stderr
+    assert bad.returncode == 2 and "--deadline-margin-ms must be" in bad.stderr
 
 
 def test_capacity(tmp_path: Path) -> None:

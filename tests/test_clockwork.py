@@ -13,6 +13,7 @@ from app.scheduling.model import ModelInfo
 from app.scheduling.profile import LatencyProfile
 from app.scheduling.registry import make_scheduler
 from app.scheduling.types import Decision, DeviceInfo, Dispatch, Drop, DropReason, Request
+from tests.fakes import decided
 
 MS = 1e-3
 
@@ -145,7 +146,7 @@ def test_hopeless_request_is_dropped_by_timer_never_dispatched_late() -> None:
     assert s.queued() == 0
     assert s.next_wakeup() is None
     # The device frees later; nothing left to run.
-    assert s.batch_finished(0, busy.id, 0.030) == []
+    assert decided(s.batch_finished(0, busy.id, 0.030)) == []
 
 
 def test_arrival_that_is_already_hopeless_is_dropped_at_once() -> None:

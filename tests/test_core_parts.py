@@ -53,7 +53,15 @@ def test_timers_replace_cancel_and_fire_in_order():
     timers.set("c", 5.0)
     timers.cancel("c")
     assert timers.next_time() == 1.0
-    assert [timers.pop_due(2.5), timers.pop_due(2.5), timers.pop_due(2.5)] == ["b", "a", None]
+    assert [timers.pop_due(2.5), timers.pop_due(2.5), timers.pop_due(2.5)] == [
+        ("b", 1.0),
+        ("a", 2.0),
+        None,
+    ]
+    # With a lead, a timer is due that much early: `at − lead ≤ now`.
+    timers.set("d", 4.0)
+    assert not timers.due(3.0, lead=0.5) and timers.pop_due(3.0, lead=0.5) is None
+    assert timers.due(3.5, lead=0.5) and timers.pop_due(3.5, lead=0.5) == ("d", 4.0)
     assert timers.next_time() is None
 
 

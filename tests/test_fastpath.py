@@ -16,7 +16,7 @@ from app.api import create_api
 from app.api.fastpath import ServingAPI, match_infer_path
 from app.api.routes import install
 from app.server.metrics import Metrics
-from tests.test_api import GOOD_V2, FakeService
+from tests.fakes import GOOD_V2, FakeService
 
 pytestmark = pytest.mark.anyio
 

@@ -70,7 +70,7 @@ from schemathesis.specs.openapi.checks import (  # noqa: E402
 
 from app.api import create_api  # noqa: E402
 from app.server.metrics import Metrics  # noqa: E402
-from tests.test_api import FakeService, _config  # noqa: E402
+from tests.fakes import FakeService, api_config  # noqa: E402
 
 # ------------------------------------------------------------------ bad input, by hand
 #
@@ -263,7 +263,7 @@ BAD_INPUT[[c[0] for c in BAD_INPUT].index("native-uint-negative")] = (
 class BadInputService(FakeService):
     def __init__(self) -> None:
         super().__init__()
-        self.configs["unsigned"] = _config(
+        self.configs["unsigned"] = api_config(
             "unsigned", [("u", "UINT8", (-1, 2))], [("y", "UINT8", (-1, 2))]
         )
 

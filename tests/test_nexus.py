@@ -58,7 +58,7 @@ def simulate(sched, arrivals, until):
             if isinstance(d, Dispatch):
                 batches.append(d.batch)
                 heapq.heappush(events, (d.batch.finish_at, 0, next(seq), d.batch))
-            else:
+            elif isinstance(d, Drop):
                 dropped.extend((r, d.reason) for r in d.requests)
 
     while True:

@@ -12,7 +12,8 @@ import pytest
 from app.__main__ import main as app_main
 from app.runtime import realtime
 from app.runtime.arena import Arena
-from app.runtime.pool import ExecutorDevice, ExecutorPool
+from app.runtime.devices import ExecutorDevice
+from app.runtime.pool import ExecutorPool
 from app.runtime.realtime import (
     RealtimeUnavailable,
     SchedState,
@@ -24,7 +25,7 @@ from app.runtime.realtime import (
     set_fifo,
 )
 from app.server.settings import Settings
-from tests.test_runtime import Done, emulated_config
+from tests.fakes import PoolEvents, emulated_config
 
 linux = pytest.mark.skipif(not hasattr(os, "sched_setscheduler"), reason="Linux scheduling API")
 
@@ -181,7 +182,7 @@ def test_executors_step_down_from_the_loop_cpu_ones_to_normal():
             ExecutorDevice(0, "emulated", "emulated:0"),
             ExecutorDevice(1, "cpu", "cpu:0", threads=1),
         ]
-        pool = ExecutorPool(devices, [config], arenas, Done(), realtime_priority=3)
+        pool = ExecutorPool(devices, [config], arenas, PoolEvents(), realtime_priority=3)
         try:
             await pool.start()
             for worker in pool._workers.values():

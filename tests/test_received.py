@@ -19,17 +19,13 @@ from app.scheduling.flex import FlexScheduler
 from app.server.dispatcher import CoreGroup, Dispatcher
 from app.server.metrics import Metrics
 from bench.daemon_launcher import free_port
-from tests.helpers import devices, model
-from tests.test_api import GOOD_V2, FakeService
+from tests.fakes import GOOD_V2, FakeExecutors, FakeService, devices, model
 
 
 def _dispatcher() -> Dispatcher:
-    core = FlexScheduler([model(alpha_ms=1.0, beta_ms=10.0, slo_ms=1000.0)], devices(1))
-    return Dispatcher(
-        [CoreGroup(core, frozenset({"m"}), (0,))],
-        lambda *_: None,
-        deadline_margin_s=0.002,
-    )
+    info = model(alpha_ms=1.0, beta_ms=10.0, slo_ms=1000.0)
+    core = FlexScheduler([info], devices(1), deadline_margin=0.002)
+    return Dispatcher([CoreGroup(core, frozenset({"m"}), (0,))], FakeExecutors())
 
 
 def test_dispatcher_counts_the_slo_from_when_the_request_was_received():
@@ -39,7 +35,9 @@ def test_dispatcher_counts_the_slo_from_when_the_request_was_received():
         received = before - 0.25  # parsed 250 ms after its bytes arrived
         pending = d.submit_request("m", 0, 1.0, received_at=received)
         assert pending.request.arrival == received
-        assert pending.request.deadline == pytest.approx(received + 1.0 - 0.002)
+        # Its deadline is where its SLO ends; the core plans 2 ms before it.
+        assert pending.request.deadline == pytest.approx(received + 1.0)
+        assert pending.request.due == pytest.approx(received + 1.0 - 0.002)
         unstamped = d.submit_request("m", 1, 1.0)
         assert before <= unstamped.request.arrival <= time.monotonic()
         # A stamp from the future (another clock) is clamped to now.

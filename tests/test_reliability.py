@@ -25,7 +25,7 @@ from app.scheduling.registry import make_scheduler, policy_names
 from app.scheduling.types import Batch, Decision, Dispatch, Drop, DropReason, Preempt
 from bench.daemon_launcher import free_port, start_daemon, stop_daemon
 from bench.overload import CAPACITY_RPS, executor_pids, open_loop, write_repository
-from tests.helpers import devices, model
+from tests.fakes import devices, model
 
 # ------------------------------------------------------------ core: device faults
 

@@ -37,7 +37,7 @@ from app.repository.config import DATATYPES
 from app.repository.loader import validate_model_name
 from app.server.metrics import Metrics
 from app.server.settings import Settings
-from tests.test_api import FakeService, _config
+from tests.fakes import FakeService, api_config
 
 pytestmark = pytest.mark.anyio
 
@@ -392,7 +392,7 @@ def _fire():
 async def test_pickle_and_code_payloads_stay_data():
     payload = pickle.dumps(_Boom())
     svc = RecordingService()
-    svc.configs["raw"] = _config(
+    svc.configs["raw"] = api_config(
         "raw", [("x", "UINT8", (-1, len(payload)))], [("y", "FP32", (-1, len(payload)))]
     )
     app = create_api(lambda: svc, Metrics())

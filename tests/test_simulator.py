@@ -9,7 +9,7 @@ import pytest
 
 from app.scheduling import policy_names
 from app.simulation.engine import DROPPED, GOOD, LATE
-from app.simulation.run import ServingPath, simulate
+from app.simulation.run import simulate
 from app.workloads.arrivals import generate_arrivals
 from app.workloads.spec import load_workload, parse_workload
 
@@ -144,13 +144,14 @@ def _live_a(rate_scale: float):
     return workload, arrivals
 
 
-def test_serving_path_margin_plans_early_and_is_judged_at_the_slo():
-    """DEADLINE_MARGIN_MS modelled: the core plans each request 3 ms before
-    its 25-ms SLO (without jitter it finishes there), which costs drops near
-    capacity; requests are still judged at the SLO."""
+def test_deadline_margin_plans_early_and_is_judged_at_the_slo():
+    """The core's `deadline_margin` (the daemon's DEADLINE_MARGIN_MS): each
+    request is planned to finish 3 ms before its 25-ms SLO (without jitter
+    it finishes there), which costs drops near capacity; requests are still
+    judged at the SLO."""
     workload, arrivals = _live_a(2.4)
     direct = simulate(workload, "symphony", arrivals=arrivals)
-    margin = simulate(workload, "symphony", arrivals=arrivals, serving=ServingPath(3.0))
+    margin = simulate(workload, "symphony", {"deadline_margin": 0.003}, arrivals=arrivals)
     trace = margin.trace
     served = trace.status != DROPPED
     assert np.max(trace.finish[served] - trace.arrival[served]) <= 0.022 + 1e-9
@@ -160,13 +161,13 @@ def test_serving_path_margin_plans_early_and_is_judged_at_the_slo():
     assert margin.summary["overall"]["drop_fraction"] > 0.008
 
 
-def test_serving_path_intake_delay_is_timed_from_the_arrival():
+def test_intake_delay_is_timed_from_the_arrival():
     """The core sees each request after an exponential intake delay (mean
-    1 ms here) but its SLO runs from its arrival: the trace comes back in
-    arrival order, judged from the arrival, with more drops near capacity."""
+    1 ms here) but its SLO runs from its arrival: the trace is in arrival
+    order, judged from the arrival, with more drops near capacity."""
     workload, arrivals = _live_a(2.4)
     direct = simulate(workload, "symphony", arrivals=arrivals)
-    delayed = simulate(workload, "symphony", arrivals=arrivals, serving=ServingPath(0.0, 1.0))
+    delayed = simulate(workload, "symphony", arrivals=arrivals, intake_delay_ms=1.0)
     trace = delayed.trace
     assert np.array_equal(trace.arrival, arrivals.times)
     assert np.array_equal(trace.model_index, arrivals.model_index)
@@ -176,26 +177,25 @@ def test_serving_path_intake_delay_is_timed_from_the_arrival():
     assert (
         delayed.summary["overall"]["drop_fraction"] > 2 * direct.summary["overall"]["drop_fraction"]
     )
-    assert ServingPath().is_direct and not ServingPath(0.0, 1.0).is_direct
     with pytest.raises(ValueError, match="intake_delay_ms"):
-        ServingPath(0.0, -1.0)
+        simulate(workload, "symphony", arrivals=arrivals, intake_delay_ms=-1.0)
 
 
-def test_serving_path_dispatch_lead_forms_batches_before_their_start():
-    """The dispatcher's 2-ms timer lead modelled as the core's control delay:
-    every batch leaves the core at least 2 ms before it starts, so it holds
-    only requests that came by then — smaller batches, more drops near
-    capacity, the same requests judged at the SLO."""
+def test_timer_lead_forms_batches_early():
+    """The core's `timer_lead` (the daemon's TIMER_LEAD_MS): every timer is
+    handled 2 ms before it is due, so a batch holds only the requests that
+    came by then: smaller batches, more drops near capacity, and every
+    request served still ends by its planned deadline."""
     workload, arrivals = _live_a(2.2)
-    plain = simulate(workload, "symphony", arrivals=arrivals, serving=ServingPath(3.0))
-    lead = simulate(workload, "symphony", arrivals=arrivals, serving=ServingPath(3.0, 0.0, 2.0))
-    assert lead.params == {"d_ctrl": 0.002} and plain.params == {}
+    plain = simulate(workload, "symphony", {"deadline_margin": 0.003}, arrivals=arrivals)
+    lead = simulate(
+        workload, "symphony", {"deadline_margin": 0.003, "timer_lead": 0.002}, arrivals=arrivals
+    )
     for result in (plain, lead):
         served = result.trace.status != DROPPED
         assert np.max(result.trace.finish[served] - result.trace.arrival[served]) <= 0.022 + 1e-9
     plain_all, lead_all = plain.summary["overall"], lead.summary["overall"]
-    assert lead_all["mean_batch_size"] < plain_all["mean_batch_size"] - 0.1
-    assert lead_all["drop_fraction"] > 2 * plain_all["drop_fraction"] + 0.002
-    assert not ServingPath(0.0, 0.0, 2.0).is_direct
-    with pytest.raises(ValueError, match="dispatch_lead_ms"):
-        ServingPath(0.0, 0.0, float("nan"))
+    assert lead_all["mean_batch_size"] < plain_all["mean_batch_size"] - 0.3
+    assert lead_all["drop_fraction"] > plain_all["drop_fraction"] + 0.001
+    with pytest.raises(ValueError, match="timer_lead"):
+        simulate(workload, "symphony", {"timer_lead": float("nan")}, arrivals=arrivals)

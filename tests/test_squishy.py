@@ -11,9 +11,9 @@ import itertools
 
 import pytest
 
-from app.planning.squishy import nexus_batch, plan
 from app.scheduling.model import ModelInfo
 from app.scheduling.profile import LatencyProfile
+from app.scheduling.squishy import nexus_batch, plan
 
 
 def A(name: str, slo: float = 0.020) -> ModelInfo:

@@ -8,7 +8,7 @@ import pytest
 
 from app.scheduling import DropReason, make_scheduler
 from app.scheduling.symphony import SymphonyScheduler
-from tests.helpers import devices, dispatches, drops, model, request
+from tests.fakes import devices, dispatches, drops, model, request
 
 
 def feed(scheduler, info, times, slo_s=None):

@@ -14,6 +14,7 @@ from app.scheduling.profile import LatencyProfile
 from app.scheduling.registry import make_scheduler
 from app.scheduling.triton import TritonScheduler
 from app.scheduling.types import Decision, DeviceInfo, Dispatch, Drop, DropReason, Request
+from tests.fakes import decided
 
 MS = 1e-3
 
@@ -166,7 +167,7 @@ def test_preferred_batch_size_sent_without_waiting_for_the_delay() -> None:
     assert d2.batch.size == 4
     # One left: it waits for its delay (arrived at 2.4 ms → 52.4 ms).
     assert s.queued() == 1
-    assert s.batch_finished(0, d2.batch.id, 0.015) == []
+    assert decided(s.batch_finished(0, d2.batch.id, 0.015)) == []
     assert s.next_wakeup() == pytest.approx(0.0524)
     (d3,) = dispatches(s.advance(s.next_wakeup()))
     assert ids(d3.batch.requests) == [7]
@@ -194,7 +195,7 @@ def test_rejects_after_queue_timeout_at_the_right_time() -> None:
     (drop2,) = drops(s.advance(wake2))
     assert ids(drop2.requests) == [r2.id]
     assert s.queued() == 0 and s.next_wakeup() is None
-    assert s.batch_finished(0, blocker.id, 0.100) == []
+    assert decided(s.batch_finished(0, blocker.id, 0.100)) == []
 
 
 def test_default_queue_timeout_is_the_slo() -> None:
@@ -277,8 +278,8 @@ def test_longest_idle_device_gets_the_next_batch() -> None:
     q = Ids()
     b1 = dispatches(s.add_request(q.req("m", 0.0), 0.0))[0].batch
     b2 = dispatches(s.add_request(q.req("m", 0.001), 0.001))[0].batch
-    assert s.batch_finished(1, b2.id, 0.004) == []  # device 1 idle since 4 ms
-    assert s.batch_finished(0, b1.id, 0.005) == []  # device 0 idle since 5 ms
+    assert decided(s.batch_finished(1, b2.id, 0.004)) == []  # device 1 idle since 4 ms
+    assert decided(s.batch_finished(0, b1.id, 0.005)) == []  # device 0 idle since 5 ms
     (d,) = dispatches(s.add_request(q.req("m", 0.010), 0.010))
     assert d.batch.device == 1
 

@@ -2,42 +2,16 @@
 
 Started by `ExecutorPool` with the *spawn* context as
 ``executor_main(conn, device, log_level, realtime_priority, cancels)``.
-Everything that crosses the pipes is a tuple of ints, floats, strings, lists
-and dicts built by the parent (or by this process); tensor bytes live in
-shared-memory arenas and never cross them. Nothing here ever sees data from
-the network.
-
-Parent → executor (tuple tag first)::
-
-    ("load", req_id, [config_dict, ...], {model: arena_layout})
-    ("run", batch_id, model, [slot, ...], start_at)
-    ("profile", req_id, model, [batch_size, ...], warmup, repeats)
-    ("stop",)
-
-Parent → executor on the second, one-way pipe `cancels`::
-
-    ("cancel", batch_id)          # best-effort preemption of a queued/running batch
-
-Executor → parent::
-
-    ("loaded", req_id, {model: error_or_None}, {model: info_str})
-    ("done", batch_id, started_at, finished_at, error_or_None)
-    ("profiled", req_id, {batch_size: median_ms} or None, error_or_None)
-    ("stopped",)
-
-Clock: `start_at`, `started_at` and `finished_at` are `time.monotonic()`
-seconds — CLOCK_MONOTONIC is system-wide on Linux, and asyncio's `loop.time()`
-uses the same clock, so the parent can compare them with its own times.
-`start_at` ≤ now means "at once". `started_at` is taken just before the
-inputs are gathered, `finished_at` just after the outputs are scattered (on
-an emulated device, once it has been held until `started_at` + ℓ(b)).
+The messages on its two pipes are the dataclasses of `app.runtime.messages`:
+Load, Run, Profile and Stop on the main pipe, answered by Loaded, Ran or
+Cancelled, Profiled and Stopped; Cancel on the second, one-way pipe.
 
 Messages are executed strictly in order by the main thread, which reads the
 pipe itself: a batch reaches it with one wake-up, not two (a reader thread
 handing it over through a queue). Cancels come on their own pipe to a thread
 that acts on them at once, even mid-batch. An exception inside a batch
-becomes the `error` string of its "done" reply ("cancelled" for a terminated
-batch); the loop keeps serving. The process exits on "stop" or when the parent's end of
+becomes the `error` of its Ran reply; a stopped batch answers Cancelled; the
+loop keeps serving. The process exits on Stop or when the parent's end of
 the pipe closes.
 """
 
@@ -52,12 +26,24 @@ import threading
 import time
 import traceback
 from collections import OrderedDict
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from app.repository.config import ModelConfig, ProfileSpec, TensorSpec
+from app.repository.config import ModelConfig
+from app.runtime.messages import (
+    Cancel,
+    Cancelled,
+    Load,
+    Loaded,
+    Profile,
+    Profiled,
+    Ran,
+    Run,
+    Stop,
+    Stopped,
+    config_from_dict,
+)
 from app.runtime.realtime import (
     NORMAL,
     RealtimeUnavailable,
@@ -66,81 +52,11 @@ from app.runtime.realtime import (
     set_fifo,
 )
 
+# The error text of a batch whose executor stopped it (internal: the reply
+# to such a batch is Cancelled).
 CANCELLED = "cancelled"
 
 log = logging.getLogger("app.runtime.executor")
-
-
-# ------------------------------------------------------- config ↔ plain dict
-def config_to_dict(config: ModelConfig) -> dict[str, Any]:
-    """A ModelConfig as plain picklable builtins (sent to executors)."""
-
-    def tensor(s: TensorSpec) -> dict[str, Any]:
-        return {"name": s.name, "datatype": s.datatype, "shape": list(s.shape)}
-
-    p = config.profile
-    return {
-        "name": config.name,
-        "backend": config.backend,
-        "directory": str(config.directory),
-        "inputs": [tensor(s) for s in config.inputs],
-        "outputs": [tensor(s) for s in config.outputs],
-        "max_batch_size": int(config.max_batch_size),
-        "slo_ms": float(config.slo_ms),
-        "model_file": None if config.model_file is None else str(config.model_file),
-        "profile": None
-        if p is None
-        else {
-            "alpha_ms": p.alpha_ms,
-            "beta_ms": p.beta_ms,
-            "latency_ms": None
-            if p.latency_ms is None
-            else {int(b): float(ms) for b, ms in p.latency_ms.items()},
-            "device": p.device,
-        },
-        "allow_slo_loosening": bool(config.allow_slo_loosening),
-        "devices": None if config.devices is None else list(config.devices),
-        "version": config.version,
-        "description": config.description,
-        # config.yaml `parameters` (plain YAML values): backend options such
-        # as an emulated model's preemption delay.
-        "extra": dict(config.extra),
-    }
-
-
-def config_from_dict(d: dict[str, Any] | ModelConfig) -> ModelConfig:
-    if isinstance(d, ModelConfig):
-        return d
-
-    def tensor(t: dict[str, Any]) -> TensorSpec:
-        return TensorSpec(t["name"], t["datatype"], tuple(int(x) for x in t["shape"]))
-
-    p = d.get("profile")
-    return ModelConfig(
-        name=d["name"],
-        backend=d["backend"],
-        directory=Path(d.get("directory") or "."),
-        inputs=tuple(tensor(t) for t in d["inputs"]),
-        outputs=tuple(tensor(t) for t in d["outputs"]),
-        max_batch_size=int(d["max_batch_size"]),
-        slo_ms=float(d["slo_ms"]),
-        model_file=None if d.get("model_file") is None else Path(d["model_file"]),
-        profile=None
-        if p is None
-        else ProfileSpec(
-            alpha_ms=p.get("alpha_ms"),
-            beta_ms=p.get("beta_ms"),
-            latency_ms=None
-            if p.get("latency_ms") is None
-            else {int(b): float(ms) for b, ms in p["latency_ms"].items()},
-            device=p.get("device"),
-        ),
-        allow_slo_loosening=bool(d.get("allow_slo_loosening", False)),
-        devices=None if d.get("devices") is None else tuple(d["devices"]),
-        version=str(d.get("version", "1")),
-        description=str(d.get("description", "")),
-        extra=dict(d.get("extra") or {}),
-    )
 
 
 # ------------------------------------------------------------------ helpers
@@ -225,8 +141,8 @@ class Executor:
                 msg = cancels.recv()
             except (EOFError, OSError):
                 return  # the parent is gone or stopping us: the main pipe says which
-            if isinstance(msg, tuple) and len(msg) == 2 and msg[0] == "cancel":
-                self._cancel(int(msg[1]))
+            if isinstance(msg, Cancel):
+                self._cancel(int(msg.batch_id))
             else:
                 log.error("%s: unknown message %r on the cancel pipe", self.name, msg)
 
@@ -250,25 +166,24 @@ class Executor:
                 self.shutdown(reply=False)
                 return
             try:
-                tag = msg[0]
-                if tag == "run":
-                    self.run(int(msg[1]), str(msg[2]), [int(s) for s in msg[3]], float(msg[4]))
-                elif tag == "load":
-                    self.load(int(msg[1]), msg[2], msg[3])
-                elif tag == "profile":
-                    self.profile(int(msg[1]), str(msg[2]), msg[3], int(msg[4]), int(msg[5]))
-                elif tag == "stop":
+                if isinstance(msg, Run):
+                    self.run(msg.batch_id, msg.model, list(msg.slots), float(msg.start_at))
+                elif isinstance(msg, Load):
+                    self.load(msg.req_id, msg.configs, msg.layouts)
+                elif isinstance(msg, Profile):
+                    self.profile(msg.req_id, msg.model, msg.batch_sizes, msg.warmup, msg.repeats)
+                elif isinstance(msg, Stop):
                     self.shutdown()
                     return
                 else:
-                    log.error("%s: unknown message %r", self.name, tag)
+                    log.error("%s: unknown message %r", self.name, type(msg).__name__)
             except (BrokenPipeError, EOFError, ConnectionResetError):
                 self.shutdown(reply=False)
                 return
             except Exception:  # a malformed message must not kill the loop
-                log.exception("%s: failed to handle %r", self.name, msg[:1])
+                log.exception("%s: failed to handle %s", self.name, type(msg).__name__)
 
-    def send(self, msg: tuple) -> None:
+    def send(self, msg: Loaded | Ran | Cancelled | Profiled | Stopped) -> None:
         self.conn.send(msg)
 
     def load(self, req_id: int, configs: list[Any], layouts: dict[str, Any]) -> None:
@@ -303,7 +218,7 @@ class Executor:
             except Exception as exc:
                 log.warning("%s: loading %s failed: %s", self.name, name, exc)
                 errors[name] = _error_text(exc)
-        self.send(("loaded", req_id, errors, info))
+        self.send(Loaded(req_id, errors, info))
 
     def _wait_until(self, start_at: float) -> None:
         remaining = start_at - time.monotonic()
@@ -347,10 +262,14 @@ class Executor:
                 if reset is not None:
                     reset()
         finished = time.monotonic()
-        self.send(("done", batch_id, started, finished, error))
+        if error == CANCELLED:
+            self.send(Cancelled(batch_id, started, finished))
+        else:
+            self.send(Ran(batch_id, started, finished, error))
 
     def _execute(self, model: str, backend: Any, slots: list[int], started: float) -> str | None:
-        from app.runtime.backends import EmulatedBackend, Terminated
+        from app.runtime.backend import Terminated
+        from app.runtime.emulated import EmulatedBackend
 
         try:
             if backend is None:
@@ -404,11 +323,11 @@ class Executor:
                     backend.run(inputs)
                     times.append((time.perf_counter() - t0) * 1000.0)
                 result[b] = float(np.median(times))
-            self.send(("profiled", req_id, result, None))
+            self.send(Profiled(req_id, result, None))
         except (BrokenPipeError, EOFError, ConnectionResetError):
             raise
         except Exception as exc:
-            self.send(("profiled", req_id, None, _error_text(exc)))
+            self.send(Profiled(req_id, None, _error_text(exc)))
 
     def shutdown(self, reply: bool = True) -> None:
         for arena in self.arenas.values():
@@ -417,7 +336,7 @@ class Executor:
         self.backends.clear()
         if reply:
             with contextlib.suppress(BrokenPipeError, EOFError, ConnectionResetError, OSError):
-                self.send(("stopped",))
+                self.send(Stopped())
 
 
 def executor_main(

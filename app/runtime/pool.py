@@ -1,11 +1,14 @@
-"""Parent side of the executors: device detection and an asyncio-friendly pool.
+"""Parent side of the executors: an asyncio-friendly pool of processes.
 
 `ExecutorPool` spawns one executor process per `ExecutorDevice` (spawn
-context), tells each which models to load, and then only sends small control
-messages (see `app.runtime.executor` for the protocol). Replies are read on the
-event loop with `loop.add_reader` on the pipe's file descriptor (a reader
-thread with `call_soon_threadsafe` where the loop has no `add_reader`), so
-nothing blocks the loop; `on_done` is called on the loop thread.
+context; `app.runtime.devices` says which), tells each which models to load,
+and then only sends small control messages (`app.runtime.messages`).
+Replies are read on the event loop with `loop.add_reader` on the pipe's file
+descriptor (a reader thread with `call_soon_threadsafe` where the loop has no
+`add_reader`), so nothing blocks the loop. What happens to batches and
+devices reaches the owner as typed events (`app.runtime.events`), posted on
+the loop's thread: BatchFinished or BatchStopped exactly once per submitted
+batch, DeviceDown and DeviceUp.
 
 Clock: all times are `time.monotonic()` seconds, the clock of asyncio's
 `loop.time()`; pass `start_at = loop.time() + delay` (or ≤ now for "at once").
@@ -13,11 +16,11 @@ Clock: all times are `time.monotonic()` seconds, the clock of asyncio's
 Faults. An executor that dies (crash, SIGKILL, OOM kill) is noticed as EOF on
 its pipe; one that hangs — its oldest batch running longer than
 `stuck_factor`·ℓ(b) + `stuck_margin_s` by `expected_latency` — is killed by a
-watchdog on the event loop. Either way `on_down(device, reason)` is called
-first (so the caller can re-plan the batches' requests), then every in-flight
-batch's `on_done` with an error, and the executor is respawned in the
-background: a fresh process loads the same models and re-attaches the same
-arenas; `on_up(device, seconds_down)` reports it serving again.
+watchdog on the event loop. Either way DeviceDown is posted first (so the
+owner can re-plan the batches' requests), then a BatchFinished with the
+reason as its error for every batch in flight, and the executor is respawned
+in the background: a fresh process loads the same models and re-attaches the
+same arenas; DeviceUp reports it serving again.
 """
 
 from __future__ import annotations
@@ -27,148 +30,43 @@ import contextlib
 import itertools
 import logging
 import multiprocessing as mp
-import os
-import shutil
-import subprocess
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import asdict, dataclass
-from typing import Any, Literal
+from typing import Any
 
 from app.errors import ExecutorFailed
 from app.repository.config import ModelConfig
 from app.runtime.arena import Arena
-from app.runtime.backends import backend_supports
-from app.runtime.executor import CANCELLED, config_to_dict, executor_main
+from app.runtime.devices import ExecutorDevice, model_allowed_on
+from app.runtime.events import (
+    BatchFinished,
+    BatchStopped,
+    DeviceDown,
+    DeviceUp,
+    EventSink,
+    ExecutorEvent,
+)
+from app.runtime.executor import executor_main
+from app.runtime.messages import (
+    Cancel,
+    Cancelled,
+    Load,
+    Loaded,
+    Profile,
+    Profiled,
+    Ran,
+    Run,
+    Stop,
+    Stopped,
+    ToExecutor,
+    config_to_dict,
+)
 
 log = logging.getLogger("app.runtime.pool")
 
-DeviceKind = Literal["cpu", "cuda", "emulated"]
-# on_done(device_id, batch_id, started_at, finished_at, error_or_None)
-DoneCallback = Callable[[int, int, float, float, "str | None"], None]
-# on_down(device_id, reason); on_up(device_id, seconds it was out of service)
-DownCallback = Callable[[int, str], None]
-UpCallback = Callable[[int, float], None]
 # expected_latency(model, batch_size) -> seconds, or None when unknown
 LatencyOf = Callable[[str, int], "float | None"]
-
-__all__ = [
-    "CANCELLED",
-    "DoneCallback",
-    "ExecutorDevice",
-    "ExecutorPool",
-    "detect_devices",
-]
-
-
-@dataclass(frozen=True)
-class ExecutorDevice:
-    """One executor process: a GPU, a CPU slice or an emulated device.
-
-    `index` is the CUDA device ordinal (among visible devices) for "cuda";
-    `threads` the intra-op threads of a CPU slice; `cpus` optionally pins the
-    process to those cores.
-    """
-
-    id: int
-    kind: DeviceKind
-    name: str
-    index: int = 0
-    threads: int = 1
-    cpus: tuple[int, ...] | None = None
-
-    def to_dict(self) -> dict[str, Any]:
-        d = asdict(self)
-        d["cpus"] = None if self.cpus is None else list(self.cpus)
-        return d
-
-
-# ---------------------------------------------------------------- detection
-def _visible_cores() -> list[int]:
-    if hasattr(os, "sched_getaffinity"):
-        return sorted(os.sched_getaffinity(0))
-    return list(range(os.cpu_count() or 1))
-
-
-def cuda_device_count() -> int:
-    """GPUs usable by onnxruntime: 0 unless it has the CUDA EP; then
-    CUDA_VISIBLE_DEVICES if set, else the lines of `nvidia-smi -L`."""
-    try:
-        import onnxruntime as ort
-
-        if "CUDAExecutionProvider" not in ort.get_available_providers():
-            return 0
-    except ImportError:
-        return 0
-    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-    if visible is not None:
-        count = 0
-        for entry in visible.split(","):
-            entry = entry.strip()
-            if not entry or entry == "-1":
-                break  # CUDA stops at the first invalid entry
-            count += 1
-        return count
-    smi = shutil.which("nvidia-smi")
-    if smi is None:
-        return 0
-    try:
-        out = subprocess.run([smi, "-L"], capture_output=True, text=True, timeout=10, check=False)
-    except (OSError, subprocess.SubprocessError):
-        return 0
-    if out.returncode != 0:
-        return 0
-    return sum(1 for line in out.stdout.splitlines() if line.startswith("GPU "))
-
-
-def detect_devices(
-    cpu_slices: int | None = None,
-    threads_per_slice: int | None = None,
-    emulated: int = 0,
-    *,
-    gpus: int | None = None,
-) -> list[ExecutorDevice]:
-    """The executor layout of this machine.
-
-    One "cuda" device per GPU (see `cuda_device_count`; `gpus` overrides it).
-    CPU slices: `cpu_slices=None` means one slice with every visible core when
-    there is no GPU and none when there is; `0` none; `n` that many slices of
-    `threads_per_slice` threads (default: cores // n), each pinned to its own
-    cores when they fit. Then `emulated` emulated devices.
-    """
-    n_gpus = cuda_device_count() if gpus is None else gpus
-    devices: list[ExecutorDevice] = []
-    ids = itertools.count()
-    for i in range(n_gpus):
-        devices.append(ExecutorDevice(next(ids), "cuda", f"cuda:{i}", index=i))
-    slices = (0 if n_gpus else 1) if cpu_slices is None else cpu_slices
-    if slices < 0:
-        raise ValueError(f"cpu_slices must be ≥ 0, got {cpu_slices}")
-    if slices:
-        cores = _visible_cores()
-        threads = threads_per_slice or max(1, len(cores) // slices)
-        pin = slices > 1 and slices * threads <= len(cores)
-        for i in range(slices):
-            cpus = tuple(cores[i * threads : (i + 1) * threads]) if pin else None
-            devices.append(
-                ExecutorDevice(next(ids), "cpu", f"cpu:{i}", index=i, threads=threads, cpus=cpus)
-            )
-    if emulated < 0:
-        raise ValueError(f"emulated must be ≥ 0, got {emulated}")
-    for i in range(emulated):
-        devices.append(ExecutorDevice(next(ids), "emulated", f"emulated:{i}", index=i))
-    return devices
-
-
-def model_allowed_on(config: ModelConfig, device: ExecutorDevice) -> bool:
-    """Backend supports the device kind, and ModelConfig.devices (kinds or
-    names) includes it when set."""
-    if not backend_supports(config.backend, device.kind):
-        return False
-    if config.devices is None:
-        return True
-    return device.kind in config.devices or device.name in config.devices
 
 
 # --------------------------------------------------------------------- pool
@@ -201,11 +99,11 @@ class ExecutorPool:
 
     `configs`: ModelConfigs (a mapping by name or an iterable); `arenas`: one
     parent-created `Arena` per model that will be run (the pool owns them and
-    unlinks them in `stop`). `on_done(device_id, batch_id, started_at,
-    finished_at, error)` is called on the event loop thread for every
-    submitted batch exactly once — with an error string when the batch failed,
-    was cancelled (`CANCELLED`), or its executor died/stopped first (then
-    started_at == finished_at == the time it was noticed).
+    unlinks them in `stop`). `events` receives, on the event loop thread, a
+    BatchFinished or a BatchStopped for every submitted batch exactly once —
+    BatchFinished with an error when the batch failed, or its executor
+    died or stopped first (then started_at == finished_at == the time it was
+    noticed) — and DeviceDown / DeviceUp as executors fail and come back.
     """
 
     def __init__(
@@ -213,11 +111,9 @@ class ExecutorPool:
         devices: Sequence[ExecutorDevice],
         configs: Mapping[str, ModelConfig] | Iterable[ModelConfig],
         arenas: Mapping[str, Arena],
-        on_done: DoneCallback,
+        events: EventSink,
         *,
         log_level: int | None = None,
-        on_down: DownCallback | None = None,
-        on_up: UpCallback | None = None,
         respawn: bool = True,
         expected_latency: LatencyOf | None = None,
         stuck_factor: float = 10.0,
@@ -233,7 +129,7 @@ class ExecutorPool:
         else:
             self.configs = {c.name: c for c in configs}
         self.arenas: dict[str, Arena] = dict(arenas)
-        self.on_done = on_done
+        self.events = events
         self.log_level = log.getEffectiveLevel() if log_level is None else log_level
         self._workers: dict[int, _Worker] = {d.id: _Worker(d) for d in devices}
         self._waiters: dict[int, tuple[_Worker, asyncio.Future]] = {}
@@ -241,8 +137,6 @@ class ExecutorPool:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._started = False
         self._stopped = False
-        self.on_down = on_down
-        self.on_up = on_up
         self.respawn = respawn
         # Watchdog: a batch running longer than factor·ℓ(b) + margin is a
         # hung executor (0 disables it). `expected_latency` may be set later,
@@ -356,7 +250,7 @@ class ExecutorPool:
 
     async def _respawn(self, w: _Worker) -> None:
         """Start a fresh process for a dead executor until one loads; then
-        report the device back (`on_up`) with the time it was out."""
+        report the device back (DeviceUp) with the time it was out."""
         backoff = 0.1
         while not self._stopped:
             _reap(w.process)
@@ -389,11 +283,7 @@ class ExecutorPool:
                 ", ".join(w.models) or "no models",
                 down,
             )
-            if self.on_up is not None:
-                try:
-                    self.on_up(w.device.id, down)
-                except Exception:
-                    log.exception("on_up callback failed for device %s", w.device.id)
+            self._post(DeviceUp(w.device.id, down))
             return
 
     async def _watchdog(self) -> None:
@@ -433,7 +323,7 @@ class ExecutorPool:
         layouts = {n: self.arenas[n].layout for n in names if n in self.arenas}
         req = next(self._req_ids)
         fut = self._expect(req, w)
-        self._send(w, ("load", req, configs, layouts))
+        self._send(w, Load(req, configs, layouts))
         errors, info = await fut
         for name, err in errors.items():
             if err is None:
@@ -449,8 +339,9 @@ class ExecutorPool:
     ) -> None:
         """Queue a batch on the device (non-blocking). Its inputs must already
         be in `slots` of the model's arena; outputs land in the same slots
-        before `on_done` is called. Raises ExecutorFailed at once when the
-        device is dead or does not have the model."""
+        before its BatchFinished is posted. Raises ExecutorFailed at once when
+        the device is dead or does not have the model (then no event
+        follows)."""
         w = self._workers[device_id]
         if w.dead or w.loading or w.stopping or self._stopped:
             raise ExecutorFailed(f"executor {w.device.name} is not running")
@@ -463,7 +354,7 @@ class ExecutorPool:
         w.inflight[batch_id] = model
         w.sizes[batch_id] = (len(slots), float(start_at))
         try:
-            self._send(w, ("run", int(batch_id), model, [int(s) for s in slots], float(start_at)))
+            self._send(w, Run(int(batch_id), model, [int(s) for s in slots], float(start_at)))
         except ExecutorFailed:
             w.inflight.pop(batch_id, None)
             w.sizes.pop(batch_id, None)
@@ -471,14 +362,15 @@ class ExecutorPool:
 
     def cancel(self, device_id: int, batch_id: int) -> bool:
         """Best-effort preemption: a queued batch is skipped, a running one is
-        terminated (ORT RunOptions.terminate / emulated hold aborted). Its
-        on_done then carries error == CANCELLED — or no error if it finished
-        first. Returns False if the batch is not in flight."""
+        terminated (ORT RunOptions.terminate / emulated hold aborted). A
+        BatchStopped event follows — or BatchFinished if it finished first.
+        Returns False if the batch is not in flight (its event is posted
+        already, or its executor is gone)."""
         w = self._workers[device_id]
         if batch_id not in w.inflight or w.dead:
             return False
         try:
-            w.cancels.send(("cancel", int(batch_id)))
+            w.cancels.send(Cancel(int(batch_id)))
         except (OSError, ValueError):  # the executor is gone: its EOF reports it
             return False
         return True
@@ -501,9 +393,7 @@ class ExecutorPool:
             raise ExecutorFailed(f"model {model!r} is not loaded on {w.device.name}")
         req = next(self._req_ids)
         fut = self._expect(req, w)
-        self._send(
-            w, ("profile", req, model, [int(b) for b in batch_sizes], int(warmup), int(repeats))
-        )
+        self._send(w, Profile(req, model, [int(b) for b in batch_sizes], int(warmup), int(repeats)))
         result, error = await asyncio.wait_for(fut, timeout)
         if error is not None:
             raise ExecutorFailed(f"profiling {model} on {w.device.name} failed: {error}")
@@ -511,9 +401,10 @@ class ExecutorPool:
 
     # --------------------------------------------------------------- stop
     async def stop(self, timeout: float = 5.0) -> None:
-        """Stop every executor: queued batches run first (their on_done
-        fires), then the process exits; after `timeout` stragglers are killed
-        and their in-flight batches fail. Finally the arenas are unlinked."""
+        """Stop every executor: queued batches run first (their events are
+        posted), then the process exits; after `timeout` stragglers are
+        killed and their in-flight batches fail. Finally the arenas are
+        unlinked."""
         if self._stopped:
             return
         self._stopped = True
@@ -523,7 +414,7 @@ class ExecutorPool:
             w.stopping = True
             if w.process is not None and not w.dead:
                 with contextlib.suppress(OSError, ValueError):
-                    w.conn.send(("stop",))
+                    w.conn.send(Stop())
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline and any(
             w.process is not None and w.process.is_alive() for w in self._workers.values()
@@ -556,7 +447,7 @@ class ExecutorPool:
         self._waiters[req] = (w, fut)
         return fut
 
-    def _send(self, w: _Worker, msg: tuple) -> None:
+    def _send(self, w: _Worker, msg: ToExecutor) -> None:
         try:
             w.conn.send(msg)
         except (OSError, ValueError) as exc:  # broken pipe / closed connection
@@ -631,16 +522,12 @@ class ExecutorPool:
         fault = first and not w.stopping and not self._stopped and not w.loading
         if fault:
             w.down_since = time.monotonic()
-            if self.on_down is not None:
-                try:
-                    self.on_down(w.device.id, reason)
-                except Exception:
-                    log.exception("on_down callback failed for device %s", w.device.id)
+            self._post(DeviceDown(w.device.id, reason))
         now = time.monotonic()
         for batch_id in list(w.inflight):
             w.inflight.pop(batch_id, None)
             w.sizes.pop(batch_id, None)
-            self._call_on_done(w.device.id, batch_id, now, now, reason)
+            self._post(BatchFinished(w.device.id, batch_id, now, now, reason))
         for req, (owner, fut) in list(self._waiters.items()):
             if owner is w:
                 self._waiters.pop(req, None)
@@ -649,34 +536,35 @@ class ExecutorPool:
         if fault and self.respawn and self._loop is not None:
             self._background(self._respawn(w))
 
-    def _call_on_done(
-        self, device_id: int, batch_id: int, started: float, finished: float, error: str | None
-    ) -> None:
+    def _post(self, event: ExecutorEvent) -> None:
         try:
-            self.on_done(device_id, batch_id, started, finished, error)
+            self.events(event)
         except Exception:
-            log.exception("on_done callback failed for batch %s", batch_id)
+            log.exception("handling %s failed", event)
 
     def _handle(self, w: _Worker, msg: Any) -> None:
-        tag = msg[0]
-        if tag == "done":
-            _, batch_id, started, finished, error = msg
+        if isinstance(msg, Ran | Cancelled):
             w.progress_at = time.monotonic()
-            w.sizes.pop(batch_id, None)
-            if w.inflight.pop(batch_id, None) is None:
-                log.warning("executor %s: reply for unknown batch %s", w.device.name, batch_id)
+            w.sizes.pop(msg.batch_id, None)
+            if w.inflight.pop(msg.batch_id, None) is None:
+                log.warning("executor %s: reply for unknown batch %s", w.device.name, msg.batch_id)
                 return
-            self._call_on_done(w.device.id, batch_id, started, finished, error)
-        elif tag == "loaded":
-            _, req, errors, info = msg
-            self._resolve(req, (errors, info))
-        elif tag == "profiled":
-            _, req, result, error = msg
-            self._resolve(req, (result, error))
-        elif tag == "stopped":
+            if isinstance(msg, Ran):
+                self._post(
+                    BatchFinished(
+                        w.device.id, msg.batch_id, msg.started_at, msg.finished_at, msg.error
+                    )
+                )
+            else:
+                self._post(BatchStopped(w.device.id, msg.batch_id, msg.stopped_at))
+        elif isinstance(msg, Loaded):
+            self._resolve(msg.req_id, (msg.errors, msg.info))
+        elif isinstance(msg, Profiled):
+            self._resolve(msg.req_id, (msg.result, msg.error))
+        elif isinstance(msg, Stopped):
             pass
         else:
-            log.warning("executor %s: unknown reply %r", w.device.name, tag)
+            log.warning("executor %s: unknown reply %r", w.device.name, type(msg).__name__)
 
     def _resolve(self, req: int, value: Any) -> None:
         entry = self._waiters.pop(req, None)

@@ -59,7 +59,7 @@ from typing import Any
 import numpy as np
 
 from app.repository.config import ModelConfig
-from app.runtime.backends import Terminated
+from app.runtime.backend import Terminated
 
 
 def import_torch() -> Any:

@@ -33,10 +33,9 @@ Rules (all times in seconds, `now` from the driver):
    ``start_at = now + delay(k)`` as in Symphony App. C's ``exec_at``.
 6. **Drop timers.** Per model, a timer fires at the first instant the queue
    head can no longer finish alone — the first float ``t`` with
-   ``t + delay(1) + ℓ(1) > deadline``, i.e. just after
-   ``deadline − delay(1) − ℓ(1)`` — so drops are answered promptly even
-   while every device is busy. A batch finishing exactly at its deadline is
-   within SLO.
+   ``t + delay(1) + ℓ(1) > deadline`` (`Scheduler.hopeless_at`) — so drops
+   are answered promptly even while every device is busy. A batch finishing
+   exactly at its deadline is within SLO.
 
 Simplified or left out, on purpose:
 
@@ -57,14 +56,12 @@ Simplified or left out, on purpose:
 
 from __future__ import annotations
 
-import math
 from collections.abc import Hashable, Sequence
 
 from app.scheduling.base import Scheduler
 from app.scheduling.model import ModelInfo
+from app.scheduling.queue import DeadlineQueue
 from app.scheduling.types import Batch, DeviceInfo, DropReason, Request
-
-_INF = math.inf
 
 
 class ClockworkScheduler(Scheduler):
@@ -79,14 +76,10 @@ class ClockworkScheduler(Scheduler):
         **options: float,
     ) -> None:
         super().__init__(models, devices, **options)
-        # Predicted finish of the last batch dispatched to each device
-        # (corrected to the real finish when it ends); -inf = never used.
-        self.free_at: dict[int, float] = dict.fromkeys(self.devices, -_INF)
-        # Device → id of the batch running on it (at most one: we only
-        # dispatch to idle devices).
-        self.busy: dict[int, int] = {}
-        fastest = max(self.devices.values(), key=lambda d: d.speed).id
-        self._fastest = fastest
+        self.queues: dict[str, DeadlineQueue] = {name: DeadlineQueue() for name in self.models}
+
+    def queued(self) -> int:
+        return sum(len(q) for q in self.queues.values())
 
     # ------------------------------------------------------------------ hooks
 
@@ -95,9 +88,6 @@ class ClockworkScheduler(Scheduler):
         self._schedule(now)
 
     def _on_batch_finished(self, batch: Batch, now: float) -> None:
-        if self.busy.get(batch.device) == batch.id:
-            del self.busy[batch.device]
-            self.free_at[batch.device] = now
         self._schedule(now)
 
     def _on_timer(self, key: Hashable, now: float) -> None:
@@ -107,15 +97,15 @@ class ClockworkScheduler(Scheduler):
         self._schedule(now)
 
     def _on_device_down(self, device: int, now: float) -> None:
-        self.busy.pop(device, None)
+        pass  # rule 2 looks only at idle devices that are up
 
     def _on_device_up(self, device: int, now: float) -> None:
-        self.free_at[device] = now
         self._schedule(now)
 
     def _requeue(self, requests: list[Request], now: float) -> None:
         # Already admitted once: no queue-size check, just back in line.
-        self._enqueue(requests)
+        for request in requests:
+            self.queues[request.model].add(request)
         self._schedule(now)
 
     # ---------------------------------------------------------------- policy
@@ -124,11 +114,7 @@ class ClockworkScheduler(Scheduler):
         for name in self.models:
             self._drop_hopeless(name, now)
 
-        down = self.down
-        idle = sorted(
-            (d for d in self.devices if d not in self.busy and d not in down),
-            key=lambda d: (self.free_at[d], d),
-        )
+        idle = self.idle_devices()
         while idle:
             dispatched = False
             for name in self._edf_order():
@@ -140,9 +126,7 @@ class ClockworkScheduler(Scheduler):
                     if k == 0:
                         continue  # only a faster device can still serve the head
                     requests = queue.pop_front(k)
-                    batch = self._dispatch(model, requests, device, now + self.delay(k))
-                    self.busy[device] = batch.id
-                    self.free_at[device] = batch.finish_at
+                    self._dispatch(model, requests, device, now + self.delay(k))
                     idle.remove(device)
                     dispatched = True
                     break
@@ -181,12 +165,9 @@ class ClockworkScheduler(Scheduler):
                 hi = mid - 1
         return lo
 
-    def _alone_cost(self, model: ModelInfo) -> float:
-        return self.delay(1) + self.latency(model, 1, self._fastest)
-
     def _drop_hopeless(self, name: str, now: float) -> None:
         # deadline < now + cost  ⇔  now + cost > deadline (rule 1).
-        cutoff = now + self._alone_cost(self.models[name])
+        cutoff = now + self.alone_cost(self.models[name])
         hopeless = self.queues[name].pop_expired(cutoff)
         if hopeless:
             self._drop(hopeless, DropReason.DEADLINE)
@@ -194,18 +175,7 @@ class ClockworkScheduler(Scheduler):
     def _set_drop_timer(self, name: str) -> None:
         key = ("drop", name)
         queue = self.queues[name]
-        if not queue:
+        if not queue or queue.deadline_at(0) == float("inf"):
             self.timers.cancel(key)
             return
-        deadline = queue.deadline_at(0)
-        if deadline == _INF:
-            self.timers.cancel(key)
-            return
-        cost = self._alone_cost(self.models[name])
-        # First float t with t + cost > deadline (rule 1 evaluated exactly as
-        # _drop_hopeless does, so the timer never fires "too early" forever).
-        at = deadline - cost
-        while at + cost <= deadline:
-            at = math.nextafter(at, _INF)
-        if self.timers.when(key) != at:
-            self.timers.set(key, at)
+        self.timers.reset(key, self.hopeless_at(queue.deadline_at(0), self.models[name]))

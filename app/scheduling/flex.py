@@ -5,34 +5,61 @@ device runs the largest feasible batch across all model queues (BATCHGEN,
 Algorithm 2). On an arrival, for each device: an idle device runs its
 BATCHGEN batch at once (FLEX is work-conserving); a busy device is preempted
 when the new batch is at least λ times the running one (|B_g| ≥ λ·|B_c|,
-λ ≈ 3.03, Theorem 5.2). The preempted batch's requests that can still meet
-their deadline are re-enqueued as new arrivals (line 19) and the others are
-dropped. The running batch's requests count towards B_g when it is of the same
-model (Algorithm 2 lines 6–7).
+λ ≈ 3.03, Theorem 5.2), and runs the new batch. The preempted batch's
+requests that can still meet their deadline are re-enqueued as new arrivals
+(line 19) and the others dropped. The running batch's requests count towards
+B_g when it is of the same model (Algorithm 2 lines 6–7). `flex-np` is the
+same without preemption (Figure 11(a)'s SHEPHERD-NP).
 
-BATCHGEN. Algorithm 2 scans each queue in deadline order and keeps requests
-that "can meet the SLO with the batch size so far"; taken literally that check
-ignores the earlier members' deadlines. We compute what it is meant to find:
-the largest window of consecutive requests (in deadline order) such that a
-batch of that size started now finishes before the window's first deadline,
-capped at the maximum batch (128 by default, §5.2). Windows are found by a
-binary search over the start position, so a decision costs O(M·log²Q).
-Requests that cannot finish even alone are dropped (Algorithm 2 line 4), also
-by a drop timer so they are answered promptly. `flex-np` is the same without
-preemption (Figure 11(a)'s SHEPHERD-NP).
+BATCHGEN with the errata that Shepherd's first author confirmed to the
+authors of Symphony's re-implementation of FLEX (nexuslb,
+`tools/shepherd/flex_scheduler.cpp`, notes of 2023-11-20 and 2023-12-19):
+
+* Line 4: requests that cannot finish even alone are dropped.
+* Lines 8–13, *size*: line 10 tests batch size |B|+1 (not |B|) against the
+  earliest deadline already in the candidate batch, scanning S by
+  *descending* deadline: the size k is the largest with
+  start + delay(k) + ℓ(k) ≤ D[n−k] (D ascending; capped at the maximum
+  batch, 128 by default, §5.2). A binary search finds it: the left side
+  rises and the right side falls with k.
+* Lines 8–13, *members*: the batch is then filled in *ascending*-deadline
+  order.
+* Lines 7–8 of Algorithm 1 (BATCHGEN for every device after a completion)
+  are redundant; BATCHGEN on a completion considers all models. On an
+  arrival a busy device considers the arriving model (and the running
+  one's, whose window did not grow): Algorithm 2 line 2.
+
+Deviations, each for a reason:
+
+* Members: the ascending fill starts at the first request that can meet its
+  deadline in a batch of k (start + delay(k) + ℓ(k) ≤ its deadline), not at
+  the head. Filling from the head would run requests the scheduler knows
+  will be late; this server answers such a request at once as dropped
+  instead of serving it late, and the slot goes to a request that makes it.
+  The skipped heads stay queued: a smaller batch may still serve them, or
+  their drop timer answers them.
+* Preemption completes in the core (app/scheduling/base.py): until the
+  stop is confirmed the preempted batch's requests are held; the new batch
+  on the same device may include them (the device starts it after the
+  stop), and the rest are re-enqueued (line 19) or dropped when the stop is
+  confirmed, not at once — until then the stopping batch may still write
+  their outputs.
+* The new batch of a preempted device starts `preemption_delay_ms` after
+  the decision (the expected stop delay; 0 by default).
+* Drop timers answer the hopeless promptly, not only when a device next
+  looks at the queue.
 """
 
 from __future__ import annotations
 
-import bisect
-from collections.abc import Hashable, Sequence
+from collections.abc import Hashable, Iterable, Sequence
 
 from app.scheduling.base import Scheduler
 from app.scheduling.model import ModelInfo
 from app.scheduling.queue import DeadlineQueue
 from app.scheduling.types import Batch, DeviceInfo, DropReason, Request
 
-_EPSILON = 1e-9
+_DROP_TIMER = ("drop", None)
 
 
 class FlexScheduler(Scheduler):
@@ -56,13 +83,18 @@ class FlexScheduler(Scheduler):
             raise ValueError(f"preemption threshold λ must be > 1, got {threshold}")
         if max_batch < 1:
             raise ValueError(f"max_batch must be ≥ 1, got {max_batch}")
+        if preemption_delay_ms < 0:
+            raise ValueError(f"preemption_delay_ms must be ≥ 0, got {preemption_delay_ms}")
         self.preemption = preemption
         self.threshold = threshold
         self.preemption_delay = preemption_delay_ms / 1000.0
         if not preemption:
             self.name = "flex-np"
         self._cap = {name: min(m.max_batch, max_batch) for name, m in self.models.items()}
-        self.current: dict[int, Batch | None] = dict.fromkeys(self.devices)
+        self.queues: dict[str, DeadlineQueue] = {name: DeadlineQueue() for name in self.models}
+
+    def queued(self) -> int:
+        return sum(len(q) for q in self.queues.values())
 
     # ------------------------------------------------------------------ events
 
@@ -72,125 +104,148 @@ class FlexScheduler(Scheduler):
         self._set_drop_timer(now)
 
     def _on_batch_finished(self, batch: Batch, now: float) -> None:
-        if self.current.get(batch.device) is batch:
-            self.current[batch.device] = None
-        self._run_next(batch.device, now)
+        device = batch.device
+        if device not in self.down and not self.batches_on(device):
+            self._run_next(device, now)
         self._set_drop_timer(now)
 
     def _on_timer(self, key: Hashable, now: float) -> None:
         self._drop_infeasible(now)
-        for device, batch in self.current.items():
-            if batch is None:
+        for device in self.devices_up():
+            if not self.batches_on(device):
                 self._run_next(device, now)
+        self._set_drop_timer(now)
+
+    def _requeue(self, requests: list[Request], now: float) -> None:
+        # Line 19: the preempted (or failed) batch's requests are new arrivals.
+        changed: dict[str, None] = {}
+        for request in requests:
+            self.queues[request.model].add(request)
+            changed[request.model] = None
+        for name in changed:
+            self._offer_to_devices(now, name)
         self._set_drop_timer(now)
 
     # ------------------------------------------------------------ device faults
 
     def _on_device_down(self, device: int, now: float) -> None:
-        # Algorithm 1 loops over `current`: a device not in it gets no work.
-        self.current.pop(device, None)
+        pass  # Algorithm 1 loops over the devices up; a device down gets no work
 
     def _on_device_up(self, device: int, now: float) -> None:
-        self.current[device] = None
         self._run_next(device, now)
-        self._set_drop_timer(now)
-
-    def _requeue(self, requests: list[Request], now: float) -> None:
-        for name in self._enqueue(requests):
-            self._offer_to_devices(now, name)
         self._set_drop_timer(now)
 
     # ---------------------------------------------------------------- decisions
 
     def _offer_to_devices(self, now: float, changed: str) -> None:
-        """Algorithm 1 lines 11–19 after requests of model `changed` arrived.
+        """Algorithm 1 lines 11–18 after requests of model `changed` arrived.
 
         Only that model's window can have grown since the last decision
         (windows of the other queues only shrink as time passes, and they
         were below every threshold already), so a busy device checks just
-        that model — Algorithm 2 line 2. A preemption re-enqueues the stopped
-        batch's requests as new arrivals of its model (line 19) and the loop
-        runs again for them.
+        that model — Algorithm 2 line 2.
         """
-        pending = [changed]
-        rounds = 0
-        while pending and rounds <= len(self.devices):
-            name = pending.pop()
-            rounds += 1
-            queue = self.queues[name]
+        queue = self.queues[changed]
+        cap = self._cap[changed]
+        threshold = self.threshold
+        for device in self.devices_up():
             queued = len(queue)
-            cap = self._cap[name]
-            threshold = self.threshold
-            for device, running in self.current.items():
-                if running is None:
-                    # An idle device already saw every other queue; only new
-                    # work can give it a batch.
-                    if queued:
-                        self._run_next(device, now)
-                        queued = len(queue)
-                    continue
-                if not self.preemption:
-                    continue
-                # Cheap bound first: the new batch cannot exceed the queue
-                # (plus the running batch's own requests, lines 6–7).
-                size = len(running.requests)
-                most = queued + size if running.model == name else queued
-                if min(cap, most) < threshold * size:
-                    continue
-                if self._should_preempt(device, running, name, now):
-                    self._preempt(running, now)
-                    self.current[device] = None
-                    self._run_next(device, now, start=now + self.preemption_delay)
-                    pending.append(running.model)
-                    queued = len(queue)
+            if not queued:
+                return
+            running = self.running_on(device)
+            if running is None:
+                # An idle device already saw every other queue; only new
+                # work can give it a batch.
+                self._run_next(device, now)
+                continue
+            if not self.preemption:
+                continue
+            # Cheap bound first: the new batch cannot exceed the queue (plus
+            # the running batch's own requests, lines 6–7).
+            size = len(running.requests)
+            most = queued + size if running.model == changed else queued
+            if min(cap, most) < threshold * size:
+                continue
+            if self._should_preempt(device, running, changed, now):
+                self._preempt(running, now)
+                self._run_next(device, now, start=now + self.preemption_delay)
 
     def _should_preempt(self, device: int, running: Batch, name: str, now: float) -> bool:
-        """Would model `name`'s largest feasible batch be ≥ λ·|B_c|?"""
+        """Would model `name`'s largest feasible batch on `device` be ≥ λ·|B_c|?"""
         need = self.threshold * running.size
         start = now + self.preemption_delay
-        speed = self.devices[device].speed
         queue = self.queues[name]
-        cap = self._cap[name]
-        model = self.models[name]
-        size = _largest_window(queue, model, cap, start, speed, self.delay)[1]
-        if size >= need or name != running.model or size + running.size < need:
+        size = self._batchgen(queue, name, start, device)[1]
+        # Algorithm 2 lines 6–7: the running batch's requests count (so do
+        # requests held for the device from an earlier stop). Only checked
+        # when they could tip the balance: the window over the union is at
+        # most the queue's window plus them.
+        extra = [r for r in self.held_on(device) if r.model == name] if self.stopping else []
+        if running.model == name:
+            extra += running.requests
+        if size >= need or size + len(extra) < need:
             return size >= need
-        # Algorithm 2 lines 6–7: the running batch's requests count. Only
-        # checked when they could tip the balance (the window over the union
-        # is at most the queue's window plus |B_c|).
-        for request in running.requests:
-            queue.add(request)
-        size = _largest_window(queue, model, cap, start, speed, self.delay)[1]
-        for request in running.requests:
-            queue.remove(request)
+        with _joined(queue, extra) as joined:
+            size = self._batchgen(joined, name, start, device)[1]
         return size >= need
 
     def _run_next(self, device: int, now: float, start: float | None = None) -> None:
         """Algorithm 1 lines 5–6: run the largest feasible batch on `device`."""
         start = now if start is None else start
         self._drop_infeasible(start)
-        speed = self.devices[device].speed
-        best: tuple[int, int, str] | None = None  # (size, -first, model) of the best window
+        held = self.held_on(device) if self.stopping else []
+        best: tuple[int, int, str] | None = None  # (size, first, model)
         for name, queue in self.queues.items():
-            if not queue:
+            extra = [r for r in held if r.model == name] if held else ()
+            if extra:
+                with _joined(queue, extra) as joined:
+                    first, size = self._batchgen(joined, name, start, device)
+            elif queue:
+                first, size = self._batchgen(queue, name, start, device)
+            else:
                 continue
-            first, size = _largest_window(
-                queue, self.models[name], self._cap[name], start, speed, self.delay
-            )
             if size and (best is None or size > best[0]):
                 best = (size, first, name)
         if best is None:
             return
         size, first, name = best
-        requests = self.queues[name].pop_range(first, first + size)
-        self.current[device] = self._dispatch(self.models[name], requests, device, start)
+        extra = [r for r in held if r.model == name] if held else ()
+        with _joined(self.queues[name], extra) as queue:
+            requests = queue.pop_range(first, first + size)
+        if extra:
+            self.take_held(requests)
+        self._dispatch(self.models[name], requests, device, start)
+
+    def _batchgen(
+        self, queue: DeadlineQueue, name: str, start: float, device: int
+    ) -> tuple[int, int]:
+        """Algorithm 2 lines 8–13 for one model: (first index, size) of its
+        largest feasible batch started at `start` on `device`."""
+        n = len(queue)
+        if not n:
+            return 0, 0
+        table = self.models[name].profile.latency_by_size
+        speed = self.devices[device].speed
+        d_ctrl, d_data = self.d_ctrl, self.d_data
+        # Size: the largest k with start + delay(k) + ℓ(k) ≤ D[n − k].
+        lo, hi = 0, min(n, self._cap[name])  # invariant: lo feasible (0 trivially)
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            if start + (d_ctrl + d_data * mid + table[mid] / speed) <= queue.deadline_at(n - mid):
+                lo = mid
+            else:
+                hi = mid - 1
+        if lo == 0:
+            return 0, 0
+        # Members: ascending deadlines from the first that meets its deadline.
+        end = start + (d_ctrl + d_data * lo + table[lo] / speed)
+        return min(queue.count_before(end), n - lo), lo
 
     def _drop_infeasible(self, now: float) -> None:
         """Algorithm 2 line 4: requests that cannot finish even alone."""
         for name, queue in self.queues.items():
             if queue:
-                cutoff = now + self.delay(1) + self.latency(self.models[name], 1)
-                expired = queue.pop_expired(cutoff)
+                expired = queue.pop_expired(now + self.alone_cost(self.models[name]))
                 if expired:
                     self._drop(expired, DropReason.DEADLINE)
 
@@ -198,57 +253,28 @@ class FlexScheduler(Scheduler):
         earliest: float | None = None
         for name, queue in self.queues.items():
             if queue:
-                at = queue.head_deadline() - self.delay(1) - self.latency(self.models[name], 1)
+                at = self.hopeless_at(queue.head_deadline(), self.models[name])
                 if earliest is None or at < earliest:
                     earliest = at
         if earliest is None:
-            self.timers.cancel(("drop", None))
+            self.timers.cancel(_DROP_TIMER)
         else:
-            at = max(earliest + _EPSILON, now)
-            self.timers.reset(("drop", None), at)
+            self.timers.reset(_DROP_TIMER, max(earliest, now))
 
 
-def _largest_window(
-    queue: DeadlineQueue,
-    model: ModelInfo,
-    cap: int,
-    start: float,
-    speed: float,
-    delay,
-) -> tuple[int, int]:
-    """(first index, size) of the largest batch of consecutive queued requests
-    that, started at `start`, finishes by the deadline of its first request.
+class _joined:
+    """`queue` with `extra` requests in it for the duration of a with-block."""
 
-    With deadlines D sorted, a window starting at i can hold
-    g(i) = min(cap, b_max(D[i] − start)) requests and at most h(i) = n − i
-    remain; g rises and h falls with i, so the best window sits where they
-    cross: binary-search the first i with g(i) ≥ h(i) and compare it with i−1.
-    Ties go to the earlier start (tighter deadlines).
-    """
-    n = len(queue)
-    table = model.profile.latency_by_size
+    def __init__(self, queue: DeadlineQueue, extra: Iterable[Request]) -> None:
+        self.queue = queue
+        self.extra = list(extra)
 
-    def fits(i: int) -> int:
-        budget = (queue.deadline_at(i) - start) * speed
-        # b_max: largest b with delay(b)·speed + ℓ(b) ≤ budget; delay is tiny
-        # and linear, so check the b found for ℓ alone and step down if needed.
-        b = bisect.bisect_right(table, budget) - 1
-        b = min(b, cap)
-        while b > 0 and table[b] + delay(b) * speed > budget:
-            b -= 1
-        return b
+    def __enter__(self) -> DeadlineQueue:
+        for request in self.extra:
+            self.queue.add(request)
+        return self.queue
 
-    lo, hi = 0, n  # first i in [0, n) with fits(i) ≥ n − i, or n if none
-    while lo < hi:
-        mid = (lo + hi) // 2
-        if fits(mid) >= n - mid:
-            hi = mid
-        else:
-            lo = mid + 1
-    best_first, best_size = 0, 0
-    if lo > 0:
-        size = fits(lo - 1)  # < n − (lo − 1) by the search
-        best_first, best_size = lo - 1, size
-    if lo < n and n - lo > best_size:
-        best_first, best_size = lo, n - lo
-    return best_first, min(best_size, cap)
+    def __exit__(self, *exc: object) -> None:
+        for request in self.extra:
+            if request in self.queue:
+                self.queue.remove(request)

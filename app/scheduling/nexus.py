@@ -30,11 +30,12 @@ Rules:
   n = min(queue length, planned batch) started now (start = now + delay(n),
   finish = start + ℓ(n)/speed), and runs the n earliest-deadline requests;
   the rest stay queued. The next round-robin turn starts after that session.
-- **Drop timers**: per (device, model) queue, a timer at the head's latest
-  start, deadline − delay(1) − ℓ(1)/speed. When it fires on a busy device, the
-  queued requests of that model whose latest start has passed are dropped at
-  once (DropReason.DEADLINE) rather than when the device frees up; on a free
-  device it simply serves.
+- **Drop timers**: per (device, model) queue, a timer at the first instant
+  its head can no longer finish alone on that device (`hopeless_at`: just
+  after deadline − delay(1) − ℓ(1)/speed). When it fires on a busy device,
+  the queued requests of that model that can no longer finish alone are
+  dropped at once (DropReason.DEADLINE) rather than when the device frees
+  up; on a free device it simply serves.
 - **Re-plan**: requests queued on a device that no longer hosts their model
   are routed again under the new plan; batches running are left alone.
 
@@ -55,11 +56,11 @@ from __future__ import annotations
 from collections.abc import Hashable, Sequence
 from typing import Any
 
-from app.planning import squishy
-from app.planning.squishy import Plan, Session
+from app.scheduling import squishy
 from app.scheduling.base import Scheduler
 from app.scheduling.model import ModelInfo
 from app.scheduling.queue import DeadlineQueue
+from app.scheduling.squishy import Plan, Session
 from app.scheduling.types import Batch, DeviceInfo, DropReason, Request
 
 _EPOCH = ("nexus", "epoch")
@@ -120,7 +121,6 @@ class NexusScheduler(Scheduler):
         self._sessions: dict[int, tuple[Session, ...]] = {d: () for d in self._device_ids}
         self._dq: dict[int, dict[str, DeadlineQueue]] = {d: {} for d in self._device_ids}
         self._rr: dict[int, int] = dict.fromkeys(self._device_ids, 0)
-        self._busy: dict[int, int | None] = dict.fromkeys(self._device_ids, None)
         self._routers: list[dict[str, _Router]] = []
         self._next_epoch: float | None = None
         self.epochs = 0  # re-plans done
@@ -152,8 +152,8 @@ class NexusScheduler(Scheduler):
         if self._next_epoch is None:
             self._next_epoch = now + self.epoch_s
             self.timers.set(_EPOCH, self._next_epoch)
-        device = self._enqueue(request)
-        if device is not None and self._busy[device] is None:
+        device = self._route(request)
+        if device is not None and not self.batches_on(device):
             self._serve(device, now)
 
     def _on_device_down(self, device: int, now: float) -> None:
@@ -165,24 +165,22 @@ class NexusScheduler(Scheduler):
             self.timers.cancel(("nexus", device, name))
         self._dq[device] = {}
         self._sessions[device] = ()
-        self._busy[device] = None
         self._rr[device] = 0
         self._replan_devices(now)
         self._requeue(orphans, now)
 
     def _on_device_up(self, device: int, now: float) -> None:
-        self._busy[device] = None
         self._replan_devices(now)
 
     def _requeue(self, requests: list[Request], now: float) -> None:
         for request in requests:
-            device = self._enqueue(request)
-            if device is not None and self._busy[device] is None:
+            device = self._route(request)
+            if device is not None and not self.batches_on(device):
                 self._serve(device, now)
 
     def _replan_devices(self, now: float) -> None:
         """Re-plan over the devices up now (the epoch's rates, else the hints)."""
-        self._device_ids = self.devices_up()
+        self._device_ids = list(self.devices_up())
         if not self._device_ids:
             self._routers = []
             return
@@ -193,8 +191,7 @@ class NexusScheduler(Scheduler):
         self._apply(self.plan, now)
 
     def _on_batch_finished(self, batch: Batch, now: float) -> None:
-        if self._busy.get(batch.device) == batch.id:
-            self._busy[batch.device] = None
+        if batch.device not in self.down:
             self._serve(batch.device, now)
 
     def _on_timer(self, key: Hashable, now: float) -> None:
@@ -208,19 +205,15 @@ class NexusScheduler(Scheduler):
             self.timers.set(_EPOCH, at)
             return
         _, device, name = key  # type: ignore[misc]
-        if self._busy[device] is None:
+        if not self.batches_on(device):
             self._serve(device, now)
             self._arm(device, name)
             return
         queue = self._dq[device].get(name)
         if not queue:
             return
-        model = self.models[name]
-        slack = self.delay(1) + self.latency(model, 1, device)
-        lost = []
-        while queue and queue.deadline_at(0) - slack <= now:
-            lost.extend(queue.pop_front(1))
-        self._drop(lost, DropReason.DEADLINE)
+        cost = self.alone_cost(self.models[name], device)
+        self._drop(queue.pop_expired(now + cost), DropReason.DEADLINE)
         self._arm(device, name)
 
     # -------------------------------------------------------------- internals
@@ -271,13 +264,14 @@ class NexusScheduler(Scheduler):
                 routers[name] = _Router(devices, weights, skip=f)
             self._routers.append(routers)
         for request in orphans:
-            self._enqueue(request)
+            self._route(request)
         if now is not None:
             for device in self._device_ids:
-                if self._busy[device] is None:
+                if not self.batches_on(device):
                     self._serve(device, now)
 
-    def _enqueue(self, request: Request) -> int | None:
+    def _route(self, request: Request) -> int | None:
+        """Put `request` on the queue of the device its router picks."""
         if not self._routers:  # every device is down
             self._drop([request], DropReason.NOT_SERVED)
             return None
@@ -294,14 +288,11 @@ class NexusScheduler(Scheduler):
         if not queue:
             self.timers.cancel(key)
             return
-        model = self.models[name]
-        at = queue.deadline_at(0) - self.delay(1) - self.latency(model, 1, device)
-        if self.timers.when(key) != at:
-            self.timers.set(key, at)
+        self.timers.reset(key, self.hopeless_at(queue.deadline_at(0), self.models[name], device))
 
     def _serve(self, device: int, now: float) -> None:
         """Work-conserving round-robin: run the next session that has requests."""
-        if self._busy[device] is not None:
+        if self.batches_on(device):
             return
         sessions = self._sessions[device]
         count = len(sessions)
@@ -327,8 +318,7 @@ class NexusScheduler(Scheduler):
                 self._arm(device, session.model)
                 continue
             size = min(len(queue), session.batch)
-            batch = self._dispatch(model, queue.pop_front(size), device, now + self.delay(size))
-            self._busy[device] = batch.id
+            self._dispatch(model, queue.pop_front(size), device, now + self.delay(size))
             self._rr[device] = (index + 1) % count
             self._arm(device, session.model)
             return

@@ -1,4 +1,4 @@
-"""Per-model request queue ordered by deadline (earliest first)."""
+"""A request queue ordered by the deadline the core plans with (`Request.due`)."""
 
 from __future__ import annotations
 
@@ -10,19 +10,20 @@ from app.scheduling.types import Request
 
 
 class DeadlineQueue:
-    """Requests of one model, earliest deadline first.
+    """Requests, earliest due time first (`Request.due`: the deadline less
+    the core's margin; "deadline" below means that).
 
-    Entries are `(deadline, id, request)` tuples so that ordering is done by
+    Entries are `(due, id, request)` tuples so that ordering is done by
     C-level tuple comparison (ids are unique, the request is never compared).
     """
 
     __slots__ = ("_entries",)
 
     def __init__(self, requests: Iterable[Request] = ()) -> None:
-        self._entries: SortedList = SortedList((r.deadline, r.id, r) for r in requests)
+        self._entries: SortedList = SortedList((r.due, r.id, r) for r in requests)
 
     def __len__(self) -> int:
-        return self._entries._len  # SortedList's own counter; skips a call layer
+        return len(self._entries)
 
     def __bool__(self) -> bool:
         return bool(self._entries)
@@ -31,19 +32,21 @@ class DeadlineQueue:
         for entry in self._entries:
             yield entry[2]
 
+    def __contains__(self, request: Request) -> bool:
+        return (request.due, request.id, request) in self._entries
+
     def add(self, request: Request) -> None:
-        self._entries.add((request.deadline, request.id, request))
+        self._entries.add((request.due, request.id, request))
 
     def remove(self, request: Request) -> None:
-        self._entries.remove((request.deadline, request.id, request))
+        self._entries.remove((request.due, request.id, request))
 
     def head(self) -> Request:
         return self._entries[0][2]
 
     def head_deadline(self) -> float:
-        """Deadline of the head; the hot path of every policy, so it reads
-        SortedList's first sublist directly instead of positional indexing."""
-        return self._entries._lists[0][0][0]
+        """The head's deadline: the hot path of every policy."""
+        return self._entries[0][0]
 
     def deadline_at(self, index: int) -> float:
         return self._entries[index][0]

@@ -58,18 +58,17 @@ Deviations from the pseudo-code, each for a reason:
 
 from __future__ import annotations
 
+import math
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 
 from app.scheduling.base import Scheduler
 from app.scheduling.model import ModelInfo
 from app.scheduling.queue import DeadlineQueue
+from app.scheduling.timers import first_instant
 from app.scheduling.types import Batch, DeviceInfo, DropReason, Request
 
 _INF = float("inf")
-# Drop timers fire just after invalid_after: a batch finishing exactly at its
-# deadline is on time, so the head becomes infeasible only strictly after it.
-_EPSILON = 1e-9
 _DEVICE_TIMER = "device"
 PRUNING_RULES = ("window", "prefix", "adaptive")
 
@@ -79,6 +78,7 @@ class Candidate:
     bs: int
     exec_at: float
     invalid_after: float
+    deadline: float  # the head's (`dl`)
 
 
 class SymphonyScheduler(Scheduler):
@@ -120,6 +120,7 @@ class SymphonyScheduler(Scheduler):
             self._timer_target[self._drop_key[name]] = ("drop", name)
         if work_conserving:
             self.name = "symphony-wc"
+        self.queues: dict[str, DeadlineQueue] = {name: DeadlineQueue() for name in self.models}
         self.candidates: dict[str, Candidate | None] = dict.fromkeys(self.models)
         # Schedulable candidates waiting for a device (App. C's `mc`).
         self.waiting: dict[str, Candidate] = {}
@@ -167,7 +168,7 @@ class SymphonyScheduler(Scheduler):
         device = batch.device
         if device not in self.free_at:  # down: device_up sets it afresh
             return
-        queued = [b for b in self.in_flight.values() if b.device == device]
+        queued = self.batches_on(device)
         if not queued:
             # The device is free now, earlier or later than predicted.
             if self.free_at[device] != now:
@@ -212,9 +213,16 @@ class SymphonyScheduler(Scheduler):
         self._set_device_timer()
 
     def _requeue(self, requests: list[Request], now: float) -> None:
-        for name in self._enqueue(requests):
+        changed: dict[str, None] = {}
+        for request in requests:
+            self.queues[request.model].add(request)
+            changed[request.model] = None
+        for name in changed:
             self._update_candidate(self.models[name], -_INF, 1.0, now)
             self._inform_candidate(name, now)
+
+    def queued(self) -> int:
+        return sum(len(q) for q in self.queues.values())
 
     # ---------------------------------------------------------- model "thread"
 
@@ -262,7 +270,7 @@ class SymphonyScheduler(Scheduler):
         else:
             frontrun_at = dl - table[bs + 1] / speed
             exec_at = frontrun_at if frontrun_at > earliest else earliest
-        self.candidates[name] = Candidate(bs, exec_at, invalid_after)
+        self.candidates[name] = Candidate(bs, exec_at, invalid_after, dl)
 
     def _prune(
         self,
@@ -377,8 +385,20 @@ class SymphonyScheduler(Scheduler):
             self._granted_device(name, device, free_at, now)
         else:
             self.waiting[name] = candidate
-            self.timers.reset(self._drop_key[name], candidate.invalid_after + _EPSILON)
+            self.timers.reset(self._drop_key[name], self._drop_at(name, candidate, now))
             self._set_device_timer()
+
+    def _drop_at(self, name: str, candidate: Candidate, now: float) -> float:
+        """When the waiting candidate's head can no longer finish in its
+        batch: the first instant at which _update_candidate's pruning test
+        (at speed 1, no device yet) finds it late — and after `now`. The
+        adaptive rule sizes a batch by ℓ(b) ≤ dl − start, the pruning test by
+        start + ℓ(b) > dl; the two roundings may disagree by a float, and a
+        timer at `now` would then find the same candidate again and again."""
+        d_ctrl, d_data, bs, dl = self.d_ctrl, self.d_data, candidate.bs, candidate.deadline
+        exec_s = self.models[name].profile.latency_by_size[bs]
+        at = first_instant(lambda t: t + d_ctrl + d_data * bs + exec_s / 1.0 > dl, dl - exec_s)
+        return at if at > now else math.nextafter(now, _INF)
 
     def _set_device_timer(self) -> None:
         if not self.waiting:
@@ -408,3 +428,4 @@ class SymphonyScheduler(Scheduler):
             self.free_at[device] = _INF
             self._granted_device(name, device, free_at, now)
         self._set_device_timer()
+

@@ -1,4 +1,5 @@
-"""Named one-shot timers on a heap with lazy cancellation.
+"""Named one-shot timers on a heap with lazy cancellation, and the one rule
+for "just after" that every policy's timers use.
 
 `set(key, at)` replaces any earlier timer of the same key; stale heap entries
 are skipped when they surface. The core exposes the earliest live timer as
@@ -8,7 +9,34 @@ are skipped when they surface. The core exposes the earliest live timer as
 from __future__ import annotations
 
 import heapq
-from collections.abc import Hashable
+import math
+from collections.abc import Callable, Hashable
+
+
+def first_instant(fails: Callable[[float], bool], guess: float) -> float:
+    """The first float t at which `fails(t)` holds, searched from `guess`
+    one float at a time (`fails` is false before some instant, true from it
+    on; `guess` is within a few floats of it).
+
+    A request that finishes exactly at its deadline is on time, so a drop
+    timer must fire not at `deadline − cost` but at the first instant at
+    which the policy's own test finds the request late — evaluated as that
+    test evaluates it, float for float. A timer at an earlier float would
+    find nothing to drop and re-arm for the same time forever."""
+    at = guess
+    if fails(at):
+        while fails(earlier := math.nextafter(at, -math.inf)):
+            at = earlier
+        return at
+    while not fails(at):
+        at = math.nextafter(at, math.inf)
+    return at
+
+
+def first_instant_after(deadline: float, cost: float) -> float:
+    """The first float t with t + cost > deadline: when a request due at
+    `deadline` that needs `cost` from now can no longer make it."""
+    return first_instant(lambda t: t + cost > deadline, deadline - cost)
 
 
 class Timers:
@@ -37,6 +65,13 @@ class Timers:
         entry = self._due.get(key)
         return entry[0] if entry else None
 
+    def due(self, now: float, lead: float = 0.0) -> bool:
+        """Whether a timer may be due at `now` (`lead` early) — the hot
+        path's cheap test (it may be a cancelled one; `pop_due` then finds
+        nothing)."""
+        heap = self._heap
+        return bool(heap) and heap[0][0] - lead <= now
+
     def next_time(self) -> float | None:
         heap, due = self._heap, self._due
         while heap:
@@ -47,8 +82,11 @@ class Timers:
             heapq.heappop(heap)
         return None
 
-    def pop_due(self, now: float) -> Hashable | None:
-        """Remove and return the key of one timer due at or before `now`."""
+    def pop_due(self, now: float, lead: float = 0.0) -> tuple[Hashable, float] | None:
+        """Remove one timer due at or before `now` (`lead` early): (its key,
+        its time). `at − lead ≤ now` is the test, the very expression the
+        core's `next_wakeup` gives the driver, so that a wakeup at that time
+        always finds its timer due."""
         heap, due = self._heap, self._due
         while heap:
             at, seq, key = heap[0]
@@ -56,11 +94,11 @@ class Timers:
             if live is None or live[1] != seq:
                 heapq.heappop(heap)
                 continue
-            if at > now:
+            if at - lead > now:
                 return None
             heapq.heappop(heap)
             del due[key]
-            return key
+            return key, at
         return None
 
     def __len__(self) -> int:

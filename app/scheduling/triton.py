@@ -28,7 +28,7 @@ Rules, per model (one queue per model, FIFO by arrival time):
    timeout_action: REJECT }``): a request whose time in the queue exceeds the
    timeout (``now > arrival + timeout``) is rejected with
    ``DropReason.QUEUE_TIMEOUT``. Triton applies the policy when the batcher
-   next looks at the queue; here a timer fires one float step after
+   next looks at the queue; here a timer fires at the first instant after
    ``arrival + timeout`` so the answer is on time in virtual time too. Time
    spent executing does not count: once dispatched a request is not timed
    out.
@@ -60,7 +60,6 @@ rate limiter.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -68,9 +67,9 @@ from sortedcontainers import SortedList
 
 from app.scheduling.base import Scheduler
 from app.scheduling.model import ModelInfo
+from app.scheduling.timers import first_instant_after
 from app.scheduling.types import Batch, DeviceInfo, DropReason, Request
 
-_INF = math.inf
 SLO = "slo"  # queue_timeout_ms default: each model's own SLO
 
 
@@ -146,12 +145,11 @@ class TritonScheduler(Scheduler):
                 max_queue_size=max_queue_size,
             )
 
-        # FIFO per model, ordered by (arrival, id). `self.queues` (deadline
-        # order) is kept in step so that `queued()` and observers see the
-        # same contents; batch formation reads only the FIFO.
+        # FIFO per model, ordered by (arrival, id).
         self.fifo: dict[str, SortedList] = {name: SortedList() for name in self.models}
-        self.free_at: dict[int, float] = dict.fromkeys(self.devices, -_INF)
-        self.busy: dict[int, int] = {}  # device → id of the batch running on it
+
+    def queued(self) -> int:
+        return sum(len(fifo) for fifo in self.fifo.values())
 
     # ------------------------------------------------------------------ hooks
 
@@ -162,13 +160,9 @@ class TritonScheduler(Scheduler):
             self._drop([request], DropReason.OVERLOADED)
             return
         fifo.add((request.arrival, request.id, request))
-        self.queues[model.name].add(request)
         self._schedule(now)
 
     def _on_batch_finished(self, batch: Batch, now: float) -> None:
-        if self.busy.get(batch.device) == batch.id:
-            del self.busy[batch.device]
-            self.free_at[batch.device] = now
         self._schedule(now)
 
     def _on_timer(self, key: Hashable, now: float) -> None:
@@ -176,17 +170,15 @@ class TritonScheduler(Scheduler):
         self._schedule(now)
 
     def _on_device_down(self, device: int, now: float) -> None:
-        self.busy.pop(device, None)
+        pass  # rule 2 looks only at idle devices that are up
 
     def _on_device_up(self, device: int, now: float) -> None:
-        self.free_at[device] = now
         self._schedule(now)
 
     def _requeue(self, requests: list[Request], now: float) -> None:
         # Already admitted once: no queue-size check, just back in line.
         for request in requests:
             self.fifo[request.model].add((request.arrival, request.id, request))
-            self.queues[request.model].add(request)
         self._schedule(now)
 
     # ---------------------------------------------------------------- policy
@@ -195,11 +187,7 @@ class TritonScheduler(Scheduler):
         for name in self.models:
             self._reject_timed_out(name, now)
 
-        down = self.down
-        idle = sorted(
-            (d for d in self.devices if d not in self.busy and d not in down),
-            key=lambda d: (self.free_at[d], d),
-        )
+        idle = self.idle_devices()
         while idle:
             best: tuple[float, int, str, int] | None = None
             for name, fifo in self.fifo.items():
@@ -235,14 +223,9 @@ class TritonScheduler(Scheduler):
 
     def _dispatch_front(self, name: str, k: int, device: int, now: float) -> None:
         fifo = self.fifo[name]
-        queue = self.queues[name]
         requests = [entry[2] for entry in fifo.islice(0, k)]
         del fifo[:k]
-        for request in requests:
-            queue.remove(request)
-        batch = self._dispatch(self.models[name], requests, device, now + self.delay(k))
-        self.busy[device] = batch.id
-        self.free_at[device] = batch.finish_at
+        self._dispatch(self.models[name], requests, device, now + self.delay(k))
 
     def _reject_timed_out(self, name: str, now: float) -> None:
         timeout = self.config[name].queue_timeout
@@ -257,9 +240,6 @@ class TritonScheduler(Scheduler):
             return
         expired = [entry[2] for entry in fifo.islice(0, n)]
         del fifo[:n]
-        queue = self.queues[name]
-        for request in expired:
-            queue.remove(request)
         self._drop(expired, DropReason.QUEUE_TIMEOUT)
 
     def _set_timers(self, name: str, now: float) -> None:
@@ -273,14 +253,11 @@ class TritonScheduler(Scheduler):
         oldest = fifo[0][0]
         if config.queue_timeout is not None:
             # Rejected once now > arrival + timeout: the next float after it.
-            at = math.nextafter(oldest + config.queue_timeout, _INF)
-            if self.timers.when(timeout_key) != at:
-                self.timers.set(timeout_key, at)
+            self.timers.reset(timeout_key, first_instant_after(oldest + config.queue_timeout, 0.0))
         # A delay timer only matters while the batcher is holding requests
         # back; a ready batch waits for a device, and batch_finished wakes us.
         ready_at = oldest + config.max_queue_delay
         if self._ready_size(name, now) == 0 and ready_at > now:
-            if self.timers.when(delay_key) != ready_at:
-                self.timers.set(delay_key, ready_at)
+            self.timers.reset(delay_key, ready_at)
         else:
             self.timers.cancel(delay_key)

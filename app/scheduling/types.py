@@ -12,12 +12,21 @@ from enum import Enum
 
 @dataclass(slots=True)
 class Request:
-    """One inference request as the scheduler sees it."""
+    """One inference request as the scheduler sees it.
+
+    `deadline` is where its SLO ends: the answer is judged against it.
+    `due` is the deadline the core plans with — `deadline` less the core's
+    deadline margin, set by the core when the request is admitted (until
+    then equal to `deadline`)."""
 
     id: int
     model: str
     arrival: float
     deadline: float
+    due: float = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        self.due = self.deadline
 
 
 class DropReason(str, Enum):
@@ -33,14 +42,20 @@ class DropReason(str, Enum):
 
 @dataclass(slots=True)
 class Batch:
-    """A batch the core sent to a device: it should start at `start_at`."""
+    """A batch the core sent to a device.
+
+    `start_at` is the start the core planned, `finish_at` the end it
+    predicts from the latency profile. The device may begin it from
+    `release_at` (the planned start less the core's timer lead, see
+    `Scheduler`), or as soon as it is free after that."""
 
     id: int
     model: str
     device: int
     requests: list[Request]
     start_at: float
-    finish_at: float  # predicted from the latency profile
+    finish_at: float
+    release_at: float
 
     @property
     def size(self) -> int:
@@ -49,9 +64,21 @@ class Batch:
 
 @dataclass(slots=True)
 class Dispatch:
-    """Run `batch` on `batch.device`, starting at `batch.start_at`."""
+    """Run `batch` on `batch.device`: from `batch.release_at`, after the
+    batches sent to that device before it (a device runs its batches in
+    order)."""
 
     batch: Batch
+
+
+@dataclass(slots=True)
+class Complete:
+    """`batch` ran to its end: answer `requests` (the batch's requests, or
+    those of a preempted batch that were still held when it finished first)
+    with its outputs."""
+
+    batch: Batch
+    requests: list[Request]
 
 
 @dataclass(slots=True)
@@ -64,14 +91,15 @@ class Drop:
 
 @dataclass(slots=True)
 class Preempt:
-    """Stop batch `batch_id` on `device` now; the core already re-queued or
-    dropped its requests (see the Drop decisions issued with it)."""
+    """Stop batch `batch_id` on `device` now. The core holds its requests
+    until the driver confirms the stop (`Scheduler.batch_stopped`, or
+    `batch_finished` if the batch ended first)."""
 
     device: int
     batch_id: int
 
 
-Decision = Dispatch | Drop | Preempt
+Decision = Dispatch | Complete | Drop | Preempt
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,19 +1,20 @@
-"""The running server: repository, executors, scheduling cores, and `infer`.
+"""The running server: admission, `infer`, readiness, events and shutdown.
 
-Start-up: load the model repository (building the bundled models' files on
-first start), start one executor process per device, measure a latency
-profile for every model that has none (cached next to the model), build one
-scheduling core per group of devices that host the same models, and serve.
-Shutdown: refuse new requests, let in-flight ones finish for a grace period,
-answer the rest with an explicit error, stop executors, free shared memory.
+Start-up (app/server/startup.py) loads the repository, starts one executor
+process per device, profiles the models and builds the scheduling cores;
+this module admits requests (queue and arena limits, SLO checks), hands
+them to the dispatcher, answers them from their shared-memory slots, and
+shuts down: refuse new requests, let in-flight ones finish for a grace
+period, answer the rest with an explicit error, stop executors, free shared
+memory.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
-from dataclasses import dataclass
 
 import numpy as np
 
@@ -27,36 +28,21 @@ from app.errors import (
     ShuttingDown,
 )
 from app.repository.config import ModelConfig
-from app.repository.loader import (
-    fit_linear,
-    latency_profile,
-    load_repository,
-    monotone_table,
-    write_profile_cache,
-)
-from app.runtime.arena import Arena
-from app.runtime.pool import ExecutorDevice, ExecutorPool, detect_devices
+from app.runtime.devices import ExecutorDevice
+from app.runtime.events import DeviceDown, DeviceUp, ExecutorEvent
+from app.runtime.pool import ExecutorPool
 from app.runtime.realtime import SchedState, restore, set_fifo
 from app.scheduling.autoscale import advised_device_change
-from app.scheduling.model import ModelInfo
-from app.scheduling.profile import LatencyProfile
-from app.scheduling.registry import make_scheduler
-from app.scheduling.types import DeviceInfo
-from app.server.dispatcher import CoreGroup, Dispatcher, Finished
+from app.scheduling.types import Batch
+from app.server import startup
+from app.server.dispatcher import Dispatcher, Finished
 from app.server.heap import freeze_startup_heap, thaw_heap
 from app.server.metrics import Metrics
 from app.server.service import InferResult
-from app.server.settings import BUNDLED_REPOSITORY, Settings
+from app.server.settings import Settings
+from app.server.startup import ModelState
 
 log = logging.getLogger("app.server")
-
-
-@dataclass
-class ModelState:
-    config: ModelConfig
-    arena: Arena
-    devices: tuple[int, ...]
-    profile: LatencyProfile | None = None
 
 
 class LiveService:
@@ -81,66 +67,24 @@ class LiveService:
 
     async def start(self) -> None:
         settings = self.settings
-        root = settings.repository
-        if root.resolve() == BUNDLED_REPOSITORY.resolve():
-            from app.repository.bundled import ensure_bundled_models
-
-            built = await asyncio.to_thread(ensure_bundled_models, root)
-            for name in built:
-                log.info("built bundled model file %s", name)
-        index = load_repository(root)
+        index = await startup.load_models(settings)
         self.unavailable.update(index.errors)
-        for name, error in index.errors.items():
-            log.error("model %s unavailable: %s", name, error)
-        self.devices = detect_devices(
-            settings.cpu_slices, settings.threads_per_slice, settings.emulated_devices
-        )
+        self.devices = startup.device_layout(settings)
         if settings.realtime_priority:
             # Before the executors start: they inherit it, then step one below.
             self._sched_before = set_fifo(settings.realtime_priority)
             log.info("event loop at SCHED_FIFO priority %d", settings.realtime_priority)
-        for device in self.devices:
-            log.info(
-                "device %d: %s (%s, %d threads)",
-                device.id,
-                device.name,
-                device.kind,
-                device.threads,
-            )
-        arenas = {
-            name: Arena.create(config, settings.arena_slots)
-            for name, config in index.models.items()
-        }
-        self.pool = ExecutorPool(
-            self.devices,
-            list(index.models.values()),
-            arenas,
-            self._on_done,
-            on_down=self._on_device_down,
-            on_up=self._on_device_up,
-            respawn=settings.respawn,
-            stuck_factor=settings.stuck_factor,
-            stuck_margin_s=settings.stuck_margin_s,
-            realtime_priority=settings.realtime_priority,
+        self.pool, self.models, unavailable = await startup.start_executors(
+            settings, self.devices, index, self._on_event
         )
-        await self.pool.start()
-        for name, config in index.models.items():
-            devices = tuple(d.id for d in self.devices if name in self.pool.models_on(d.id))
-            state = ModelState(config, arenas[name], devices)
-            if not devices:
-                self.unavailable[name] = "no device can run it (check `devices:` and backend)"
-                log.error("model %s: no device can run it", name)
-                arenas[name].close_and_unlink()
-                continue
-            self.models[name] = state
+        self.unavailable.update(unavailable)
         for state in self.models.values():
-            state.profile = await self._profile(state)
+            device = self._device(state.devices[0])
+            state.profile = await startup.measure_profile(settings, self.pool, device, state.config)
         self.dispatcher = Dispatcher(
-            self._build_groups(),
-            self.pool.submit,
-            settings.deadline_margin_ms / 1000.0,
-            timer_lead_s=settings.timer_lead_ms / 1000.0,
-            cancel=self.pool.cancel,
+            startup.build_groups(settings, self.models, self.devices),
+            self.pool,
+            on_batch=self._on_batch,
         )
         # The watchdog judges a batch by the profile the core plans with.
         self.pool.expected_latency = self._expected_latency
@@ -169,6 +113,8 @@ class LiveService:
                 log.warning("shutdown: answered %d waiting requests with an error", failed)
         if self._signals_task is not None:
             self._signals_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._signals_task
         if self.pool is not None:
             await self.pool.stop(timeout=5.0)
         for state in self.models.values():
@@ -178,65 +124,6 @@ class LiveService:
             restore(self._sched_before)
             self._sched_before = None
         log.info("shut down")
-
-    # -------------------------------------------------------------- profiles
-
-    async def _profile(self, state: ModelState) -> LatencyProfile:
-        config = state.config
-        device = next(d for d in self.devices if d.id == state.devices[0])
-        known = latency_profile(config, _device_tag(device))
-        if known is not None:
-            log.info("model %s: latency profile from config/cache", config.name)
-            return known
-        sizes = sorted(
-            {b for b in self.settings.profile_batch_sizes if b <= config.max_batch_size}
-            | {1, config.max_batch_size}
-        )
-        assert self.pool is not None
-        measured = await self.pool.profile(device.id, config.name, sizes)
-        alpha, beta, r2 = fit_linear(measured)
-        write_profile_cache(
-            config,
-            _device_tag(device),
-            measured,
-            fit={"alpha_ms": alpha, "beta_ms": beta, "r2": r2},
-        )
-        log.info(
-            "model %s profiled on %s: %s; fit ℓ(b) = %.3f·b + %.3f ms (r² %.3f)",
-            config.name,
-            device.name,
-            ", ".join(f"ℓ({b})={ms:.2f}ms" for b, ms in sorted(measured.items())),
-            alpha,
-            beta,
-            r2,
-        )
-        # Measurements are noisy: a larger batch may time slightly faster.
-        return LatencyProfile.from_table(monotone_table(measured), config.max_batch_size)
-
-    def _build_groups(self) -> list[CoreGroup]:
-        by_devices: dict[tuple[int, ...], list[str]] = {}
-        for name, state in self.models.items():
-            by_devices.setdefault(state.devices, []).append(name)
-        # Devices hosting exactly the same models form one group and one core.
-        groups = []
-        for devices, names in by_devices.items():
-            infos = [
-                ModelInfo(
-                    name,
-                    self.models[name].profile,  # type: ignore[arg-type]
-                    self.models[name].config.slo_ms / 1000.0,
-                    self.models[name].config.max_batch_size,
-                )
-                for name in names
-            ]
-            device_infos = [
-                DeviceInfo(d, name=self._device(d).name, kind=self._device(d).kind) for d in devices
-            ]
-            scheduler = make_scheduler(
-                self.settings.policy, infos, device_infos, **self.settings.policy_options
-            )
-            groups.append(CoreGroup(scheduler, frozenset(names), devices))
-        return groups
 
     def _device(self, device_id: int) -> ExecutorDevice:
         return next(d for d in self.devices if d.id == device_id)
@@ -392,27 +279,23 @@ class LiveService:
             return None
         return state.profile.latency(min(max(batch_size, 1), state.config.max_batch_size))
 
-    def _on_device_down(self, device: int, reason: str) -> None:
-        log.error("device %s out of service: %s", self._device(device).name, reason)
-        self.metrics.executor_failed(self._device(device).name)
+    def _on_event(self, event: ExecutorEvent) -> None:
+        """The executor pool's events: logged and counted here, carried out
+        by the dispatcher."""
+        if isinstance(event, DeviceDown):
+            name = self._device(event.device).name
+            log.error("device %s out of service: %s", name, event.reason)
+            self.metrics.executor_failed(name)
+        elif isinstance(event, DeviceUp):
+            name = self._device(event.device).name
+            log.warning("device %s back in service after %.3f s", name, event.seconds_down)
+            self.metrics.executor_restarted(name, event.seconds_down)
         if self.dispatcher is not None:
-            self.dispatcher.device_down(device)
+            self.dispatcher.post(event)
 
-    def _on_device_up(self, device: int, seconds_down: float) -> None:
-        name = self._device(device).name
-        log.warning("device %s back in service after %.3f s", name, seconds_down)
-        self.metrics.executor_restarted(name, seconds_down)
-        if self.dispatcher is not None:
-            self.dispatcher.device_up(device)
-
-    def _on_done(
-        self, device: int, batch_id: int, started_at: float, finished_at: float, error: str | None
-    ) -> None:
-        if self.dispatcher is None:
-            return
-        batch = self.dispatcher.batch_done(device, batch_id, started_at, finished_at, error)
-        if batch is not None and error is None:
-            self.metrics.batch_executed(batch.model, self._device(device).name, batch.size)
+    def _on_batch(self, batch: Batch, finished: Finished) -> None:
+        if finished.error is None:
+            self.metrics.batch_executed(batch.model, self._device(batch.device).name, batch.size)
 
     async def _publish_signals(self, period_s: float = 5.0) -> None:
         """Symphony's autoscaling signals (§4.4) to /metrics, every period."""
@@ -437,9 +320,3 @@ class LiveService:
             self.metrics.set_autoscale(
                 bad_rate, idle_fraction, advised_device_change(devices, bad_rate, idle_fraction)
             )
-
-
-def _device_tag(device: ExecutorDevice) -> str:
-    if device.kind == "cpu":
-        return f"cpu-{device.threads}t"
-    return f"{device.kind}-{device.index}"

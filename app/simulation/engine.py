@@ -1,28 +1,48 @@
 """Discrete-event simulation of a scheduler on emulated devices.
 
-A virtual clock, three event sources — the pre-generated arrival sequence,
-batch completions on a heap, and the core's own timers (`next_wakeup`) — and
-emulated devices that hold a batch for ℓ(b)/speed, optionally scaled by
-log-normal jitter. The engine only carries out the core's decisions; all
-policy lives in the core, exactly as in the live daemon.
+A virtual clock and four event sources — the pre-generated arrival sequence,
+device events on a heap (a batch's end, a preempted batch's stop), scripted
+device faults, and the core's own timers (`next_wakeup`) — drive the core;
+the engine only carries out its decisions, exactly as the live daemon's
+dispatcher does, so that both drivers make the same calls in the same order.
 
-At equal times, completions are handled before timers, and timers before
-arrivals: a device that frees at t can take a batch whose timer is due at t.
+An emulated device runs the batches sent to it in order, each from
+`max(batch.release_at, the device free)` for ℓ(b)/speed, optionally scaled
+by log-normal jitter. A Preempt stops the running batch `preemption_delay`
+later (or lets it finish, if it ends first); a batch still waiting on the
+device is skipped when the device reaches it. The stop is then confirmed to
+the core (`batch_stopped`), which has held the batch's requests until then.
+A device fault forgets everything on the device and tells the core
+(`device_down`); the device returns empty (`device_up`).
+
+At equal times, device events are handled before faults, faults before
+timers, and timers before arrivals: a device that frees at t can take a
+batch whose timer is due at t.
 """
 
 from __future__ import annotations
 
 import heapq
 import math
+from collections import deque
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
 from app.results import DROP_REASONS, Outcome
 from app.scheduling.base import Scheduler
 from app.scheduling.model import ModelInfo
-from app.scheduling.types import DeviceInfo, Dispatch, Drop, Preempt, Request
+from app.scheduling.types import (
+    Batch,
+    Complete,
+    Decision,
+    DeviceInfo,
+    Dispatch,
+    Drop,
+    Preempt,
+    Request,
+)
 
 # Request outcome codes in `Trace.status` (app.results.Outcome), as plain ints:
 # the event loop stores and compares them once per request.
@@ -30,6 +50,17 @@ PENDING, GOOD, LATE, DROPPED = (
     int(o) for o in (Outcome.PENDING, Outcome.GOOD, Outcome.LATE, Outcome.DROPPED)
 )
 _INF = float("inf")
+_END, _STOP = 0, 1  # device event kinds
+
+
+@dataclass(frozen=True)
+class DeviceFault:
+    """A scripted fault: `device` goes down (its executor died) at `at`, or
+    comes back (`up=True`)."""
+
+    at: float
+    device: int
+    up: bool = False
 
 
 @dataclass
@@ -54,6 +85,19 @@ class SimulationError(RuntimeError):
     pass
 
 
+@dataclass
+class _Device:
+    """An emulated device: the batch it runs, and those waiting behind it."""
+
+    position: int
+    speed: float
+    waiting: deque[Batch] = field(default_factory=deque)
+    running: Batch | None = None
+    begin: float = 0.0
+    stop_at: float | None = None  # a preemption's stop, if before the end
+    cancelled: set[int] = field(default_factory=set)  # waiting batches to skip
+
+
 def run_simulation(
     scheduler: Scheduler,
     models: Sequence[ModelInfo],
@@ -65,23 +109,34 @@ def run_simulation(
     preemption_delay: float = 0.0,
     seed: int = 0,
     deadlines: np.ndarray | None = None,
+    seen_times: np.ndarray | None = None,
+    faults: Sequence[DeviceFault] = (),
 ) -> Trace:
     """Drive `scheduler` through the arrivals; return what happened to each.
 
-    `deadlines` defaults to arrival + the model's SLO. `jitter` is the sigma
-    of a log-normal factor (mean 1) on each batch's execution time.
+    `deadlines` defaults to arrival + the model's SLO. `seen_times` (default:
+    the arrivals) is when the core sees each request — later than its
+    arrival on a live path that parses and queues it first; requests are
+    handed over in that order and still timed from their arrival. `jitter`
+    is the sigma of a log-normal factor (mean 1) on each batch's execution
+    time.
     """
     n = len(arrival_times)
-    times: list[float] = arrival_times.tolist()
+    arrivals: list[float] = arrival_times.tolist()
     midx: list[int] = model_index.tolist()
     names = [m.name for m in models]
     if deadlines is None:
         slos = np.array([m.slo for m in models])
         deadlines = arrival_times + slos[model_index] if n else np.zeros(0)
     dls: list[float] = deadlines.tolist()
+    if seen_times is None:
+        order: list[int] = list(range(n))
+        seen: list[float] = arrivals
+    else:
+        order = np.argsort(seen_times, kind="stable").tolist()
+        seen = seen_times.tolist()
     profiles = {m.name: m.profile for m in models}
-    speed = {d.id: d.speed for d in devices}
-    device_pos = {d.id: i for i, d in enumerate(devices)}
+    emulated = {d.id: _Device(i, d.speed) for i, d in enumerate(devices)}
 
     status = [PENDING] * n
     finish = [math.nan] * n
@@ -90,32 +145,58 @@ def run_simulation(
     reason = [-1] * n
     reason_code = {r: i for i, r in enumerate(DROP_REASONS)}
     busy = [0.0] * len(devices)
-    busy_until = dict.fromkeys(speed, 0.0)
     rng = np.random.default_rng(seed)
     # log-normal with mean 1: exp(N(−σ²/2, σ))
     jitter_mu = -0.5 * jitter * jitter
-
-    completions: list[tuple[float, int, int]] = []  # (finish, batch id, device)
-    active: dict[int, tuple[list[Request], float]] = {}  # batch id → (requests, start)
+    durations: dict[int, float] = {}  # batch id → its execution time, drawn at dispatch
+    begins: dict[int, float] = {}  # batch id → when it began (for its Complete)
+    events: list[tuple[float, int, int, int]] = []  # (time, batch id, device, kind)
+    pending_faults = sorted(faults, key=lambda f: f.at)
+    fault_index = 0
     batches_done = 0
     preemptions = 0
 
-    def apply(decisions: list, now: float) -> None:
+    def begin_next(device: _Device, device_id: int, now: float) -> None:
+        """The device is free at `now`: begin its next batch, if any."""
+        while device.waiting:
+            batch = device.waiting.popleft()
+            if batch.id in device.cancelled:  # skipped: its stop is confirmed now
+                device.cancelled.discard(batch.id)
+                heapq.heappush(events, (now, batch.id, device_id, _STOP))
+                continue
+            begin = max(batch.release_at, now)
+            device.running, device.begin, device.stop_at = batch, begin, None
+            begins[batch.id] = begin
+            heapq.heappush(events, (begin + durations[batch.id], batch.id, device_id, _END))
+            return
+
+    def apply(decisions: list[Decision], now: float) -> None:
         nonlocal preemptions
         for decision in decisions:
-            if type(decision) is Dispatch:
+            kind = type(decision)
+            if kind is Dispatch:
                 batch = decision.batch
-                device = batch.device
-                begin = max(batch.start_at, busy_until[device], now)
-                size = len(batch.requests)
-                duration = profiles[batch.model].latency(size) / speed[device]
+                duration = profiles[batch.model].latency(batch.size)
+                device = emulated[batch.device]
+                duration /= device.speed
                 if jitter:
                     duration *= math.exp(rng.normal(jitter_mu, jitter))
-                end = begin + duration
-                busy_until[device] = end
-                heapq.heappush(completions, (end, batch.id, device))
-                active[batch.id] = (batch.requests, begin)
-            elif type(decision) is Drop:
+                durations[batch.id] = duration
+                device.waiting.append(batch)
+                if device.running is None:
+                    begin_next(device, batch.device, now)
+            elif kind is Complete:
+                batch = decision.batch
+                end, begin = now, begins[batch.id]
+                for request in decision.requests:
+                    rid = request.id
+                    if status[rid] != PENDING:
+                        raise SimulationError(f"request {rid} answered twice (completion)")
+                    status[rid] = GOOD if end <= request.deadline else LATE
+                    finish[rid] = end
+                    start[rid] = begin
+                    bsize[rid] = batch.size
+            elif kind is Drop:
                 code = reason_code[decision.reason]
                 for request in decision.requests:
                     rid = request.id
@@ -124,53 +205,75 @@ def run_simulation(
                     status[rid] = DROPPED
                     finish[rid] = now
                     reason[rid] = code
-            elif type(decision) is Preempt:
-                entry = active.pop(decision.batch_id, None)
-                if entry is not None:
+            elif kind is Preempt:
+                device = emulated[decision.device]
+                running = device.running
+                if running is not None and running.id == decision.batch_id:
                     preemptions += 1
-                    _, begin = entry
-                    device = decision.device
-                    busy[device_pos[device]] += max(0.0, now - begin)
-                    busy_until[device] = now + preemption_delay
+                    stop_at = now + preemption_delay
+                    end = device.begin + durations[running.id]
+                    if stop_at < end:  # else it ends first: its end confirms the stop
+                        device.stop_at = stop_at
+                        heapq.heappush(events, (stop_at, running.id, decision.device, _STOP))
+                elif any(b.id == decision.batch_id for b in device.waiting):
+                    preemptions += 1
+                    device.cancelled.add(decision.batch_id)
+
+    def device_event(now: float, batch_id: int, device_id: int, kind: int) -> None:
+        nonlocal batches_done
+        device = emulated[device_id]
+        running = device.running
+        if kind == _STOP and (running is None or running.id != batch_id):
+            # A waiting batch skipped (cancelled) when the device reached it.
+            apply(scheduler.batch_stopped(device_id, batch_id, now), now)
+            return
+        if running is None or running.id != batch_id:
+            return  # a stale event: the batch was stopped, or its device failed
+        if kind == _END and device.stop_at is not None:
+            return  # stopped earlier: its STOP event confirmed it
+        busy[device.position] += now - device.begin
+        device.running = None
+        begin_next(device, device_id, now)
+        if kind == _END:
+            batches_done += 1
+            apply(scheduler.batch_finished(device_id, batch_id, now), now)
+        else:
+            apply(scheduler.batch_stopped(device_id, batch_id, now), now)
+
+    def fault(now: float, event: DeviceFault) -> None:
+        device = emulated[event.device]
+        if event.up:
+            apply(scheduler.device_up(event.device, now), now)
+            return
+        if device.running is not None:
+            busy[device.position] += now - device.begin
+        device.running = None
+        device.waiting.clear()
+        device.cancelled.clear()
+        apply(scheduler.device_down(event.device, now), now)
 
     i = 0
     now = 0.0
     same_time_steps = 0
-    next_wakeup = scheduler.next_wakeup
-    if type(scheduler).next_wakeup is Scheduler.next_wakeup:
-        next_wakeup = scheduler.timers.next_time  # same answer, one call fewer
     add_request = scheduler.add_request
     while True:
-        t_arrival = times[i] if i < n else _INF
-        t_done = completions[0][0] if completions else _INF
-        t_timer = next_wakeup()
+        t_arrival = seen[order[i]] if i < n else _INF
+        t_event = events[0][0] if events else _INF
+        t_fault = pending_faults[fault_index].at if fault_index < len(pending_faults) else _INF
+        t_timer = scheduler.next_wakeup()
         if t_timer is None:
             t_timer = _INF
-        elif i == n and not completions and scheduler.queued() == 0:
+        elif i == n and not events and t_fault == _INF and scheduler.queued() == 0:
             break  # only periodic timers (e.g. Nexus epochs) remain: the run is over
-        if t_done <= t_timer and t_done <= t_arrival:
-            if t_done == _INF:
+        if t_event <= t_fault and t_event <= t_timer and t_event <= t_arrival:
+            if t_event == _INF:
                 break
-            end, batch_id, device = heapq.heappop(completions)
-            entry = active.pop(batch_id, None)
-            if entry is None:
-                continue  # preempted: its completion never happens
-            requests, begin = entry
-            size = len(requests)
-            busy[device_pos[device]] += end - begin
-            batches_done += 1
-            for request in requests:
-                rid = request.id
-                if status[rid] != PENDING:
-                    raise SimulationError(f"request {rid} answered twice (completion)")
-                status[rid] = GOOD if end <= request.deadline else LATE
-                finish[rid] = end
-                start[rid] = begin
-                bsize[rid] = size
-            step_at = end
-            decisions = scheduler.batch_finished(device, batch_id, end)
-            if decisions:
-                apply(decisions, end)
+            step_at, batch_id, device_id, kind = heapq.heappop(events)
+            device_event(step_at, batch_id, device_id, kind)
+        elif t_fault <= t_timer and t_fault <= t_arrival:
+            step_at = t_fault
+            fault(step_at, pending_faults[fault_index])
+            fault_index += 1
         elif t_timer <= t_arrival:
             step_at = t_timer
             decisions = scheduler.advance(t_timer)
@@ -178,7 +281,8 @@ def run_simulation(
                 apply(decisions, t_timer)
         else:
             step_at = t_arrival
-            request = Request(i, names[midx[i]], t_arrival, dls[i])
+            rid = order[i]
+            request = Request(rid, names[midx[rid]], arrivals[rid], dls[rid])
             i += 1
             decisions = add_request(request, t_arrival)
             if decisions:

@@ -1,0 +1,56 @@
+"""What the executor pool tells its owner, as typed events.
+
+The pool posts them on the event loop's thread, in the order things
+happened: a batch finished or stopped, a device went down (its executor died
+or hung) or came back. The owner (the dispatcher) queues them and handles
+each after it has carried out the decisions in hand, never re-entrantly.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class BatchFinished:
+    """Batch `batch_id` ran to its end on `device` (`error`: it failed, or
+    never ran because its executor was gone or stopped)."""
+
+    device: int
+    batch_id: int
+    started_at: float
+    finished_at: float
+    error: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class BatchStopped:
+    """A preempted batch stopped on `device` at `at` without finishing."""
+
+    device: int
+    batch_id: int
+    at: float
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceDown:
+    """`device` is out of service: its executor died or hung (`reason`).
+    Its batches in flight are lost; BatchFinished events with an error
+    follow for them."""
+
+    device: int
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceUp:
+    """`device` serves again (a respawned executor loaded its models),
+    `seconds_down` after it failed."""
+
+    device: int
+    seconds_down: float
+
+
+ExecutorEvent = BatchFinished | BatchStopped | DeviceDown | DeviceUp
+EventSink = Callable[[ExecutorEvent], None]
