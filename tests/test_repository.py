@@ -13,21 +13,17 @@ import yaml
 
 from app.repository import bundled
 from app.repository.config import ModelConfig, ProfileSpec
-from app.repository.loader import (
+from app.repository.loader import load_model_config, load_repository, validate_model_name
+from app.repository.profiles import (
     fit_linear,
     latency_profile,
-    load_model_config,
-    load_repository,
     monotone_table,
-    onnx_signature,
-    ort_signature,
     profile_cache_path,
     read_profile_cache,
     sanitize_device,
-    signature_problems,
-    validate_model_name,
     write_profile_cache,
 )
+from app.repository.signatures import onnx_signature, ort_signature, signature_problems
 
 REPO_MODELS = Path(__file__).resolve().parents[1] / "models"
 EMULATED = ["bert-emulated", "densenet121-emulated", "efficientnetb3-emulated", "resnet50-emulated"]

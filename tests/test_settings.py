@@ -28,7 +28,7 @@ README = Path(__file__).resolve().parent.parent / "README.md"
 SAMPLES: dict[str, tuple[str, object]] = {
     "MODEL_REPOSITORY": ("/srv/models", Path("/srv/models")),
     "POLICY": ("flex", "flex"),
-    "POLICY_OPTIONS": ('{"stagger_slack": 2}', {"stagger_slack": 2}),
+    "POLICY_OPTIONS": ('{"rate_window_s": 2}', {"rate_window_s": 2}),
     "HOST": ("0.0.0.0", "0.0.0.0"),
     "PORT": ("9000", 9000),
     "CPU_SLICES": ("3", 3),
@@ -307,3 +307,13 @@ def test_with_table_rewrites_only_between_the_markers():
     assert table_in(rewritten) == markdown_table()
     with pytest.raises(ValueError, match="markers"):
         table_in("no table here")
+
+
+def test_policy_options_are_checked_against_the_policy():
+    with pytest.raises(ValueError, match=r"policy 'symphony' has no option 'bogus'.*pruning"):
+        Settings.from_env({"POLICY_OPTIONS": '{"bogus": 1}'})
+    # The core's slack is two settings of its own, in milliseconds.
+    with pytest.raises(ValueError, match=r"TIMER_LEAD_MS \(--timer-lead-ms\)"):
+        Settings.from_env({"POLICY_OPTIONS": '{"timer_lead": 0.001}'})
+    flex = Settings.from_env({"POLICY": "flex", "POLICY_OPTIONS": '{"threshold": 4}'})
+    assert flex.policy_options == {"threshold": 4}

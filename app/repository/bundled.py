@@ -67,7 +67,8 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper
 
-from app.repository.loader import atomic_write_bytes
+from app.optional import import_torch
+from app.repository.files import atomic_write_bytes
 
 log = logging.getLogger(__name__)
 
@@ -301,8 +302,6 @@ def serialize(model: onnx.ModelProto) -> bytes:
 
 def build_torchcnn(seed: int = 0, blocks: int = 12, width: int = 64) -> Any:
     """The `torchcnn` module (eval mode, CPU): see the module docstring."""
-    from app.runtime.torch_backend import import_torch
-
     torch = import_torch()
     nn = torch.nn
     rng = np.random.default_rng(seed)
@@ -332,8 +331,6 @@ def build_torchcnn(seed: int = 0, blocks: int = 12, width: int = 64) -> Any:
 def torchscript_bytes(module: Any) -> bytes:
     """`torch.jit.script(module)` saved to bytes (what the torch backend loads)."""
     import io
-
-    from app.runtime.torch_backend import import_torch
 
     torch = import_torch()
     buffer = io.BytesIO()

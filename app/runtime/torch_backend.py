@@ -58,18 +58,9 @@ from typing import Any
 
 import numpy as np
 
+from app.optional import import_torch
 from app.repository.config import ModelConfig
 from app.runtime.backend import Terminated
-
-
-def import_torch() -> Any:
-    try:
-        import torch
-    except ImportError as exc:  # optional extra
-        raise RuntimeError(
-            "backend 'torch' needs PyTorch: pip install -e '.[torch]' (torch==2.13.0)"
-        ) from exc
-    return torch
 
 
 @dataclass

@@ -6,6 +6,7 @@ from app.scheduling.profile import LatencyProfile
 from app.scheduling.registry import make_scheduler, policy_names
 from app.scheduling.types import (
     Batch,
+    Complete,
     Decision,
     DeviceInfo,
     Dispatch,
@@ -17,6 +18,7 @@ from app.scheduling.types import (
 
 __all__ = [
     "Batch",
+    "Complete",
     "Decision",
     "DeviceInfo",
     "Dispatch",

@@ -35,7 +35,9 @@ Rules (all times in seconds, `now` from the driver):
    head can no longer finish alone — the first float ``t`` with
    ``t + delay(1) + ℓ(1) > deadline`` (`Scheduler.hopeless_at`) — so drops
    are answered promptly even while every device is busy. A batch finishing
-   exactly at its deadline is within SLO.
+   exactly at its deadline is within SLO. Like every event, the timer runs
+   the whole pass again (app/scheduling/replanning.py): with heterogeneous
+   devices, dropping a head may let the next one fit an idle slower device.
 
 Simplified or left out, on purpose:
 
@@ -56,15 +58,15 @@ Simplified or left out, on purpose:
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Sequence
+from collections.abc import Sequence
 
-from app.scheduling.base import Scheduler
 from app.scheduling.model import ModelInfo
-from app.scheduling.queue import DeadlineQueue
-from app.scheduling.types import Batch, DeviceInfo, DropReason, Request
+from app.scheduling.queue import ModelQueues
+from app.scheduling.replanning import ReplanningScheduler
+from app.scheduling.types import DeviceInfo, DropReason, Request
 
 
-class ClockworkScheduler(Scheduler):
+class ClockworkScheduler(ReplanningScheduler):
     """Clockwork baseline: greedy work-conserving EDF, batch size not optimised."""
 
     name = "clockwork"
@@ -76,10 +78,10 @@ class ClockworkScheduler(Scheduler):
         **options: float,
     ) -> None:
         super().__init__(models, devices, **options)
-        self.queues: dict[str, DeadlineQueue] = {name: DeadlineQueue() for name in self.models}
+        self.queues = ModelQueues(list(self.models))
 
     def queued(self) -> int:
-        return sum(len(q) for q in self.queues.values())
+        return self.queues.total()
 
     # ------------------------------------------------------------------ hooks
 
@@ -87,25 +89,8 @@ class ClockworkScheduler(Scheduler):
         self.queues[model.name].add(request)
         self._schedule(now)
 
-    def _on_batch_finished(self, batch: Batch, now: float) -> None:
-        self._schedule(now)
-
-    def _on_timer(self, key: Hashable, now: float) -> None:
-        # ("drop", model): a head may have become hopeless. The pass below
-        # drops it and, with heterogeneous devices, may now fit the next head
-        # on an idle slower device.
-        self._schedule(now)
-
-    def _on_device_down(self, device: int, now: float) -> None:
-        pass  # rule 2 looks only at idle devices that are up
-
-    def _on_device_up(self, device: int, now: float) -> None:
-        self._schedule(now)
-
     def _requeue(self, requests: list[Request], now: float) -> None:
-        # Already admitted once: no queue-size check, just back in line.
-        for request in requests:
-            self.queues[request.model].add(request)
+        self.queues.add_all(requests)
         self._schedule(now)
 
     # ---------------------------------------------------------------- policy

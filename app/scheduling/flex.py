@@ -56,7 +56,7 @@ from collections.abc import Hashable, Iterable, Sequence
 
 from app.scheduling.base import Scheduler
 from app.scheduling.model import ModelInfo
-from app.scheduling.queue import DeadlineQueue
+from app.scheduling.queue import DeadlineQueue, ModelQueues
 from app.scheduling.types import Batch, DeviceInfo, DropReason, Request
 
 _DROP_TIMER = ("drop", None)
@@ -91,10 +91,10 @@ class FlexScheduler(Scheduler):
         if not preemption:
             self.name = "flex-np"
         self._cap = {name: min(m.max_batch, max_batch) for name, m in self.models.items()}
-        self.queues: dict[str, DeadlineQueue] = {name: DeadlineQueue() for name in self.models}
+        self.queues = ModelQueues(list(self.models))
 
     def queued(self) -> int:
-        return sum(len(q) for q in self.queues.values())
+        return self.queues.total()
 
     # ------------------------------------------------------------------ events
 
@@ -118,11 +118,7 @@ class FlexScheduler(Scheduler):
 
     def _requeue(self, requests: list[Request], now: float) -> None:
         # Line 19: the preempted (or failed) batch's requests are new arrivals.
-        changed: dict[str, None] = {}
-        for request in requests:
-            self.queues[request.model].add(request)
-            changed[request.model] = None
-        for name in changed:
+        for name in self.queues.add_all(requests):
             self._offer_to_devices(now, name)
         self._set_drop_timer(now)
 

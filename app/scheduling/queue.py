@@ -1,8 +1,8 @@
-"""A request queue ordered by the deadline the core plans with (`Request.due`)."""
+"""Request queues ordered by the deadline the core plans with (`Request.due`)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 
 from sortedcontainers import SortedList
 
@@ -73,3 +73,21 @@ class DeadlineQueue:
     def count_before(self, deadline: float) -> int:
         """How many queued requests have a deadline < `deadline`."""
         return self._entries.bisect_left((deadline, -1))
+
+
+class ModelQueues(dict[str, DeadlineQueue]):
+    """One DeadlineQueue per model, as most policies keep them."""
+
+    def __init__(self, models: Sequence[str]) -> None:
+        super().__init__((name, DeadlineQueue()) for name in models)
+
+    def add_all(self, requests: Iterable[Request]) -> list[str]:
+        """Queue `requests`; the models whose queues grew, in first-seen order."""
+        changed: dict[str, None] = {}
+        for request in requests:
+            self[request.model].add(request)
+            changed[request.model] = None
+        return list(changed)
+
+    def total(self) -> int:
+        return sum(len(queue) for queue in self.values())

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import inspect
 from collections.abc import Sequence
 from typing import Any
 
@@ -34,6 +35,22 @@ def scheduler_class(name: str) -> type[Scheduler]:
             f"unknown policy {name!r}; choose one of: {', '.join(_POLICIES)}"
         ) from None
     return getattr(importlib.import_module(module_name), class_name)
+
+
+def policy_options(name: str) -> list[str]:
+    """The keyword options policy `name` accepts (its own and the core's)."""
+    cls = scheduler_class(name)
+    options: set[str] = set()
+    for klass in cls.__mro__:
+        init = klass.__dict__.get("__init__")
+        if init is None or klass is object:
+            continue
+        options.update(
+            p.name
+            for p in inspect.signature(init).parameters.values()
+            if p.kind is inspect.Parameter.KEYWORD_ONLY
+        )
+    return sorted(options - set(_POLICIES[name][2]))
 
 
 def make_scheduler(

@@ -64,7 +64,7 @@ from dataclasses import dataclass
 
 from app.scheduling.base import Scheduler
 from app.scheduling.model import ModelInfo
-from app.scheduling.queue import DeadlineQueue
+from app.scheduling.queue import DeadlineQueue, ModelQueues
 from app.scheduling.timers import first_instant
 from app.scheduling.types import Batch, DeviceInfo, DropReason, Request
 
@@ -120,7 +120,7 @@ class SymphonyScheduler(Scheduler):
             self._timer_target[self._drop_key[name]] = ("drop", name)
         if work_conserving:
             self.name = "symphony-wc"
-        self.queues: dict[str, DeadlineQueue] = {name: DeadlineQueue() for name in self.models}
+        self.queues = ModelQueues(list(self.models))
         self.candidates: dict[str, Candidate | None] = dict.fromkeys(self.models)
         # Schedulable candidates waiting for a device (App. C's `mc`).
         self.waiting: dict[str, Candidate] = {}
@@ -213,16 +213,12 @@ class SymphonyScheduler(Scheduler):
         self._set_device_timer()
 
     def _requeue(self, requests: list[Request], now: float) -> None:
-        changed: dict[str, None] = {}
-        for request in requests:
-            self.queues[request.model].add(request)
-            changed[request.model] = None
-        for name in changed:
+        for name in self.queues.add_all(requests):
             self._update_candidate(self.models[name], -_INF, 1.0, now)
             self._inform_candidate(name, now)
 
     def queued(self) -> int:
-        return sum(len(q) for q in self.queues.values())
+        return self.queues.total()
 
     # ---------------------------------------------------------- model "thread"
 

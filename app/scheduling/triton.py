@@ -60,15 +60,15 @@ rate limiter.
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from sortedcontainers import SortedList
 
-from app.scheduling.base import Scheduler
 from app.scheduling.model import ModelInfo
+from app.scheduling.replanning import ReplanningScheduler
 from app.scheduling.timers import first_instant_after
-from app.scheduling.types import Batch, DeviceInfo, DropReason, Request
+from app.scheduling.types import DeviceInfo, DropReason, Request
 
 SLO = "slo"  # queue_timeout_ms default: each model's own SLO
 
@@ -84,7 +84,7 @@ class BatcherConfig:
     max_queue_size: int | None
 
 
-class TritonScheduler(Scheduler):
+class TritonScheduler(ReplanningScheduler):
     """Triton dynamic batcher: max/preferred batch, queue delay, queue timeout."""
 
     name = "triton"
@@ -160,19 +160,6 @@ class TritonScheduler(Scheduler):
             self._drop([request], DropReason.OVERLOADED)
             return
         fifo.add((request.arrival, request.id, request))
-        self._schedule(now)
-
-    def _on_batch_finished(self, batch: Batch, now: float) -> None:
-        self._schedule(now)
-
-    def _on_timer(self, key: Hashable, now: float) -> None:
-        # ("timeout", model) or ("delay", model): re-evaluate everything.
-        self._schedule(now)
-
-    def _on_device_down(self, device: int, now: float) -> None:
-        pass  # rule 2 looks only at idle devices that are up
-
-    def _on_device_up(self, device: int, now: float) -> None:
         self._schedule(now)
 
     def _requeue(self, requests: list[Request], now: float) -> None:

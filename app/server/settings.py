@@ -24,6 +24,7 @@ from dataclasses import MISSING, Field, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
+from app.scheduling.registry import policy_options
 from app.server.setting_parsers import (
     Boolean,
     FilePath,
@@ -295,7 +296,33 @@ def read_settings(env: Mapping[str, str], flags: Mapping[str, str] | None = None
             given[setting.name] = setting.parse(flags[setting.name], setting.flag)
         elif setting.env in env:
             given[setting.name] = setting.parse(env[setting.env], setting.env)
+    _check_policy_options(
+        str(given.get("policy", SETTING_BY_NAME["policy"].default)),
+        given.get("policy_options") or {},  # type: ignore[arg-type]
+    )
     return Settings(**{**_dependent_defaults(given), **given})  # type: ignore[arg-type]
+
+
+# The core's options that are settings of their own (app/server/startup.py
+# passes them to every core).
+CORE_SLACK_OPTIONS = {"deadline_margin": "deadline_margin_ms", "timer_lead": "timer_lead_ms"}
+
+
+def _check_policy_options(policy: str, options: Mapping[str, object]) -> None:
+    known = policy_options(policy)
+    unknown = sorted(set(options) - set(known) - set(CORE_SLACK_OPTIONS))
+    if unknown:
+        raise ValueError(
+            f"POLICY_OPTIONS: policy {policy!r} has no option {', '.join(map(repr, unknown))}; "
+            f"its options: {', '.join(o for o in known if o not in CORE_SLACK_OPTIONS)}"
+        )
+    for option, name in CORE_SLACK_OPTIONS.items():
+        if option in options:
+            setting = SETTING_BY_NAME[name]
+            raise ValueError(
+                f"POLICY_OPTIONS may not set {option!r}: it is the setting "
+                f"{setting.env} ({setting.flag}), in milliseconds"
+            )
 
 
 def _dependent_defaults(given: Mapping[str, object]) -> dict[str, object]:

@@ -16,14 +16,8 @@ import logging
 from dataclasses import dataclass
 
 from app.repository.config import ModelConfig
-from app.repository.loader import (
-    RepositoryIndex,
-    fit_linear,
-    latency_profile,
-    load_repository,
-    monotone_table,
-    write_profile_cache,
-)
+from app.repository.loader import RepositoryIndex, load_repository
+from app.repository.profiles import fit_linear, latency_profile, monotone_table, write_profile_cache
 from app.runtime.arena import Arena
 from app.runtime.devices import ExecutorDevice, detect_devices
 from app.runtime.events import EventSink
@@ -167,14 +161,11 @@ def build_groups(
 def core_options(settings: Settings) -> dict[str, object]:
     """The policy's options with the serving path's slack: DEADLINE_MARGIN_MS
     and TIMER_LEAD_MS are the core's own `deadline_margin` and `timer_lead`."""
-    options = dict(settings.policy_options)
-    for key in ("deadline_margin", "timer_lead"):
-        if key in options:
-            setting = "DEADLINE_MARGIN_MS" if key == "deadline_margin" else "TIMER_LEAD_MS"
-            raise ValueError(f"POLICY_OPTIONS may not set {key!r}: it is the setting {setting}")
-    options["deadline_margin"] = settings.deadline_margin_ms / 1000.0
-    options["timer_lead"] = settings.timer_lead_ms / 1000.0
-    return options
+    return {
+        **settings.policy_options,
+        "deadline_margin": settings.deadline_margin_ms / 1000.0,
+        "timer_lead": settings.timer_lead_ms / 1000.0,
+    }
 
 
 def device_tag(device: ExecutorDevice) -> str:

@@ -52,7 +52,8 @@ from typing import Any
 import numpy as np
 
 from app.config_fields import FieldReader, read_yaml
-from app.repository.loader import parse_profile, profile_from_spec
+from app.repository.loader import parse_profile
+from app.repository.profiles import profile_from_spec
 from app.scheduling.model import ModelInfo
 from app.scheduling.profile import LatencyProfile
 from app.scheduling.types import DeviceInfo

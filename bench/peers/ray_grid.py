@@ -88,7 +88,7 @@ def target_from_config(
 ) -> ModelTarget:
     """A model of the repository: its config's profile, else (ONNX) the profile
     the daemon measured and cached for ``cpu-{cpu_threads}t``."""
-    from app.repository.loader import latency_profile
+    from app.repository.profiles import latency_profile
 
     device = "emulated" if config.backend == "emulated" else f"cpu-{cpu_threads or 1}t"
     profile = latency_profile(config, device)

@@ -1,0 +1,188 @@
+"""Latency profiles of a repository's models: from the config, or measured
+and cached next to the model as `profile.<device>.json` together with the
+device, the ONNX Runtime version and the model file's SHA-256 (ignored once
+the model file changes)."""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as _dt
+import json
+import logging
+import os
+import platform
+import re
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from app.repository.config import ModelConfig, ProfileSpec
+from app.repository.files import atomic_write_bytes, file_sha256
+from app.scheduling.profile import LatencyProfile
+
+log = logging.getLogger(__name__)
+
+CACHE_FORMAT = 1
+
+
+def latency_profile(config: ModelConfig, device_kind: str) -> LatencyProfile | None:
+    """ℓ(b) for b ≤ max_batch_size on `device_kind`: the config's own profile,
+    else the measured profile cached for that device (same key as given to
+    write_profile_cache), else None (the model must be profiled)."""
+    if config.profile is not None:
+        return profile_from_spec(config.profile, config.max_batch_size)
+    spec = read_profile_cache(config, device_kind)
+    if spec is None:
+        return None
+    # Measured tables may dip by noise (ℓ(24) < ℓ(16)); from_table rejects that.
+    table = monotone_table(spec.latency_ms or {})
+    return profile_from_spec(
+        ProfileSpec(spec.alpha_ms, spec.beta_ms, table, spec.device), config.max_batch_size
+    )
+
+
+def monotone_table(latency_ms: Mapping[int, float]) -> dict[int, float]:
+    """A measured table made non-decreasing in batch size (running maximum),
+    as LatencyProfile.from_table requires; measurement noise can break it."""
+    out: dict[int, float] = {}
+    running = 0.0
+    for b, ms in sorted((int(b), float(ms)) for b, ms in latency_ms.items()):
+        running = max(running, ms)
+        out[b] = running
+    return out
+
+
+def profile_from_spec(spec: ProfileSpec, max_batch: int) -> LatencyProfile:
+    """A ProfileSpec as a LatencyProfile (a table wins over α/β when both are set)."""
+    if spec.latency_ms:
+        return LatencyProfile.from_table(spec.latency_ms, max_batch)
+    if spec.alpha_ms is None or spec.beta_ms is None:
+        raise ValueError("profile has neither a latency table nor alpha_ms/beta_ms")
+    return LatencyProfile.linear(spec.alpha_ms, spec.beta_ms, max_batch)
+
+
+def fit_linear(latency_ms: Mapping[int, float]) -> tuple[float, float, float]:
+    """Least-squares fit ℓ(b) = α·b + β of a measured table: (alpha_ms,
+    beta_ms, r2). One point gives α = ℓ/b, β = 0; r2 is 1.0 when the values
+    do not vary."""
+    if not latency_ms:
+        raise ValueError("cannot fit an empty latency table")
+    b = np.array([float(k) for k in latency_ms], dtype=np.float64)
+    y = np.array([float(v) for v in latency_ms.values()], dtype=np.float64)
+    if len(b) == 1:
+        return float(y[0] / b[0]), 0.0, 1.0
+    a = np.column_stack([b, np.ones_like(b)])
+    (alpha, beta), *_ = np.linalg.lstsq(a, y, rcond=None)
+    residual = y - (alpha * b + beta)
+    ss_res = float(residual @ residual)
+    ss_tot = float(((y - y.mean()) ** 2).sum())
+    r2 = 1.0 - ss_res / ss_tot if ss_tot > 0 else 1.0
+    return float(alpha), float(beta), float(r2)
+
+
+def sanitize_device(device: str) -> str:
+    """A device key as a file-name part: `cuda:0` → `cuda-0`, `cpu 2t` → `cpu-2t`."""
+    cleaned = re.sub(r"[^A-Za-z0-9_.-]+", "-", str(device)).strip(".-")
+    if not cleaned:
+        raise ValueError(f"device name {device!r} has nothing usable for a file name")
+    return cleaned
+
+
+def profile_cache_path(config: ModelConfig, device: str) -> Path:
+    return config.directory / f"profile.{sanitize_device(device)}.json"
+
+
+def write_profile_cache(
+    config: ModelConfig,
+    device: str,
+    latency_ms: Mapping[int, float],
+    *,
+    fit: Mapping[str, float],
+    device_description: str | None = None,
+    extra: Mapping[str, Any] | None = None,
+) -> Path:
+    """Write `<model dir>/profile.<device>.json` (atomically) with the measured
+    table, the fit {alpha_ms, beta_ms, r2}, where it was measured and the model
+    file's SHA-256; returns the path."""
+    if not latency_ms:
+        raise ValueError("refusing to cache an empty latency table")
+    for key in ("alpha_ms", "beta_ms"):
+        if key not in fit:
+            raise ValueError(f"fit must contain {key!r}, got keys {sorted(fit)}")
+    doc = {
+        "format": CACHE_FORMAT,
+        "model": config.name,
+        "model_version": config.version,
+        "device": device,
+        "device_description": device_description or describe_host(),
+        "onnxruntime_version": _onnxruntime_version(),
+        "model_sha256": _model_hash(config),
+        "measured_at": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "latency_ms": {str(int(b)): float(ms) for b, ms in sorted(latency_ms.items())},
+        "fit": {k: float(v) for k, v in fit.items()},
+    }
+    if extra:
+        doc["extra"] = dict(extra)
+    path = profile_cache_path(config, device)
+    atomic_write_bytes(path, (json.dumps(doc, indent=2) + "\n").encode())
+    return path
+
+
+def read_profile_cache(config: ModelConfig, device: str) -> ProfileSpec | None:
+    """The cached measured profile of `config` on `device`; None when there is
+    none, it cannot be read, or it is stale (the model file changed)."""
+    path = profile_cache_path(config, device)
+    if not path.is_file():
+        return None
+    try:
+        doc = json.loads(path.read_text())
+        if doc.get("format") != CACHE_FORMAT:
+            log.info("%s: cache format %r, expected %d; ignoring", path, doc.get("format"), 1)
+            return None
+        table = {int(b): float(ms) for b, ms in doc["latency_ms"].items()}
+        fit = doc.get("fit") or {}
+        cached_hash = doc.get("model_sha256")
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+        log.warning("%s: unreadable profile cache, ignoring: %s", path, exc)
+        return None
+    if cached_hash != _model_hash(config):
+        log.info("%s: stale (the model file changed since it was measured)", path)
+        return None
+    if not table:
+        return None
+    return ProfileSpec(
+        alpha_ms=fit.get("alpha_ms"),
+        beta_ms=fit.get("beta_ms"),
+        latency_ms=dict(sorted(table.items())),
+        device=doc.get("device", device),
+    )
+
+
+def _model_hash(config: ModelConfig) -> str | None:
+    if config.model_file is None:
+        return None
+    try:
+        return file_sha256(config.model_file)
+    except OSError:
+        return None
+
+
+def _onnxruntime_version() -> str | None:
+    try:
+        import onnxruntime
+    except ImportError:
+        return None
+    return onnxruntime.__version__
+
+
+def describe_host() -> str:
+    """A one-line description of this machine's CPU (for cache files and logs)."""
+    model = platform.processor() or platform.machine()
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    return f"{model}, {os.cpu_count()} logical CPUs, {platform.system()} {platform.release()}"
