@@ -10,8 +10,6 @@ import json
 import math
 import socket
 import struct
-import threading
-import time
 import zlib
 
 import httpx
@@ -25,34 +23,8 @@ from tests.fakes import GOOD_V2, FakeService
 HDR = "Inference-Header-Content-Length"
 
 
-@pytest.fixture
-def service():
-    return FakeService()
-
-
-@pytest.fixture
-def metrics():
-    return Metrics()
-
-
-@pytest.fixture
-def app(service, metrics):
-    return create_api(lambda: service, metrics, max_body_bytes=1 << 20)
-
-
-@pytest.fixture
-async def client(app):
-    transport = httpx.ASGITransport(app=app, raise_app_exceptions=False)
-    async with httpx.AsyncClient(transport=transport, base_url="http://test") as c:
-        yield c
-
-
+# service, metrics, app and client: tests/conftest.py
 pytestmark = pytest.mark.anyio
-
-
-@pytest.fixture
-def anyio_backend():
-    return "asyncio"
 
 
 def v2_binary_body(header: dict, *blobs: bytes) -> tuple[bytes, dict]:
@@ -385,7 +357,6 @@ async def test_metadata_health_index(client, service):
 
 
 # ------------------------------------------------------------------ errors
-
 
 
 def _v2(**changes):
@@ -743,26 +714,9 @@ async def test_openapi_document(client):
 
 
 @pytest.fixture(scope="module")
-def live_server():
-    import uvicorn
-
+def live_server(uvicorn_in_thread):
     service = FakeService()
-    metrics = Metrics()
-    app = create_api(lambda: service, metrics)
-    # uvicorn binds the ephemeral port itself: a socket made with socket.socket()
-    # (proto 0) would miss asyncio's TCP_NODELAY and add ~40 ms per response.
-    config = uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning", lifespan="off")
-    server = uvicorn.Server(config)
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 10
-    while not server.started:
-        assert time.monotonic() < deadline, "uvicorn did not start"
-        time.sleep(0.01)
-    port = server.servers[0].sockets[0].getsockname()[1]
-    yield f"127.0.0.1:{port}", service
-    server.should_exit = True
-    thread.join(timeout=10)
+    return uvicorn_in_thread(create_api(lambda: service, Metrics())), service
 
 
 @pytest.fixture(scope="module")

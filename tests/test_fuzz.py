@@ -268,11 +268,6 @@ class BadInputService(FakeService):
         )
 
 
-@pytest.fixture
-def anyio_backend():
-    return "asyncio"
-
-
 BAD_SERVICE = BadInputService()
 BAD_APP = create_api(lambda: BAD_SERVICE, Metrics(), max_body_bytes=LIMIT)  # shared: stateless
 

@@ -11,7 +11,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import httpx
@@ -22,7 +21,6 @@ import pytest
 import bench.loadgen as lg
 from app.workloads.arrivals import generate_arrivals
 from app.workloads.spec import load_workload
-from bench.daemon_launcher import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 SIM_SCHEMA = json.loads((ROOT / "bench" / "simulate_schema.json").read_text())
@@ -378,15 +376,9 @@ def test_non_loopback_urls_are_refused(url, tmp_path):
         ),
     ],
 )
-def test_cli_refuses_bad_input_before_sending(tmp_path, args, message):
+def test_cli_refuses_bad_input_before_sending(tmp_path, run_module, args, message):
     _, path = make_workload(tmp_path)
-    proc = subprocess.run(
-        [sys.executable, "-m", "bench.loadgen", "-q", "--workload", str(path), *args],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=30,
-    )
+    proc = run_module("bench.loadgen", "-q", "--workload", str(path), *args, timeout=30)
     assert proc.returncode == 2
     assert message in proc.stderr
 
@@ -425,28 +417,20 @@ def _validate_metrics(m: dict) -> None:
     assert total == pytest.approx(1.0)
 
 
-def test_cli_json_validates_against_the_schemas(fast_stub, tmp_path):
+def test_cli_json_validates_against_the_schemas(fast_stub, tmp_path, run_module):
     _, path = make_workload(tmp_path, rate=200, duration=0.5)
     plot = tmp_path / "run.png"
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "bench.loadgen",
-            "--url",
-            fast_stub.url,
-            "--workload",
-            str(path),
-            "--json",
-            "--plot",
-            str(plot),
-            "--rate-scale",
-            "1.5",
-        ],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=60,
+    proc = run_module(
+        "bench.loadgen",
+        "--url",
+        fast_stub.url,
+        "--workload",
+        str(path),
+        "--json",
+        "--plot",
+        str(plot),
+        "--rate-scale",
+        "1.5",
     )
     assert proc.returncode == 0, proc.stderr
     doc = json.loads(proc.stdout)
@@ -490,53 +474,8 @@ def test_capacity_search_against_a_stub(tmp_path):
 
 
 @pytest.fixture(scope="module")
-def daemon(tmp_path_factory):
-    port = free_port()
-    log_path = tmp_path_factory.mktemp("daemon") / "server.log"
-    log = log_path.open("w")
-    process = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "app",
-            "serve",
-            "--repository",
-            str(ROOT / "bench" / "repositories" / "live"),
-            "--emulated-devices",
-            "2",
-            "--port",
-            str(port),
-            "--log-level",
-            "warning",
-        ],
-        cwd=ROOT,
-        env=dict(os.environ),
-        stdout=log,
-        stderr=subprocess.STDOUT,
-    )
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 60
-    try:
-        while True:
-            if process.poll() is not None:
-                raise RuntimeError(f"daemon exited early:\n{log_path.read_text()}")
-            try:
-                if httpx.get(f"{url}/v2/health/ready", timeout=1, trust_env=False).is_success:
-                    break
-            except httpx.HTTPError:
-                pass
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"daemon not ready in 60 s:\n{log_path.read_text()}")
-            time.sleep(0.2)
-        yield url
-    finally:
-        process.terminate()
-        try:
-            process.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
-        log.close()
+def daemon(launch_daemon):
+    return launch_daemon(ROOT / "bench" / "repositories" / "live", emulated_devices=2).url
 
 
 def test_end_to_end_against_the_daemon(daemon, tmp_path):

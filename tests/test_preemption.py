@@ -20,7 +20,6 @@ from app.runtime.backends import EmulatedBackend, Terminated
 from app.runtime.devices import ExecutorDevice
 from app.runtime.events import BatchFinished, BatchStopped
 from app.runtime.pool import ExecutorPool
-from bench.daemon_launcher import free_port
 from tests.fakes import PoolEvents, mlp_onnx, onnx_config
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -256,24 +255,11 @@ devices: [emulated]
 
 
 @pytest.fixture(scope="module")
-def daemon(tmp_path_factory):
-    from bench.daemon_launcher import start_daemon, stop_daemon
-
+def daemon(tmp_path_factory, launch_daemon):
     repo = tmp_path_factory.mktemp("preempt-repo")
     (repo / "slow").mkdir()
     (repo / "slow" / "config.yaml").write_text(_SLOW)
-    port = free_port()
-    handle = start_daemon(
-        repo,
-        port,
-        policy="flex",
-        emulated_devices=1,
-        cpu_slices=0,
-        startup_timeout_s=60,
-        extra_env={"PYTHONPATH": str(ROOT)},
-    )
-    yield handle
-    stop_daemon(handle, timeout_s=10)
+    return launch_daemon(repo, policy="flex", emulated_devices=1, cpu_slices=0)
 
 
 def _burst(url: str, first_slo_ms: float, others: int = 3) -> dict:

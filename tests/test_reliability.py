@@ -23,9 +23,9 @@ import pytest
 from app.scheduling import Request
 from app.scheduling.registry import make_scheduler, policy_names
 from app.scheduling.types import Batch, Decision, Dispatch, Drop, DropReason, Preempt
-from bench.daemon_launcher import free_port, start_daemon, stop_daemon
+from bench.daemon_launcher import stop_daemon
 from bench.overload import CAPACITY_RPS, executor_pids, open_loop, write_repository
-from tests.fakes import devices, model
+from tests.fakes import devices, model, segments_of
 
 # ------------------------------------------------------------ core: device faults
 
@@ -244,14 +244,9 @@ def test_symphony_pushes_back_batches_queued_behind_a_batch_that_ended_late():
 _EXPLICIT_503 = {"device_failed", "deadline", "executor_failed", "shutting_down"}
 
 
-def _segments(pid: int) -> set[str]:
-    """Our arenas in /dev/shm: their names carry the creating daemon's pid."""
-    return {p.name for p in Path("/dev/shm").glob(f"dsrv_{pid}_*")}
-
-
-def _start(tmp: Path, **env: str):
+def _start(launch_daemon, tmp: Path):
     repo = write_repository(tmp / "repo")
-    defaults = {
+    env = {
         "CPU_SLICES": "0",
         "EMULATED_HANG_FILE": str(tmp / "hang"),
         "STUCK_MARGIN_S": "0.3",
@@ -261,17 +256,13 @@ def _start(tmp: Path, **env: str):
         # overload: plan batches to end this much before the deadline.
         "DEADLINE_MARGIN_MS": "50",
     }
-    return start_daemon(
-        repo, free_port(), emulated_devices=2, extra_env={**defaults, **env}, startup_timeout_s=60
-    )
+    return launch_daemon(repo, emulated_devices=2, extra_env=env)
 
 
 @pytest.fixture(scope="module")
-def daemon(tmp_path_factory):
+def daemon(tmp_path_factory, launch_daemon):
     tmp = tmp_path_factory.mktemp("reliability")
-    handle = _start(tmp)
-    yield handle, tmp
-    stop_daemon(handle)
+    return _start(launch_daemon, tmp), tmp
 
 
 def _ready(url: str) -> tuple[int, dict]:
@@ -293,7 +284,7 @@ def test_sigkilled_executor_mid_batch_is_respawned_and_no_request_is_lost(daemon
     handle, _ = daemon
     url, pid = handle.url, handle.process.pid
     assert _ready(url) == (200, {"ready": True, "devices_alive": 2, "devices_total": 2})
-    segments = _segments(pid)
+    segments = segments_of(pid)
     assert segments
     victim = executor_pids(pid)["emulated:0"]
     seen: list[tuple[int, dict]] = []
@@ -324,7 +315,7 @@ def test_sigkilled_executor_mid_batch_is_respawned_and_no_request_is_lost(daemon
     assert respawn, log[-2000:]
     print(f"respawn: executor serving again {float(respawn[-1]):.3f} s after SIGKILL")
     # The respawned executor re-attached the same arenas: nothing new, nothing leaked.
-    assert _segments(pid) == segments
+    assert segments_of(pid) == segments
     # And it serves: a burst that needs both devices runs batches on emulated:0.
     before = _batches_on(url, "emulated:0")
     burst = asyncio.run(open_loop(url, [(80, 0.5)], slo_ms=None))
@@ -434,11 +425,11 @@ def _wait(process: subprocess.Popen, timeout: float) -> int | None:
 
 
 def test_sigterm_under_load_answers_everything_frees_shared_memory_and_restarts(
-    tmp_path,
+    tmp_path, launch_daemon
 ):
-    handle = _start(tmp_path)
+    handle = _start(launch_daemon, tmp_path)
     pid = handle.process.pid
-    assert _segments(pid)
+    assert segments_of(pid)
     rate, seconds = 0.8 * CAPACITY_RPS, 3.0
 
     async def scenario():
@@ -476,10 +467,10 @@ def test_sigterm_under_load_answers_everything_frees_shared_memory_and_restarts(
     # Served before SIGTERM (waited for above): whatever the machine's load.
     assert statuses[200] >= 1, statuses
     assert "Traceback" not in handle.log_path.read_text()
-    assert not _segments(pid)  # every arena unlinked
+    assert not segments_of(pid)  # every arena unlinked
     assert not executor_pids(pid)
     # A restart serves again.
-    again = _start(tmp_path)
+    again = _start(launch_daemon, tmp_path)
     try:
         reply = httpx.post(
             f"{again.url}/infer", json={"model": "slow", "inputs": {"x": [[1, 2, 3, 4]]}}
@@ -488,7 +479,7 @@ def test_sigterm_under_load_answers_everything_frees_shared_memory_and_restarts(
         assert reply.json()["outputs"]["y"]["data"] == [[1.0, 2.0, 3.0, 4.0]]
     finally:
         stop_daemon(again)
-    assert not _segments(again.process.pid)
+    assert not segments_of(again.process.pid)
 
 
 class _DegradedService:
