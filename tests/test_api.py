@@ -727,6 +727,7 @@ def triton(live_server):
     client.close()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("binary_in", [True, False])
 @pytest.mark.parametrize("binary_out", [True, False, None])  # None: no outputs → all binary
 def test_tritonclient_infer(live_server, triton, binary_in, binary_out):
@@ -744,6 +745,7 @@ def test_tritonclient_infer(live_server, triton, binary_in, binary_out):
     assert resp["id"] == "t1" and resp["parameters"]["batch_size"] == 4
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("binary", [True, False])
 def test_tritonclient_datatypes_and_versions(live_server, triton, binary):
     import tritonclient.http as th
@@ -763,6 +765,7 @@ def test_tritonclient_datatypes_and_versions(live_server, triton, binary):
     np.testing.assert_array_equal(res.as_numpy("c"), c)
 
 
+@pytest.mark.slow
 def test_tritonclient_compression_slo_and_errors(live_server, triton):
     import tritonclient.http as th
     from tritonclient.utils import InferenceServerException
@@ -795,6 +798,7 @@ def test_tritonclient_compression_slo_and_errors(live_server, triton):
     np.testing.assert_array_equal(triton.infer("add_one", [inp]).as_numpy("y"), x + 1)
 
 
+@pytest.mark.slow
 def test_tritonclient_metadata(live_server, triton):
     assert triton.is_server_live() and triton.is_server_ready()
     assert triton.is_model_ready("add_one") and triton.is_model_ready("add_one", "1")
@@ -810,6 +814,7 @@ def test_tritonclient_metadata(live_server, triton):
     assert {m["name"] for m in index} >= {"add_one", "typed", "cold"}
 
 
+@pytest.mark.slow
 def test_live_server_survives_garbage(live_server, triton):
     """Raw malformed traffic at the real server, then normal service."""
     addr = live_server[0]

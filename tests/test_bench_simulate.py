@@ -60,6 +60,7 @@ def check_metrics(m: dict) -> None:
 # --------------------------------------------------------------------------- CLI
 
 
+@pytest.mark.slow
 def test_json_validates_and_is_sane(tiny: Path, run_cli) -> None:
     proc = run_cli(
         "--workload",
@@ -91,6 +92,7 @@ def test_json_validates_and_is_sane(tiny: Path, run_cli) -> None:
             check_metrics(m)
 
 
+@pytest.mark.slow
 def test_serving_path_options_model_the_daemon(tiny: Path, run_cli) -> None:
     args = ("--workload", str(tiny), "--policy", "symphony", "--rate-scale", "1.6", "--json")
     direct = json.loads(run_cli(*args).stdout)
@@ -115,6 +117,7 @@ def test_serving_path_options_model_the_daemon(tiny: Path, run_cli) -> None:
     assert bad.returncode == 2 and "--deadline-margin-ms must be" in bad.stderr
 
 
+@pytest.mark.slow
 def test_capacity(tmp_path: Path, run_cli) -> None:
     path = tmp_path / "cap.yaml"
     path.write_text(TINY.format(duration=1.0, rate=400))
@@ -148,6 +151,7 @@ def test_capacity(tmp_path: Path, run_cli) -> None:
     assert failing and min(failing) <= entry["capacity_rate_scale"] * 1.05 + 1e-12
 
 
+@pytest.mark.slow
 def test_plot_and_curves(tiny: Path, tmp_path: Path, run_cli) -> None:
     out = tmp_path / "figs" / "goodput.png"
     proc = run_cli(
@@ -176,6 +180,7 @@ def test_plot_and_curves(tiny: Path, tmp_path: Path, run_cli) -> None:
         assert all(p["goodput_rps"] <= p["offered_rps"] for p in points)
 
 
+@pytest.mark.slow
 def test_missing_workload_exits_2(tmp_path: Path, run_cli) -> None:
     proc = run_cli("--workload", str(tmp_path / "nope.yaml"), "--json")
     assert proc.returncode == 2

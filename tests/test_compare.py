@@ -80,6 +80,7 @@ def test_unknown_system_is_a_usage_error(capsys):
     assert "tensorflow-serving" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_short_run_against_the_daemon(tmp_path, capsys):
     # Real daemon, real load: ~2 probes of 1 s plus start-up.
     code = compare.main(

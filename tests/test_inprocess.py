@@ -25,6 +25,8 @@ from bench import loadgen as lg
 
 ROOT = Path(__file__).resolve().parent.parent
 LIVE = ROOT / "bench" / "repositories" / "live"
+# The in-process service leaves no shared memory behind.
+pytestmark = pytest.mark.usefixtures("no_leftover_segments")
 LOADGEN_SCHEMA = json.loads((ROOT / "bench" / "loadgen_schema.json").read_text())
 ALPHA_MS, BETA_MS = 1.053, 5.072  # resnet50-t4 in bench/repositories/live
 
@@ -68,6 +70,7 @@ def test_request_inputs_follow_the_model_config():
     assert inputs["ids"].min() >= 0 and inputs["ids"].max() < 10
 
 
+@pytest.mark.slow
 def test_runs_against_the_live_service(tmp_path):
     """One service, three runs: served, all dropped, and a model it lacks."""
     served_wl, served_path = make_workload(tmp_path, name="served", rate=150, duration=1.0)
@@ -115,6 +118,7 @@ def cli(run_module):
     return functools.partial(run_module, "bench.inprocess", timeout=180)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "args, message",
     [
@@ -133,6 +137,7 @@ def test_cli_refuses_bad_input_before_starting(tmp_path, cli, args, message):
     assert message in proc.stderr
 
 
+@pytest.mark.slow
 def test_cli_refuses_a_bad_daemon_setting_in_the_environment(tmp_path, cli):
     _, path = make_workload(tmp_path)
     proc = cli("--workload", str(path), "-q", env={"TIMER_LEAD_MS": "soon"})
@@ -140,6 +145,7 @@ def test_cli_refuses_a_bad_daemon_setting_in_the_environment(tmp_path, cli):
     assert "TIMER_LEAD_MS='soon' is not a number" in proc.stderr
 
 
+@pytest.mark.slow
 def test_cli_capacity_search_probes_the_one_service(tmp_path, cli):
     _, path = make_workload(tmp_path, rate=100, duration=0.5)
     proc = cli(

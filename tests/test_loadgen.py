@@ -204,6 +204,7 @@ def run_on_time(url, workload, p99_ms: float, attempts: int = 3, **kw) -> lg.Liv
 # --------------------------------------------------------------------------- schedule
 
 
+@pytest.mark.slow
 def test_schedule_follows_the_workload(fast_stub, tmp_path):
     workload, _ = make_workload(tmp_path, rate=400, duration=1.5)
     expected = generate_arrivals(workload, 1.0)
@@ -236,6 +237,7 @@ def test_schedule_follows_the_workload(fast_stub, tmp_path):
     assert np.percentile(spread, 90) < 10.0, np.percentile(spread, [50, 90, 99, 100])
 
 
+@pytest.mark.slow
 def test_bursty_schedule_and_two_workers(fast_stub, tmp_path):
     workload, _ = make_workload(
         tmp_path, name="bursty", arrival="{process: gamma, shape: 0.2}", rate=300, duration=1.0
@@ -253,6 +255,7 @@ def test_bursty_schedule_and_two_workers(fast_stub, tmp_path):
 # --------------------------------------------------------------------------- open loop
 
 
+@pytest.mark.slow
 def test_slow_server_does_not_shift_the_schedule(tmp_path):
     """A 300 ms server with 200 r/s offered: ~60 requests in flight. A closed
     loop would stall; the open loop keeps sending on time, and latency counts
@@ -280,6 +283,7 @@ def test_slow_server_does_not_shift_the_schedule(tmp_path):
     assert o["latency_p50_ms"] == pytest.approx(300.0, abs=30.0)
 
 
+@pytest.mark.slow
 def test_latency_counts_from_the_intended_time(fast_stub, tmp_path):
     """Delay the generator's start artificially: the requests are sent late,
     and the lateness is in their latency (not hidden)."""
@@ -297,6 +301,7 @@ def test_latency_counts_from_the_intended_time(fast_stub, tmp_path):
     assert np.corrcoef(lag[order], rec.latency_ms[order])[0, 1] > 0.5
 
 
+@pytest.mark.slow
 def test_httpx_client_follows_the_schedule_too(fast_stub, tmp_path):
     workload, _ = make_workload(tmp_path, name="httpx", rate=100, duration=0.5)
     expected = generate_arrivals(workload, 1.0)
@@ -327,6 +332,7 @@ def test_httpx_client_follows_the_schedule_too(fast_stub, tmp_path):
     assert o["goodput_rps"] > 0 and o["mean_batch_size"] == pytest.approx(3.0)
 
 
+@pytest.mark.slow
 def test_timeouts_and_drops_are_classified(tmp_path):
     stub = Stub(delay_ms=400.0, models="m,m-drop")
     try:
@@ -366,6 +372,7 @@ def test_non_loopback_urls_are_refused(url, tmp_path):
         run(url, workload)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "args, message",
     [
@@ -388,12 +395,14 @@ def test_loopback_urls_are_accepted(url):
     assert lg.check_loopback(url + "/") == url
 
 
+@pytest.mark.slow
 def test_missing_model_is_a_clear_error(fast_stub, tmp_path):
     workload, _ = make_workload(tmp_path, model="nope")
     with pytest.raises(lg.LoadGenError, match=r"'nope'.*not on the server"):
         run(fast_stub.url, workload)
 
 
+@pytest.mark.slow
 def test_run_is_bounded_in_requests(fast_stub, tmp_path):
     workload, _ = make_workload(tmp_path, rate=1000, duration=2.0)
     with pytest.raises(lg.LoadGenError, match="max-requests"):
@@ -417,6 +426,7 @@ def _validate_metrics(m: dict) -> None:
     assert total == pytest.approx(1.0)
 
 
+@pytest.mark.slow
 def test_cli_json_validates_against_the_schemas(fast_stub, tmp_path, run_module):
     _, path = make_workload(tmp_path, rate=200, duration=0.5)
     plot = tmp_path / "run.png"
@@ -445,6 +455,7 @@ def test_cli_json_validates_against_the_schemas(fast_stub, tmp_path, run_module)
     assert plot.stat().st_size > 10_000
 
 
+@pytest.mark.slow
 def test_capacity_search_against_a_stub(tmp_path):
     """The stub serves everything in 30 ms; with a 25 ms SLO nothing passes,
     with 100 ms everything does (the search ends at its upper bound)."""
@@ -478,6 +489,7 @@ def daemon(launch_daemon):
     return launch_daemon(ROOT / "bench" / "repositories" / "live", emulated_devices=2).url
 
 
+@pytest.mark.slow
 def test_end_to_end_against_the_daemon(daemon, tmp_path):
     workload, path = make_workload(
         tmp_path, name="daemon-e2e", model="resnet50-t4", slo=25, rate=150, duration=1.0
@@ -527,6 +539,7 @@ def test_timing_breakdown_splits_each_latency_and_picks_the_late_ones():
     assert lg.timing_breakdown(rec, np.array([25.0]))["late"]["answer"]["p50_ms"] is None
 
 
+@pytest.mark.slow
 def test_daemon_rejects_a_model_it_does_not_serve(daemon, tmp_path):
     workload, _ = make_workload(tmp_path, model="resnet50-emulated")
     with pytest.raises(lg.LoadGenError, match="not on the server"):

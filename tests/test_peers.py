@@ -95,6 +95,7 @@ def ray_serve(tmp_path_factory):
     stop(handle)
 
 
+@pytest.mark.slow
 def test_ray_serve_echoes_each_row_batches_and_stops_cleanly(ray_serve):
     from bench.peers.ray_serve_launcher import session_processes, stop
 

@@ -22,7 +22,8 @@ from app.runtime.events import BatchFinished, BatchStopped
 from app.runtime.pool import ExecutorPool
 from tests.fakes import PoolEvents, mlp_onnx, onnx_config
 
-ROOT = Path(__file__).resolve().parents[1]
+# The executors the tests start leave no shared memory behind.
+pytestmark = pytest.mark.usefixtures("no_leftover_segments")
 
 
 # ------------------------------------------------------------ emulated backend
@@ -132,6 +133,7 @@ def _stopped_early(config: ModelConfig, batch: int) -> None:
     assert stopped.at - cancelled_at < 0.3 * normal
 
 
+@pytest.mark.slow
 def test_onnx_batch_stops_well_before_its_normal_duration(tmp_path):
     # 128 MatMul+Add+Relu layers 1024 wide sharing their weights (~50 ms for
     # 32 rows on one core): ORT checks RunOptions.terminate between nodes, so
@@ -140,6 +142,7 @@ def test_onnx_batch_stops_well_before_its_normal_duration(tmp_path):
     _stopped_early(onnx_config("chain", path, width=1024, max_batch=32), 32)
 
 
+@pytest.mark.slow
 def test_split_bundled_mlp_batch_stops_within_a_chunk(tmp_path):
     # The bundled MLP's builder at half the width (12 layers of 2048, ~30 ms
     # for 32 rows on one core), each layer split as the bundled model is
@@ -199,6 +202,7 @@ def _torch_config(tmp_path: Path, blocks: int = 12, **parameters: object) -> Mod
     )
 
 
+@pytest.mark.slow
 def test_torch_backend_outputs_equal_the_eager_module(tmp_path):
     torch = pytest.importorskip("torch")
     from app.repository.bundled import build_torchcnn
@@ -233,6 +237,7 @@ def test_torch_backend_outputs_equal_the_eager_module(tmp_path):
         backend._forward(x)
 
 
+@pytest.mark.slow
 def test_torch_batch_stops_at_an_exit_point_well_before_its_normal_duration(tmp_path):
     pytest.importorskip("torch")
     # 14 blocks of ~1/13 of the batch each; profiling picks the exit points.
@@ -296,6 +301,7 @@ def _burst(url: str, first_slo_ms: float, others: int = 3) -> dict:
     return out
 
 
+@pytest.mark.slow
 def test_daemon_preempted_request_gets_a_result_from_its_new_batch(daemon):
     out = _burst(daemon.url, 2000.0)
     for value, (reply, _) in out.items():
@@ -318,6 +324,7 @@ def _answers(url: str) -> float:
     )
 
 
+@pytest.mark.slow
 def test_daemon_preempted_request_that_cannot_make_it_gets_503(daemon):
     before = _answers(daemon.url)
     # 620 ms fits ℓ(1) + the 3 ms deadline margin only if it starts at once,

@@ -280,6 +280,7 @@ def _wait_alive(url: str, alive: int, timeout: float = 30.0) -> float:
     raise AssertionError(f"not {alive} devices alive after {timeout} s: {_ready(url)}")
 
 
+@pytest.mark.slow
 def test_sigkilled_executor_mid_batch_is_respawned_and_no_request_is_lost(daemon):
     handle, _ = daemon
     url, pid = handle.url, handle.process.pid
@@ -347,6 +348,7 @@ def _wait_served(url: str, timeout: float = 30.0) -> None:
     raise AssertionError(f"no request served after {timeout} s")
 
 
+@pytest.mark.slow
 def test_stuck_executor_is_killed_and_its_requests_run_elsewhere(daemon):
     handle, tmp = daemon
     url, pid = handle.url, handle.process.pid
@@ -368,6 +370,7 @@ def test_stuck_executor_is_killed_and_its_requests_run_elsewhere(daemon):
     assert executor_pids(pid)["emulated:1"] != victim
 
 
+@pytest.mark.slow
 def test_overload_keeps_goodput_near_capacity_answers_the_excess_fast_and_recovers(daemon):
     handle, _ = daemon
     url = handle.url
@@ -424,6 +427,7 @@ def _wait(process: subprocess.Popen, timeout: float) -> int | None:
         return None
 
 
+@pytest.mark.slow
 def test_sigterm_under_load_answers_everything_frees_shared_memory_and_restarts(
     tmp_path, launch_daemon
 ):

@@ -36,6 +36,8 @@ from tests.fakes import (
 )
 
 ROOT = Path(__file__).resolve().parents[1]
+# Arenas and executors: each test leaves no shared memory behind.
+pytestmark = pytest.mark.usefixtures("no_leftover_segments")
 
 
 # ----------------------------------------------------------------- builders
@@ -204,6 +206,7 @@ def test_an_emulated_batch_holds_its_device_from_its_start_copies_included(monke
 
 
 # ---------------------------------------------------------- through the pool
+@pytest.mark.slow
 def test_onnx_pool_matches_session_errors_and_profile(tmp_path):
     mlp_path = mlp_onnx(tmp_path / "mlp.onnx")
     big_path = mlp_onnx(tmp_path / "big.onnx", width=512, layers=2)
@@ -287,6 +290,7 @@ def test_onnx_pool_matches_session_errors_and_profile(tmp_path):
     asyncio.run(scenario())
 
 
+@pytest.mark.slow
 def test_emulated_pool_timing_echo_cancel_and_death():
     config = emulated_config("emu", alpha_ms=2.0, beta_ms=20.0)
     slow = emulated_config("slow", alpha_ms=0.0, beta_ms=2000.0)
@@ -361,6 +365,7 @@ def test_emulated_pool_timing_echo_cancel_and_death():
     asyncio.run(scenario())
 
 
+@pytest.mark.slow
 def test_no_resource_tracker_warnings_in_a_fresh_interpreter():
     """Create, attach from a spawned executor, stop: nothing on stderr."""
     script = textwrap.dedent(
@@ -403,6 +408,7 @@ def test_no_resource_tracker_warnings_in_a_fresh_interpreter():
     assert proc.stderr == ""
 
 
+@pytest.mark.slow
 def test_a_spawn_that_fails_surfaces_its_error_and_stops_the_rest(monkeypatch):
     """The second executor cannot start: pool.start raises that error (not a
     failure of the clean-up), and the first executor is stopped."""
