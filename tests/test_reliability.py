@@ -294,9 +294,14 @@ def test_sigkilled_executor_mid_batch_is_respawned_and_no_request_is_lost(daemon
         load = asyncio.create_task(open_loop(url, [(40, 3.0)]))
         await asyncio.sleep(1.0)  # both devices busy: ℓ(b) ≥ 60 ms per batch
         os.kill(victim, signal.SIGKILL)
-        for _ in range(10):
-            await asyncio.sleep(0.05)
+        # Until the readiness check reports the loss (at most 5 s: the
+        # executor's respawn takes longer than one 20 ms look).
+        give_up = time.monotonic() + 5.0
+        while time.monotonic() < give_up:
+            await asyncio.sleep(0.02)
             seen.append(await asyncio.to_thread(_ready, url))
+            if seen[-1][1].get("devices_alive") == 1:
+                break
         return await load
 
     results = asyncio.run(scenario())
@@ -377,8 +382,9 @@ def test_overload_keeps_goodput_near_capacity_answers_the_excess_fast_and_recove
     _wait_alive(url, 2)
     # 3 s at 3× capacity, then 2 s at 0.3×, open loop (bench.overload's raw
     # client: httpx alone cannot send 270 req/s on two shared cores).
+    slo = 0.3  # s; the claims below are against it and the capacity
     answers = asyncio.run(
-        open_loop(url, [(3 * CAPACITY_RPS, 3.0), (0.3 * CAPACITY_RPS, 2.0)], slo_ms=300)
+        open_loop(url, [(3 * CAPACITY_RPS, 3.0), (0.3 * CAPACITY_RPS, 2.0)], slo_ms=1000 * slo)
     )
     over = [a for a in answers if a.at < 3.0]
     calm = [a for a in answers if a.at >= 3.0]
@@ -388,27 +394,29 @@ def test_overload_keeps_goodput_near_capacity_answers_the_excess_fast_and_recove
     # flat top near the ≈ 89 req/s the two devices can do, most within SLO.
     window = [a for a in over if a.at >= 0.5]
     served = sum(1 for a in window if a.status == 200) / 2.5
-    within = sum(1 for a in window if a.status == 200 and a.latency <= 0.3) / 2.5
+    within = sum(1 for a in window if a.status == 200 and a.latency <= slo) / 2.5
     print(f"overload 3x: served {served:.0f} req/s, within SLO {within:.0f} of {CAPACITY_RPS:.0f}")
     assert served >= 0.75 * CAPACITY_RPS
     assert within >= 0.5 * CAPACITY_RPS
-    # The excess is refused explicitly and fast: 429 queue full at once,
-    # 503 no later than the deadline it could not meet.
+    # The excess is refused explicitly and fast: 429 queue full at once
+    # (before the deadline the request asked for), 503 no later than the
+    # deadline it could not meet.
     refused = [a for a in over if a.status in (429, 503)]
     assert len(refused) >= 0.5 * len(over)
     assert {a.reason for a in refused} <= {"queue_full", "overloaded", "deadline"}
-    assert statuses[429] and max(a.latency for a in refused if a.status == 429) < 0.2
+    assert statuses[429] and max(a.latency for a in refused if a.status == 429) < slo
     # (A stall of the shared box delays single answers: the bulk is judged by
-    # the median, the worst one only against being held far past the SLO.)
+    # the median, with 100 ms for the answer's way back, the worst one only
+    # against being held far past the SLO.)
     dropped = sorted(a.latency for a in refused if a.status == 503)
     if dropped:
-        assert dropped[len(dropped) // 2] < 0.4 and dropped[-1] < 0.8, dropped
+        assert dropped[len(dropped) // 2] < slo + 0.1 and dropped[-1] < slo + 0.5, dropped
     # Recovery once the load drops: in the first SLO after it, calm requests
     # still queue behind the overload's earlier deadlines (and may be dropped
     # explicitly); once those have all come due, all are served within SLO.
     assert {a.status for a in calm} <= {200, 503}
-    recovered = [a for a in calm if a.at >= 3.0 + 0.3]
-    on_time = sum(1 for a in recovered if a.status == 200 and a.latency <= 0.3)
+    recovered = [a for a in calm if a.at >= 3.0 + slo]
+    on_time = sum(1 for a in recovered if a.status == 200 and a.latency <= slo)
     print(f"after the overload's last deadline: {on_time} of {len(recovered)} within SLO")
     assert on_time >= 0.95 * len(recovered)
 
