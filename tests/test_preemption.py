@@ -211,7 +211,8 @@ def _torch_config(tmp_path: Path, blocks: int = 12, **parameters: object) -> Mod
 
 @pytest.mark.slow
 def test_torch_backend_outputs_equal_the_eager_module(tmp_path):
-    torch = pytest.importorskip("torch")
+    import torch  # the `test` extra's CPU build
+
     from app.repository.bundled import build_torchcnn
     from app.runtime.torch_backend import TorchBackend
 
@@ -246,7 +247,6 @@ def test_torch_backend_outputs_equal_the_eager_module(tmp_path):
 
 @pytest.mark.slow
 def test_torch_batch_stops_at_an_exit_point_well_before_its_normal_duration(tmp_path):
-    pytest.importorskip("torch")
     # 14 blocks of ~1/13 of the batch each; profiling picks the exit points.
     _stopped_early(_torch_config(tmp_path), 16)
 
