@@ -210,6 +210,12 @@ class PoolEvents:
 GOOD_V2 = {"inputs": [{"name": "x", "shape": [1, 4], "datatype": "FP32", "data": [1, 2, 3, 4]}]}
 
 
+def v2_body(**changes: Any) -> dict:
+    """GOOD_V2 with fields of its input changed; a field set to None is left out."""
+    inp = {**GOOD_V2["inputs"][0], **changes}
+    return {"inputs": [{k: v for k, v in inp.items() if v is not None}]}
+
+
 def api_config(name, inputs, outputs, slo_ms=50.0, loosen=False, version="1"):
     return ModelConfig(
         name=name,

@@ -18,7 +18,7 @@ import pytest
 
 from app.api import create_api
 from app.server.metrics import Metrics
-from tests.fakes import GOOD_V2, FakeService
+from tests.fakes import GOOD_V2, FakeService, v2_body
 
 HDR = "Inference-Header-Content-Length"
 
@@ -359,11 +359,6 @@ async def test_metadata_health_index(client, service):
 # ------------------------------------------------------------------ errors
 
 
-def _v2(**changes):
-    inp = {**GOOD_V2["inputs"][0], **changes}
-    return {"inputs": [{k: v for k, v in inp.items() if v is not None}]}
-
-
 def _bin(header_inputs, blob, header_len_delta=0, header_value=None, extra=None):
     js = json.dumps({"inputs": header_inputs, **(extra or {})}).encode()
     hv = header_value if header_value is not None else str(len(js) + header_len_delta)
@@ -420,30 +415,30 @@ BAD = [
     ("native-huge-int", "/infer", {"model": "typed", "inputs": {"a": [2**80, 1],
      "b": [True, True], "c": [[1, 2, 3]]}}, {}, 400, ["'a'"]),
     ("v2-missing-inputs", "/v2/models/add_one/infer", {"id": "1"}, {}, 422, ["inputs"]),
-    ("v2-shape-not-ints", "/v2/models/add_one/infer", _v2(shape=[1, "4"]), {}, 422,
+    ("v2-shape-not-ints", "/v2/models/add_one/infer", v2_body(shape=[1, "4"]), {}, 422,
      ["input 'x'", "shape[1]"]),
-    ("v2-shape-floats", "/v2/models/add_one/infer", _v2(shape=[1.0, 4.0]), {}, 422,
+    ("v2-shape-floats", "/v2/models/add_one/infer", v2_body(shape=[1.0, 4.0]), {}, 422,
      ["input 'x'"]),
     ("v2-negative-binary-size", "/v2/models/add_one/infer",
-     _v2(parameters={"binary_data_size": -4}), {}, 422, ["input 'x'", "binary_data_size"]),
-    ("v2-wrong-datatype", "/v2/models/add_one/infer", _v2(datatype="INT32"), {}, 400,
+     v2_body(parameters={"binary_data_size": -4}), {}, 422, ["input 'x'", "binary_data_size"]),
+    ("v2-wrong-datatype", "/v2/models/add_one/infer", v2_body(datatype="INT32"), {}, 400,
      ["'x'", "FP32", "INT32"]),
-    ("v2-bytes-datatype", "/v2/models/add_one/infer", _v2(datatype="BYTES"), {}, 400,
+    ("v2-bytes-datatype", "/v2/models/add_one/infer", v2_body(datatype="BYTES"), {}, 400,
      ["'x'", "FP32", "BYTES"]),
-    ("v2-wrong-shape", "/v2/models/add_one/infer", _v2(shape=[1, 5], data=[1] * 5), {}, 400,
+    ("v2-wrong-shape", "/v2/models/add_one/infer", v2_body(shape=[1, 5], data=[1] * 5), {}, 400,
      ["'x'", "[1, 4]", "[1, 5]"]),
-    ("v2-no-batch-dim", "/v2/models/add_one/infer", _v2(shape=[4]), {}, 400,
+    ("v2-no-batch-dim", "/v2/models/add_one/infer", v2_body(shape=[4]), {}, 400,
      ["'x'", "[1, 4]", "batch dimension first"]),
-    ("v2-batch-2", "/v2/models/add_one/infer", _v2(shape=[2, 4], data=[1] * 8), {}, 400,
+    ("v2-batch-2", "/v2/models/add_one/infer", v2_body(shape=[2, 4], data=[1] * 8), {}, 400,
      ["'x'", "batch dimension must be 1"]),
-    ("v2-negative-dim", "/v2/models/add_one/infer", _v2(shape=[1, -4]), {}, 400,
+    ("v2-negative-dim", "/v2/models/add_one/infer", v2_body(shape=[1, -4]), {}, 400,
      ["'x'", "non-negative"]),
-    ("v2-count", "/v2/models/add_one/infer", _v2(data=[1, 2, 3]), {}, 400,
+    ("v2-count", "/v2/models/add_one/infer", v2_body(data=[1, 2, 3]), {}, 400,
      ["'x'", "4 elements", "got 3"]),
-    ("v2-no-data", "/v2/models/add_one/infer", _v2(data=None), {}, 400, ["'x'", "no data"]),
+    ("v2-no-data", "/v2/models/add_one/infer", v2_body(data=None), {}, 400, ["'x'", "no data"]),
     ("v2-duplicate-input", "/v2/models/add_one/infer",
      {"inputs": GOOD_V2["inputs"] * 2}, {}, 400, ["'x'", "more than once"]),
-    ("v2-unknown-input", "/v2/models/add_one/infer", _v2(name="z"), {}, 400,
+    ("v2-unknown-input", "/v2/models/add_one/infer", v2_body(name="z"), {}, 400,
      ["unknown input 'z'", "x"]),
     ("v2-unknown-output", "/v2/models/add_one/infer", {**GOOD_V2, "outputs": [{"name": "q"}]},
      {}, 400, ["unknown output 'q'", "y"]),
@@ -451,7 +446,7 @@ BAD = [
      {**GOOD_V2, "outputs": [{"name": "y", "parameters": {"classification": 3}}]}, {}, 400,
      ["'y'", "classification"]),
     ("v2-shared-memory", "/v2/models/add_one/infer",
-     _v2(parameters={"shared_memory_region": "r0"}), {}, 400, ["'x'", "shared-memory"]),
+     v2_body(parameters={"shared_memory_region": "r0"}), {}, 400, ["'x'", "shared-memory"]),
     ("v2-slo-bool", "/v2/models/add_one/infer", {**GOOD_V2, "parameters": {"slo_ms": True}}, {},
      422, ["slo_ms"]),
     ("v2-bin-header-too-long", "/v2/models/add_one/infer", *_bin([_BIN_X], _X16, 100), 400,

@@ -70,7 +70,7 @@ from schemathesis.specs.openapi.checks import (
 
 from app.api import create_api
 from app.server.metrics import Metrics
-from tests.fakes import FakeService, api_config
+from tests.fakes import GOOD_V2, FakeService, api_config, v2_body
 
 # ------------------------------------------------------------------ bad input, by hand
 #
@@ -80,13 +80,7 @@ from tests.fakes import FakeService, api_config
 LIMIT = 1 << 20
 HDR = "Inference-Header-Content-Length"
 GOOD_NATIVE = {"model": "add_one", "inputs": {"x": [1, 2, 3, 4]}}
-GOOD_V2 = {"inputs": [{"name": "x", "shape": [1, 4], "datatype": "FP32", "data": [1, 2, 3, 4]}]}
 _TYPED_REST = {"b": [True, False], "c": [[1, 2, 3]]}
-
-
-def _v2(**changes: Any) -> dict:
-    inp = {**GOOD_V2["inputs"][0], **changes}
-    return {"inputs": [{k: v for k, v in inp.items() if v is not None}]}
 
 
 def _slo(value: Any) -> str:
@@ -142,10 +136,10 @@ BAD_INPUT = [
     ("truncated-gzip", "POST", NATIVE, gzip.compress(json.dumps(GOOD_NATIVE).encode())[:-6],
      {"Content-Encoding": "gzip"}, 400, ["gzip", "truncated"]),
     # wrong datatypes
-    ("v2-datatype", "POST", V2, _v2(datatype="FP64"), {}, 400, ["'x'", "FP32", "FP64"]),
-    ("v2-unknown-datatype", "POST", V2, _v2(datatype="FP8"), {}, 400,
+    ("v2-datatype", "POST", V2, v2_body(datatype="FP64"), {}, 400, ["'x'", "FP32", "FP64"]),
+    ("v2-unknown-datatype", "POST", V2, v2_body(datatype="FP8"), {}, 400,
      ["'x'", "FP8", "not a supported datatype"]),
-    ("v2-datatype-number", "POST", V2, _v2(datatype=32), {}, 422, ["input 'x'", "datatype"]),
+    ("v2-datatype-number", "POST", V2, v2_body(datatype=32), {}, 422, ["input 'x'", "datatype"]),
     ("native-strings", "POST", NATIVE, {"model": "add_one", "inputs": {"x": ["1"] * 4}}, {},
      400, ["'x'", "strings"]),
     ("native-objects", "POST", NATIVE, {"model": "add_one", "inputs": {"x": [{}] * 4}}, {},
@@ -155,15 +149,16 @@ BAD_INPUT = [
      ["'a'", "INT32", "non-integer"]),
     ("native-uint-negative", "POST", NATIVE, None, {}, 400, []),  # replaced below
     # wrong shapes and element counts
-    ("v2-shape-rank", "POST", V2, _v2(shape=[1, 2, 2]), {}, 400, ["'x'", "[1, 4]", "[1, 2, 2]"]),
-    ("v2-shape-scalar", "POST", V2, _v2(shape=[]), {}, 400, ["'x'", "[1, 4]"]),
-    ("v2-shape-batch-0", "POST", V2, _v2(shape=[0, 4], data=[]), {}, 400,
+    ("v2-shape-rank", "POST", V2, v2_body(shape=[1, 2, 2]), {}, 400,
+     ["'x'", "[1, 4]", "[1, 2, 2]"]),
+    ("v2-shape-scalar", "POST", V2, v2_body(shape=[]), {}, 400, ["'x'", "[1, 4]"]),
+    ("v2-shape-batch-0", "POST", V2, v2_body(shape=[0, 4], data=[]), {}, 400,
      ["'x'", "batch dimension must be 1"]),
-    ("v2-shape-negative", "POST", V2, _v2(shape=[1, -1]), {}, 400, ["'x'", "non-negative"]),
-    ("v2-shape-string", "POST", V2, _v2(shape="1,4"), {}, 422, ["input 'x'", "shape"]),
-    ("v2-too-few", "POST", V2, _v2(data=[1, 2]), {}, 400, ["'x'", "4 elements", "got 2"]),
-    ("v2-too-many", "POST", V2, _v2(data=[1] * 5), {}, 400, ["'x'", "4 elements", "got 5"]),
-    ("v2-nested-wrong", "POST", V2, _v2(data=[[1, 2], [3]]), {}, 400, ["'x'", "rectangular"]),
+    ("v2-shape-negative", "POST", V2, v2_body(shape=[1, -1]), {}, 400, ["'x'", "non-negative"]),
+    ("v2-shape-string", "POST", V2, v2_body(shape="1,4"), {}, 422, ["input 'x'", "shape"]),
+    ("v2-too-few", "POST", V2, v2_body(data=[1, 2]), {}, 400, ["'x'", "4 elements", "got 2"]),
+    ("v2-too-many", "POST", V2, v2_body(data=[1] * 5), {}, 400, ["'x'", "4 elements", "got 5"]),
+    ("v2-nested-wrong", "POST", V2, v2_body(data=[[1, 2], [3]]), {}, 400, ["'x'", "rectangular"]),
     ("native-count", "POST", NATIVE,
      {"model": "add_one", "inputs": {"x": {"data": [1, 2, 3, 4, 5], "shape": [4]}}}, {}, 400,
      ["'x'", "4 elements", "got 5"]),
@@ -241,7 +236,7 @@ BAD_INPUT = [
     ("bin-without-header", "POST", V2_TYPED, _bin([8, 2], b"")[0], {}, 400,
      [HDR, "a: 8", "b: 2"]),
     # element counts beyond what the model (or the body limit) allows: no allocation
-    ("v2-shape-huge-fixed", "POST", V2, _v2(shape=[1, 10**12], data=[1]), {}, 400,
+    ("v2-shape-huge-fixed", "POST", V2, v2_body(shape=[1, 10**12], data=[1]), {}, 400,
      ["'x'", "expected shape [1, 4]"]),
     ("v2-shape-huge-variable", "POST", V2_TYPED,
      {"inputs": [{"name": "c", "shape": [1, 10**9, 3], "datatype": "FP16", "data": [1, 2, 3]},
