@@ -50,6 +50,7 @@ def start_daemon(
     threads_per_slice: int | None = None,
     startup_timeout_s: float = 120.0,
     extra_env: dict[str, str] | None = None,
+    log_level: str = "warning",
 ) -> DaemonHandle:
     """Start the daemon on 127.0.0.1:`port`; return once /v2/health/ready is 200."""
     log_path = Path(tempfile.mkdtemp(prefix="daemon-")) / "daemon.log"
@@ -74,7 +75,7 @@ def start_daemon(
             "--repository",
             str(Path(repository).resolve()),
             "--log-level",
-            "warning",
+            log_level,
         ],
         cwd=REPO_ROOT,
         env=env,

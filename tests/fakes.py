@@ -1,12 +1,15 @@
 """Fakes and builders shared by the tests: models and requests for the
 scheduling core (virtual clock, no sleeping), ONNX and emulated model
-configs, an in-memory inference service for the HTTP layer, and a collector
-of the executor pool's events."""
+configs, an in-memory inference service for the HTTP layer, a collector
+of the executor pool's events, and a fake clock, timer and executors for the
+live dispatcher. Fixtures (what starts something and cleans up after it)
+are in tests/conftest.py."""
 
 from __future__ import annotations
 
 import asyncio
 import heapq
+import math
 import os
 from dataclasses import dataclass, field
 from itertools import count
@@ -71,6 +74,15 @@ def preempts(decisions: list[Decision]) -> list[Preempt]:
 def decided(decisions: list[Decision]) -> list[Decision]:
     """The decisions other than Complete (a finished batch's answer)."""
     return [d for d in decisions if not isinstance(d, Complete)]
+
+
+def ids(requests: list[Request]) -> list[int]:
+    return [r.id for r in requests]
+
+
+def before(t: float) -> float:
+    """The float just before t: the latest instant that is not yet t."""
+    return math.nextafter(t, -math.inf)
 
 
 # ------------------------------------------------------- model files and configs
@@ -157,10 +169,16 @@ def emulated_config(name: str = "emu", alpha_ms: float = 2.0, beta_ms: float = 2
     )
 
 
-def our_segments() -> list[str]:
-    prefix = f"{SEGMENT_PREFIX}{os.getpid()}_"
-    return [n for n in os.listdir("/dev/shm") if n.startswith(prefix)]
+def segments_of(pid: int) -> set[str]:
+    """The shared-memory arenas in /dev/shm that process `pid` created (their
+    names carry its pid)."""
+    prefix = f"{SEGMENT_PREFIX}{pid}_"
+    return {n for n in os.listdir("/dev/shm") if n.startswith(prefix)}
 
+
+def our_segments() -> list[str]:
+    """The arenas this process created and has not unlinked yet."""
+    return sorted(segments_of(os.getpid()))
 
 
 # ------------------------------------------------------------ the executor pool
@@ -190,6 +208,12 @@ class PoolEvents:
 # ----------------------------------------------------------------- the HTTP layer
 
 GOOD_V2 = {"inputs": [{"name": "x", "shape": [1, 4], "datatype": "FP32", "data": [1, 2, 3, 4]}]}
+
+
+def v2_body(**changes: Any) -> dict:
+    """GOOD_V2 with fields of its input changed; a field set to None is left out."""
+    inp = {**GOOD_V2["inputs"][0], **changes}
+    return {"inputs": [{k: v for k, v in inp.items() if v is not None}]}
 
 
 def api_config(name, inputs, outputs, slo_ms=50.0, loosen=False, version="1"):

@@ -10,8 +10,6 @@ import json
 import math
 import socket
 import struct
-import threading
-import time
 import zlib
 
 import httpx
@@ -20,39 +18,13 @@ import pytest
 
 from app.api import create_api
 from app.server.metrics import Metrics
-from tests.fakes import GOOD_V2, FakeService
+from tests.fakes import GOOD_V2, FakeService, v2_body
 
 HDR = "Inference-Header-Content-Length"
 
 
-@pytest.fixture
-def service():
-    return FakeService()
-
-
-@pytest.fixture
-def metrics():
-    return Metrics()
-
-
-@pytest.fixture
-def app(service, metrics):
-    return create_api(lambda: service, metrics, max_body_bytes=1 << 20)
-
-
-@pytest.fixture
-async def client(app):
-    transport = httpx.ASGITransport(app=app, raise_app_exceptions=False)
-    async with httpx.AsyncClient(transport=transport, base_url="http://test") as c:
-        yield c
-
-
+# service, metrics, app and client: tests/conftest.py
 pytestmark = pytest.mark.anyio
-
-
-@pytest.fixture
-def anyio_backend():
-    return "asyncio"
 
 
 def v2_binary_body(header: dict, *blobs: bytes) -> tuple[bytes, dict]:
@@ -387,12 +359,6 @@ async def test_metadata_health_index(client, service):
 # ------------------------------------------------------------------ errors
 
 
-
-def _v2(**changes):
-    inp = {**GOOD_V2["inputs"][0], **changes}
-    return {"inputs": [{k: v for k, v in inp.items() if v is not None}]}
-
-
 def _bin(header_inputs, blob, header_len_delta=0, header_value=None, extra=None):
     js = json.dumps({"inputs": header_inputs, **(extra or {})}).encode()
     hv = header_value if header_value is not None else str(len(js) + header_len_delta)
@@ -449,30 +415,30 @@ BAD = [
     ("native-huge-int", "/infer", {"model": "typed", "inputs": {"a": [2**80, 1],
      "b": [True, True], "c": [[1, 2, 3]]}}, {}, 400, ["'a'"]),
     ("v2-missing-inputs", "/v2/models/add_one/infer", {"id": "1"}, {}, 422, ["inputs"]),
-    ("v2-shape-not-ints", "/v2/models/add_one/infer", _v2(shape=[1, "4"]), {}, 422,
+    ("v2-shape-not-ints", "/v2/models/add_one/infer", v2_body(shape=[1, "4"]), {}, 422,
      ["input 'x'", "shape[1]"]),
-    ("v2-shape-floats", "/v2/models/add_one/infer", _v2(shape=[1.0, 4.0]), {}, 422,
+    ("v2-shape-floats", "/v2/models/add_one/infer", v2_body(shape=[1.0, 4.0]), {}, 422,
      ["input 'x'"]),
     ("v2-negative-binary-size", "/v2/models/add_one/infer",
-     _v2(parameters={"binary_data_size": -4}), {}, 422, ["input 'x'", "binary_data_size"]),
-    ("v2-wrong-datatype", "/v2/models/add_one/infer", _v2(datatype="INT32"), {}, 400,
+     v2_body(parameters={"binary_data_size": -4}), {}, 422, ["input 'x'", "binary_data_size"]),
+    ("v2-wrong-datatype", "/v2/models/add_one/infer", v2_body(datatype="INT32"), {}, 400,
      ["'x'", "FP32", "INT32"]),
-    ("v2-bytes-datatype", "/v2/models/add_one/infer", _v2(datatype="BYTES"), {}, 400,
+    ("v2-bytes-datatype", "/v2/models/add_one/infer", v2_body(datatype="BYTES"), {}, 400,
      ["'x'", "FP32", "BYTES"]),
-    ("v2-wrong-shape", "/v2/models/add_one/infer", _v2(shape=[1, 5], data=[1] * 5), {}, 400,
+    ("v2-wrong-shape", "/v2/models/add_one/infer", v2_body(shape=[1, 5], data=[1] * 5), {}, 400,
      ["'x'", "[1, 4]", "[1, 5]"]),
-    ("v2-no-batch-dim", "/v2/models/add_one/infer", _v2(shape=[4]), {}, 400,
+    ("v2-no-batch-dim", "/v2/models/add_one/infer", v2_body(shape=[4]), {}, 400,
      ["'x'", "[1, 4]", "batch dimension first"]),
-    ("v2-batch-2", "/v2/models/add_one/infer", _v2(shape=[2, 4], data=[1] * 8), {}, 400,
+    ("v2-batch-2", "/v2/models/add_one/infer", v2_body(shape=[2, 4], data=[1] * 8), {}, 400,
      ["'x'", "batch dimension must be 1"]),
-    ("v2-negative-dim", "/v2/models/add_one/infer", _v2(shape=[1, -4]), {}, 400,
+    ("v2-negative-dim", "/v2/models/add_one/infer", v2_body(shape=[1, -4]), {}, 400,
      ["'x'", "non-negative"]),
-    ("v2-count", "/v2/models/add_one/infer", _v2(data=[1, 2, 3]), {}, 400,
+    ("v2-count", "/v2/models/add_one/infer", v2_body(data=[1, 2, 3]), {}, 400,
      ["'x'", "4 elements", "got 3"]),
-    ("v2-no-data", "/v2/models/add_one/infer", _v2(data=None), {}, 400, ["'x'", "no data"]),
+    ("v2-no-data", "/v2/models/add_one/infer", v2_body(data=None), {}, 400, ["'x'", "no data"]),
     ("v2-duplicate-input", "/v2/models/add_one/infer",
      {"inputs": GOOD_V2["inputs"] * 2}, {}, 400, ["'x'", "more than once"]),
-    ("v2-unknown-input", "/v2/models/add_one/infer", _v2(name="z"), {}, 400,
+    ("v2-unknown-input", "/v2/models/add_one/infer", v2_body(name="z"), {}, 400,
      ["unknown input 'z'", "x"]),
     ("v2-unknown-output", "/v2/models/add_one/infer", {**GOOD_V2, "outputs": [{"name": "q"}]},
      {}, 400, ["unknown output 'q'", "y"]),
@@ -480,7 +446,7 @@ BAD = [
      {**GOOD_V2, "outputs": [{"name": "y", "parameters": {"classification": 3}}]}, {}, 400,
      ["'y'", "classification"]),
     ("v2-shared-memory", "/v2/models/add_one/infer",
-     _v2(parameters={"shared_memory_region": "r0"}), {}, 400, ["'x'", "shared-memory"]),
+     v2_body(parameters={"shared_memory_region": "r0"}), {}, 400, ["'x'", "shared-memory"]),
     ("v2-slo-bool", "/v2/models/add_one/infer", {**GOOD_V2, "parameters": {"slo_ms": True}}, {},
      422, ["slo_ms"]),
     ("v2-bin-header-too-long", "/v2/models/add_one/infer", *_bin([_BIN_X], _X16, 100), 400,
@@ -735,44 +701,30 @@ async def test_openapi_document(client):
     assert idx["requestBody"]["content"]["application/json"]["schema"]["$ref"].endswith(
         "/RepositoryIndexRequest"
     )
-    validator = pytest.importorskip("openapi_spec_validator")
-    validator.validate(doc)
+    import openapi_spec_validator  # the `test` extra's
+
+    openapi_spec_validator.validate(doc)
 
 
 # ------------------------------------------------------------------ real server + tritonclient
 
 
 @pytest.fixture(scope="module")
-def live_server():
-    import uvicorn
-
+def live_server(uvicorn_in_thread):
     service = FakeService()
-    metrics = Metrics()
-    app = create_api(lambda: service, metrics)
-    # uvicorn binds the ephemeral port itself: a socket made with socket.socket()
-    # (proto 0) would miss asyncio's TCP_NODELAY and add ~40 ms per response.
-    config = uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning", lifespan="off")
-    server = uvicorn.Server(config)
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 10
-    while not server.started:
-        assert time.monotonic() < deadline, "uvicorn did not start"
-        time.sleep(0.01)
-    port = server.servers[0].sockets[0].getsockname()[1]
-    yield f"127.0.0.1:{port}", service
-    server.should_exit = True
-    thread.join(timeout=10)
+    return uvicorn_in_thread(create_api(lambda: service, Metrics())), service
 
 
 @pytest.fixture(scope="module")
 def triton(live_server):
-    tritonclient_http = pytest.importorskip("tritonclient.http")
-    client = tritonclient_http.InferenceServerClient(live_server[0], network_timeout=10)
+    import tritonclient.http  # the `test` extra's
+
+    client = tritonclient.http.InferenceServerClient(live_server[0], network_timeout=10)
     yield client
     client.close()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("binary_in", [True, False])
 @pytest.mark.parametrize("binary_out", [True, False, None])  # None: no outputs → all binary
 def test_tritonclient_infer(live_server, triton, binary_in, binary_out):
@@ -790,6 +742,7 @@ def test_tritonclient_infer(live_server, triton, binary_in, binary_out):
     assert resp["id"] == "t1" and resp["parameters"]["batch_size"] == 4
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("binary", [True, False])
 def test_tritonclient_datatypes_and_versions(live_server, triton, binary):
     import tritonclient.http as th
@@ -809,6 +762,7 @@ def test_tritonclient_datatypes_and_versions(live_server, triton, binary):
     np.testing.assert_array_equal(res.as_numpy("c"), c)
 
 
+@pytest.mark.slow
 def test_tritonclient_compression_slo_and_errors(live_server, triton):
     import tritonclient.http as th
     from tritonclient.utils import InferenceServerException
@@ -841,6 +795,7 @@ def test_tritonclient_compression_slo_and_errors(live_server, triton):
     np.testing.assert_array_equal(triton.infer("add_one", [inp]).as_numpy("y"), x + 1)
 
 
+@pytest.mark.slow
 def test_tritonclient_metadata(live_server, triton):
     assert triton.is_server_live() and triton.is_server_ready()
     assert triton.is_model_ready("add_one") and triton.is_model_ready("add_one", "1")
@@ -856,6 +811,7 @@ def test_tritonclient_metadata(live_server, triton):
     assert {m["name"] for m in index} >= {"add_one", "typed", "cold"}
 
 
+@pytest.mark.slow
 def test_live_server_survives_garbage(live_server, triton):
     """Raw malformed traffic at the real server, then normal service."""
     addr = live_server[0]

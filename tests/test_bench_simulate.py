@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
+import functools
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import jsonschema
@@ -44,14 +43,10 @@ def tiny(tmp_path: Path) -> Path:
     return path
 
 
-def run_cli(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "bench.simulate", "--quiet", *args],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
+@pytest.fixture
+def run_cli(run_module):
+    """`python -m bench.simulate --quiet ARGS` (conftest's `run_module`)."""
+    return functools.partial(run_module, "bench.simulate", "--quiet")
 
 
 def check_metrics(m: dict) -> None:
@@ -65,7 +60,8 @@ def check_metrics(m: dict) -> None:
 # --------------------------------------------------------------------------- CLI
 
 
-def test_json_validates_and_is_sane(tiny: Path) -> None:
+@pytest.mark.slow
+def test_json_validates_and_is_sane(tiny: Path, run_cli) -> None:
     proc = run_cli(
         "--workload",
         str(tiny),
@@ -96,7 +92,8 @@ def test_json_validates_and_is_sane(tiny: Path) -> None:
             check_metrics(m)
 
 
-def test_serving_path_options_model_the_daemon(tiny: Path) -> None:
+@pytest.mark.slow
+def test_serving_path_options_model_the_daemon(tiny: Path, run_cli) -> None:
     args = ("--workload", str(tiny), "--policy", "symphony", "--rate-scale", "1.6", "--json")
     direct = json.loads(run_cli(*args).stdout)
     proc = run_cli(
@@ -120,7 +117,8 @@ def test_serving_path_options_model_the_daemon(tiny: Path) -> None:
     assert bad.returncode == 2 and "--deadline-margin-ms must be" in bad.stderr
 
 
-def test_capacity(tmp_path: Path) -> None:
+@pytest.mark.slow
+def test_capacity(tmp_path: Path, run_cli) -> None:
     path = tmp_path / "cap.yaml"
     path.write_text(TINY.format(duration=1.0, rate=400))
     proc = run_cli(
@@ -153,7 +151,8 @@ def test_capacity(tmp_path: Path) -> None:
     assert failing and min(failing) <= entry["capacity_rate_scale"] * 1.05 + 1e-12
 
 
-def test_plot_and_curves(tiny: Path, tmp_path: Path) -> None:
+@pytest.mark.slow
+def test_plot_and_curves(tiny: Path, tmp_path: Path, run_cli) -> None:
     out = tmp_path / "figs" / "goodput.png"
     proc = run_cli(
         "--workload",
@@ -181,7 +180,8 @@ def test_plot_and_curves(tiny: Path, tmp_path: Path) -> None:
         assert all(p["goodput_rps"] <= p["offered_rps"] for p in points)
 
 
-def test_missing_workload_exits_2(tmp_path: Path) -> None:
+@pytest.mark.slow
+def test_missing_workload_exits_2(tmp_path: Path, run_cli) -> None:
     proc = run_cli("--workload", str(tmp_path / "nope.yaml"), "--json")
     assert proc.returncode == 2
     assert "not found" in proc.stderr and "nope.yaml" in proc.stderr

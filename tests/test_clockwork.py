@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import heapq
-import math
 import random
 
 import pytest
@@ -13,7 +12,7 @@ from app.scheduling.model import ModelInfo
 from app.scheduling.profile import LatencyProfile
 from app.scheduling.registry import make_scheduler
 from app.scheduling.types import Decision, DeviceInfo, Dispatch, Drop, DropReason, Request
-from tests.fakes import decided
+from tests.fakes import before, decided, devices, dispatches, drops, ids
 
 MS = 1e-3
 
@@ -28,15 +27,6 @@ def slow_model(name: str = "big") -> ModelInfo:
     return ModelInfo(name, LatencyProfile.linear(1.0, 29.0, 64), 1.0, 64)
 
 
-def before(t: float) -> float:
-    """The float just before t: the latest instant that is not yet t."""
-    return math.nextafter(t, -math.inf)
-
-
-def devices(n: int) -> list[DeviceInfo]:
-    return [DeviceInfo(i) for i in range(n)]
-
-
 class Ids:
     def __init__(self) -> None:
         self.next = 0
@@ -44,18 +34,6 @@ class Ids:
     def req(self, m: str, arrival: float, deadline: float) -> Request:
         self.next += 1
         return Request(self.next, m, arrival, deadline)
-
-
-def dispatches(decisions: list[Decision]) -> list[Dispatch]:
-    return [d for d in decisions if isinstance(d, Dispatch)]
-
-
-def drops(decisions: list[Decision]) -> list[Drop]:
-    return [d for d in decisions if isinstance(d, Drop)]
-
-
-def ids(requests: list[Request]) -> list[int]:
-    return [r.id for r in requests]
 
 
 def test_registry_builds_clockwork() -> None:

@@ -21,11 +21,6 @@ from tests.fakes import GOOD_V2, FakeService
 pytestmark = pytest.mark.anyio
 
 
-@pytest.fixture
-def anyio_backend():
-    return "asyncio"
-
-
 @pytest.mark.parametrize(
     ("path", "expected"),
     [

@@ -9,10 +9,8 @@ service. Timing claims (capacity, latency tails) belong in BENCHMARKS.md.
 
 from __future__ import annotations
 
+import functools
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import jsonschema
@@ -27,6 +25,8 @@ from bench import loadgen as lg
 
 ROOT = Path(__file__).resolve().parent.parent
 LIVE = ROOT / "bench" / "repositories" / "live"
+# The in-process service leaves no shared memory behind.
+pytestmark = pytest.mark.usefixtures("no_leftover_segments")
 LOADGEN_SCHEMA = json.loads((ROOT / "bench" / "loadgen_schema.json").read_text())
 ALPHA_MS, BETA_MS = 1.053, 5.072  # resnet50-t4 in bench/repositories/live
 
@@ -70,6 +70,7 @@ def test_request_inputs_follow_the_model_config():
     assert inputs["ids"].min() >= 0 and inputs["ids"].max() < 10
 
 
+@pytest.mark.slow
 def test_runs_against_the_live_service(tmp_path):
     """One service, three runs: served, all dropped, and a model it lacks."""
     served_wl, served_path = make_workload(tmp_path, name="served", rate=150, duration=1.0)
@@ -111,17 +112,13 @@ def test_runs_against_the_live_service(tmp_path):
     assert d["drop_reasons"] == {"deadline": d["requests"]}
 
 
-def _cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "bench.inprocess", *args],
-        cwd=ROOT,
-        env={**os.environ, **(env or {})},
-        capture_output=True,
-        text=True,
-        timeout=180,
-    )
+@pytest.fixture
+def cli(run_module):
+    """`python -m bench.inprocess ARGS` (conftest's `run_module`)."""
+    return functools.partial(run_module, "bench.inprocess", timeout=180)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "args, message",
     [
@@ -133,23 +130,25 @@ def _cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedP
         (["--realtime-priority", "100"], "--realtime-priority must be 0 (off) to 99, got 100"),
     ],
 )
-def test_cli_refuses_bad_input_before_starting(tmp_path, args, message):
+def test_cli_refuses_bad_input_before_starting(tmp_path, cli, args, message):
     _, path = make_workload(tmp_path)
-    proc = _cli("--workload", str(path), "-q", *args)
+    proc = cli("--workload", str(path), "-q", *args)
     assert proc.returncode == 2
     assert message in proc.stderr
 
 
-def test_cli_refuses_a_bad_daemon_setting_in_the_environment(tmp_path):
+@pytest.mark.slow
+def test_cli_refuses_a_bad_daemon_setting_in_the_environment(tmp_path, cli):
     _, path = make_workload(tmp_path)
-    proc = _cli("--workload", str(path), "-q", env={"TIMER_LEAD_MS": "soon"})
+    proc = cli("--workload", str(path), "-q", env={"TIMER_LEAD_MS": "soon"})
     assert proc.returncode == 2
     assert "TIMER_LEAD_MS='soon' is not a number" in proc.stderr
 
 
-def test_cli_capacity_search_probes_the_one_service(tmp_path):
+@pytest.mark.slow
+def test_cli_capacity_search_probes_the_one_service(tmp_path, cli):
     _, path = make_workload(tmp_path, rate=100, duration=0.5)
-    proc = _cli(
+    proc = cli(
         "--workload",
         str(path),
         "--json",

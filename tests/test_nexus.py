@@ -15,17 +15,14 @@ from app.scheduling.model import ModelInfo
 from app.scheduling.nexus import NexusScheduler
 from app.scheduling.profile import LatencyProfile
 from app.scheduling.registry import make_scheduler
-from app.scheduling.types import DeviceInfo, Dispatch, Drop, DropReason, Request
+from app.scheduling.types import Dispatch, Drop, DropReason, Request
+from tests.fakes import devices
 
 SLO = 0.020
 
 
 def A(name: str, rate: float | None = None) -> ModelInfo:
     return ModelInfo(name, LatencyProfile.linear(1.0, 4.0, 16), SLO, 16, rate)
-
-
-def devices(n: int) -> list[DeviceInfo]:
-    return [DeviceInfo(i) for i in range(n)]
 
 
 _ids = itertools.count(1000)

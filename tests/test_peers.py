@@ -1,8 +1,11 @@
-"""bench/peers: the Ray Serve peer (skipped without ray) and its tuning grid."""
+"""bench/peers: the Ray Serve peer and its tuning grid. Ray is the `peers`
+extra, not the `test` one: without it the Ray Serve test is skipped, saying
+how to install it."""
 
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 from pathlib import Path
 
 import httpx
@@ -77,8 +80,6 @@ def test_pick_best_prefers_capacity_then_goodput_then_attainment():
 
 @pytest.fixture(scope="module")
 def ray_serve(tmp_path_factory):
-    pytest.importorskip("ray")
-    pytest.importorskip("ray.serve")
     from bench.peers.ray_serve_launcher import start_ray_serve, stop
 
     repo = _tiny_repository(tmp_path_factory.mktemp("repo"))
@@ -95,6 +96,11 @@ def ray_serve(tmp_path_factory):
     stop(handle)
 
 
+@pytest.mark.slow
+@pytest.mark.skipif(
+    importlib.util.find_spec("ray") is None,
+    reason="Ray Serve is the `peers` extra, not the `test` one: pip install -e '.[peers]'",
+)
 def test_ray_serve_echoes_each_row_batches_and_stops_cleanly(ray_serve):
     from bench.peers.ray_serve_launcher import session_processes, stop
 

@@ -164,6 +164,8 @@ def test_serve_refuses_a_bad_or_refused_priority(monkeypatch, capsys):
     assert dict(os.environ) == before
 
 
+@pytest.mark.slow
+@pytest.mark.usefixtures("no_leftover_segments")
 @linux
 def test_executors_step_down_from_the_loop_cpu_ones_to_normal():
     """As under LiveService: the loop's thread is at SCHED_FIFO 3 when the

@@ -6,19 +6,16 @@ it (never later than now, never in the future)."""
 from __future__ import annotations
 
 import asyncio
-import threading
 import time
 
 import httpx
 import pytest
-import uvicorn
 
 from app.api import create_api
 from app.api.received import RECEIVED_AT, receive_stamping_protocol, received_at
 from app.scheduling.flex import FlexScheduler
 from app.server.dispatcher import CoreGroup, Dispatcher
 from app.server.metrics import Metrics
-from bench.daemon_launcher import free_port
 from tests.fakes import GOOD_V2, FakeExecutors, FakeService, devices, model
 
 
@@ -48,8 +45,7 @@ def test_dispatcher_counts_the_slo_from_when_the_request_was_received():
 
 
 @pytest.mark.anyio
-@pytest.mark.parametrize("anyio_backend", ["asyncio"])
-async def test_fast_path_stamps_unstamped_requests_and_passes_the_stamp_on(anyio_backend):
+async def test_fast_path_stamps_unstamped_requests_and_passes_the_stamp_on():
     service = FakeService()
     app = create_api(lambda: service, Metrics(), max_body_bytes=1 << 20)
     transport = httpx.ASGITransport(app=app)
@@ -68,7 +64,8 @@ def test_received_at_reads_only_float_stamps():
     assert received_at({RECEIVED_AT: "12.5"}) is None
 
 
-def test_uvicorn_protocol_stamps_each_request_before_the_app_runs():
+@pytest.mark.slow
+def test_uvicorn_protocol_stamps_each_request_before_the_app_runs(uvicorn_in_thread):
     seen: list[tuple[float | None, float]] = []
 
     async def app(scope, receive, send):
@@ -78,26 +75,14 @@ def test_uvicorn_protocol_stamps_each_request_before_the_app_runs():
         await send({"type": "http.response.start", "status": 204, "headers": []})
         await send({"type": "http.response.body", "body": b""})
 
-    port = free_port()
     protocol = receive_stamping_protocol()
     assert protocol != "auto", "uvicorn[standard] (httptools) is a dependency"
-    config = uvicorn.Config(app, host="127.0.0.1", port=port, http=protocol, log_level="error")
-    server = uvicorn.Server(config)
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    try:
-        deadline = time.monotonic() + 10.0
-        while not server.started and time.monotonic() < deadline:
-            time.sleep(0.01)
-        assert server.started
-        before = time.monotonic()
-        with httpx.Client(base_url=f"http://127.0.0.1:{port}") as client:
-            # Two requests on one keep-alive connection: each gets its own stamp.
-            assert client.get("/a").status_code == 204
-            assert client.get("/b").status_code == 204
-    finally:
-        server.should_exit = True
-        thread.join(10.0)
+    address = uvicorn_in_thread(app, http=protocol, log_level="error", lifespan="auto")
+    before = time.monotonic()
+    with httpx.Client(base_url=f"http://{address}") as client:
+        # Two requests on one keep-alive connection: each gets its own stamp.
+        assert client.get("/a").status_code == 204
+        assert client.get("/b").status_code == 204
     assert len(seen) == 2
     (first, first_seen), (second, second_seen) = seen
     assert isinstance(first, float) and isinstance(second, float)

@@ -23,9 +23,9 @@ import pytest
 from app.scheduling import Request
 from app.scheduling.registry import make_scheduler, policy_names
 from app.scheduling.types import Batch, Decision, Dispatch, Drop, DropReason, Preempt
-from bench.daemon_launcher import free_port, start_daemon, stop_daemon
+from bench.daemon_launcher import stop_daemon
 from bench.overload import CAPACITY_RPS, executor_pids, open_loop, write_repository
-from tests.fakes import devices, model
+from tests.fakes import devices, model, segments_of
 
 # ------------------------------------------------------------ core: device faults
 
@@ -244,14 +244,9 @@ def test_symphony_pushes_back_batches_queued_behind_a_batch_that_ended_late():
 _EXPLICIT_503 = {"device_failed", "deadline", "executor_failed", "shutting_down"}
 
 
-def _segments(pid: int) -> set[str]:
-    """Our arenas in /dev/shm: their names carry the creating daemon's pid."""
-    return {p.name for p in Path("/dev/shm").glob(f"dsrv_{pid}_*")}
-
-
-def _start(tmp: Path, **env: str):
+def _start(launch_daemon, tmp: Path):
     repo = write_repository(tmp / "repo")
-    defaults = {
+    env = {
         "CPU_SLICES": "0",
         "EMULATED_HANG_FILE": str(tmp / "hang"),
         "STUCK_MARGIN_S": "0.3",
@@ -261,17 +256,13 @@ def _start(tmp: Path, **env: str):
         # overload: plan batches to end this much before the deadline.
         "DEADLINE_MARGIN_MS": "50",
     }
-    return start_daemon(
-        repo, free_port(), emulated_devices=2, extra_env={**defaults, **env}, startup_timeout_s=60
-    )
+    return launch_daemon(repo, emulated_devices=2, extra_env=env)
 
 
 @pytest.fixture(scope="module")
-def daemon(tmp_path_factory):
+def daemon(tmp_path_factory, launch_daemon):
     tmp = tmp_path_factory.mktemp("reliability")
-    handle = _start(tmp)
-    yield handle, tmp
-    stop_daemon(handle)
+    return _start(launch_daemon, tmp), tmp
 
 
 def _ready(url: str) -> tuple[int, dict]:
@@ -289,11 +280,12 @@ def _wait_alive(url: str, alive: int, timeout: float = 30.0) -> float:
     raise AssertionError(f"not {alive} devices alive after {timeout} s: {_ready(url)}")
 
 
+@pytest.mark.slow
 def test_sigkilled_executor_mid_batch_is_respawned_and_no_request_is_lost(daemon):
     handle, _ = daemon
     url, pid = handle.url, handle.process.pid
     assert _ready(url) == (200, {"ready": True, "devices_alive": 2, "devices_total": 2})
-    segments = _segments(pid)
+    segments = segments_of(pid)
     assert segments
     victim = executor_pids(pid)["emulated:0"]
     seen: list[tuple[int, dict]] = []
@@ -302,9 +294,14 @@ def test_sigkilled_executor_mid_batch_is_respawned_and_no_request_is_lost(daemon
         load = asyncio.create_task(open_loop(url, [(40, 3.0)]))
         await asyncio.sleep(1.0)  # both devices busy: ℓ(b) ≥ 60 ms per batch
         os.kill(victim, signal.SIGKILL)
-        for _ in range(10):
-            await asyncio.sleep(0.05)
+        # Until the readiness check reports the loss (at most 5 s: the
+        # executor's respawn takes longer than one 20 ms look).
+        give_up = time.monotonic() + 5.0
+        while time.monotonic() < give_up:
+            await asyncio.sleep(0.02)
             seen.append(await asyncio.to_thread(_ready, url))
+            if seen[-1][1].get("devices_alive") == 1:
+                break
         return await load
 
     results = asyncio.run(scenario())
@@ -324,7 +321,7 @@ def test_sigkilled_executor_mid_batch_is_respawned_and_no_request_is_lost(daemon
     assert respawn, log[-2000:]
     print(f"respawn: executor serving again {float(respawn[-1]):.3f} s after SIGKILL")
     # The respawned executor re-attached the same arenas: nothing new, nothing leaked.
-    assert _segments(pid) == segments
+    assert segments_of(pid) == segments
     # And it serves: a burst that needs both devices runs batches on emulated:0.
     before = _batches_on(url, "emulated:0")
     burst = asyncio.run(open_loop(url, [(80, 0.5)], slo_ms=None))
@@ -356,6 +353,7 @@ def _wait_served(url: str, timeout: float = 30.0) -> None:
     raise AssertionError(f"no request served after {timeout} s")
 
 
+@pytest.mark.slow
 def test_stuck_executor_is_killed_and_its_requests_run_elsewhere(daemon):
     handle, tmp = daemon
     url, pid = handle.url, handle.process.pid
@@ -377,14 +375,16 @@ def test_stuck_executor_is_killed_and_its_requests_run_elsewhere(daemon):
     assert executor_pids(pid)["emulated:1"] != victim
 
 
+@pytest.mark.slow
 def test_overload_keeps_goodput_near_capacity_answers_the_excess_fast_and_recovers(daemon):
     handle, _ = daemon
     url = handle.url
     _wait_alive(url, 2)
     # 3 s at 3× capacity, then 2 s at 0.3×, open loop (bench.overload's raw
     # client: httpx alone cannot send 270 req/s on two shared cores).
+    slo = 0.3  # s; the claims below are against it and the capacity
     answers = asyncio.run(
-        open_loop(url, [(3 * CAPACITY_RPS, 3.0), (0.3 * CAPACITY_RPS, 2.0)], slo_ms=300)
+        open_loop(url, [(3 * CAPACITY_RPS, 3.0), (0.3 * CAPACITY_RPS, 2.0)], slo_ms=1000 * slo)
     )
     over = [a for a in answers if a.at < 3.0]
     calm = [a for a in answers if a.at >= 3.0]
@@ -394,27 +394,29 @@ def test_overload_keeps_goodput_near_capacity_answers_the_excess_fast_and_recove
     # flat top near the ≈ 89 req/s the two devices can do, most within SLO.
     window = [a for a in over if a.at >= 0.5]
     served = sum(1 for a in window if a.status == 200) / 2.5
-    within = sum(1 for a in window if a.status == 200 and a.latency <= 0.3) / 2.5
+    within = sum(1 for a in window if a.status == 200 and a.latency <= slo) / 2.5
     print(f"overload 3x: served {served:.0f} req/s, within SLO {within:.0f} of {CAPACITY_RPS:.0f}")
     assert served >= 0.75 * CAPACITY_RPS
     assert within >= 0.5 * CAPACITY_RPS
-    # The excess is refused explicitly and fast: 429 queue full at once,
-    # 503 no later than the deadline it could not meet.
+    # The excess is refused explicitly and fast: 429 queue full at once
+    # (before the deadline the request asked for), 503 no later than the
+    # deadline it could not meet.
     refused = [a for a in over if a.status in (429, 503)]
     assert len(refused) >= 0.5 * len(over)
     assert {a.reason for a in refused} <= {"queue_full", "overloaded", "deadline"}
-    assert statuses[429] and max(a.latency for a in refused if a.status == 429) < 0.2
+    assert statuses[429] and max(a.latency for a in refused if a.status == 429) < slo
     # (A stall of the shared box delays single answers: the bulk is judged by
-    # the median, the worst one only against being held far past the SLO.)
+    # the median, with 100 ms for the answer's way back, the worst one only
+    # against being held far past the SLO.)
     dropped = sorted(a.latency for a in refused if a.status == 503)
     if dropped:
-        assert dropped[len(dropped) // 2] < 0.4 and dropped[-1] < 0.8, dropped
+        assert dropped[len(dropped) // 2] < slo + 0.1 and dropped[-1] < slo + 0.5, dropped
     # Recovery once the load drops: in the first SLO after it, calm requests
     # still queue behind the overload's earlier deadlines (and may be dropped
     # explicitly); once those have all come due, all are served within SLO.
     assert {a.status for a in calm} <= {200, 503}
-    recovered = [a for a in calm if a.at >= 3.0 + 0.3]
-    on_time = sum(1 for a in recovered if a.status == 200 and a.latency <= 0.3)
+    recovered = [a for a in calm if a.at >= 3.0 + slo]
+    on_time = sum(1 for a in recovered if a.status == 200 and a.latency <= slo)
     print(f"after the overload's last deadline: {on_time} of {len(recovered)} within SLO")
     assert on_time >= 0.95 * len(recovered)
 
@@ -433,12 +435,13 @@ def _wait(process: subprocess.Popen, timeout: float) -> int | None:
         return None
 
 
+@pytest.mark.slow
 def test_sigterm_under_load_answers_everything_frees_shared_memory_and_restarts(
-    tmp_path,
+    tmp_path, launch_daemon
 ):
-    handle = _start(tmp_path)
+    handle = _start(launch_daemon, tmp_path)
     pid = handle.process.pid
-    assert _segments(pid)
+    assert segments_of(pid)
     rate, seconds = 0.8 * CAPACITY_RPS, 3.0
 
     async def scenario():
@@ -476,10 +479,10 @@ def test_sigterm_under_load_answers_everything_frees_shared_memory_and_restarts(
     # Served before SIGTERM (waited for above): whatever the machine's load.
     assert statuses[200] >= 1, statuses
     assert "Traceback" not in handle.log_path.read_text()
-    assert not _segments(pid)  # every arena unlinked
+    assert not segments_of(pid)  # every arena unlinked
     assert not executor_pids(pid)
     # A restart serves again.
-    again = _start(tmp_path)
+    again = _start(launch_daemon, tmp_path)
     try:
         reply = httpx.post(
             f"{again.url}/infer", json={"model": "slow", "inputs": {"x": [[1, 2, 3, 4]]}}
@@ -488,7 +491,7 @@ def test_sigterm_under_load_answers_everything_frees_shared_memory_and_restarts(
         assert reply.json()["outputs"]["y"]["data"] == [[1.0, 2.0, 3.0, 4.0]]
     finally:
         stop_daemon(again)
-    assert not _segments(again.process.pid)
+    assert not segments_of(again.process.pid)
 
 
 class _DegradedService:

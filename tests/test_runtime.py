@@ -36,6 +36,8 @@ from tests.fakes import (
 )
 
 ROOT = Path(__file__).resolve().parents[1]
+# Arenas and executors: each test leaves no shared memory behind.
+pytestmark = pytest.mark.usefixtures("no_leftover_segments")
 
 
 # ----------------------------------------------------------------- builders
@@ -153,17 +155,27 @@ def test_config_round_trip_and_placement(tmp_path):
     assert not devices_mod.model_allowed_on(pinned, cpu)
 
 
-def test_emulated_backend_in_process():
+def test_emulated_backend_in_process(monkeypatch):
     backend = EmulatedBackend()
     backend.load(emulated_config(alpha_ms=1.0, beta_ms=5.0))
     x = np.arange(8, dtype=np.float32).reshape(2, 4)
+    latency = 0.001 * 2 + 0.005  # ℓ(2)
     t0 = time.monotonic()
     out = backend.run({"x": x})
     took = time.monotonic() - t0
-    assert 0.007 <= took < 0.03
+    assert took >= latency  # held for ℓ(2): never less
     np.testing.assert_array_equal(out["x"], x)
     np.testing.assert_array_equal(out["ids"], np.zeros((2, 2), np.int64))
     assert backends_mod.backend_supports("emulated", "emulated")
+    # What it holds for: ℓ(2) from the start of the run (how closely the
+    # hold keeps to it is measured by the benchmarks).
+    holds: list[float] = []
+    monkeypatch.setattr(backend, "hold", holds.append)
+    t0 = time.monotonic()
+    backend.run({"x": x})
+    t1 = time.monotonic()
+    (until,) = holds
+    assert t0 + latency <= until <= t1 + latency
 
 
 def test_an_emulated_batch_holds_its_device_from_its_start_copies_included(monkeypatch):
@@ -204,6 +216,7 @@ def test_an_emulated_batch_holds_its_device_from_its_start_copies_included(monke
 
 
 # ---------------------------------------------------------- through the pool
+@pytest.mark.slow
 def test_onnx_pool_matches_session_errors_and_profile(tmp_path):
     mlp_path = mlp_onnx(tmp_path / "mlp.onnx")
     big_path = mlp_onnx(tmp_path / "big.onnx", width=512, layers=2)
@@ -287,6 +300,7 @@ def test_onnx_pool_matches_session_errors_and_profile(tmp_path):
     asyncio.run(scenario())
 
 
+@pytest.mark.slow
 def test_emulated_pool_timing_echo_cancel_and_death():
     config = emulated_config("emu", alpha_ms=2.0, beta_ms=20.0)
     slow = emulated_config("slow", alpha_ms=0.0, beta_ms=2000.0)
@@ -361,6 +375,7 @@ def test_emulated_pool_timing_echo_cancel_and_death():
     asyncio.run(scenario())
 
 
+@pytest.mark.slow
 def test_no_resource_tracker_warnings_in_a_fresh_interpreter():
     """Create, attach from a spawned executor, stop: nothing on stderr."""
     script = textwrap.dedent(
@@ -403,6 +418,7 @@ def test_no_resource_tracker_warnings_in_a_fresh_interpreter():
     assert proc.stderr == ""
 
 
+@pytest.mark.slow
 def test_a_spawn_that_fails_surfaces_its_error_and_stops_the_rest(monkeypatch):
     """The second executor cannot start: pool.start raises that error (not a
     failure of the clean-up), and the first executor is stopped."""

@@ -45,11 +45,6 @@ API_DIR = Path(__file__).resolve().parent.parent / "app" / "api"
 HDR = "Inference-Header-Content-Length"
 
 
-@pytest.fixture
-def anyio_backend():
-    return "asyncio"
-
-
 # ------------------------------------------------------------------ binding
 
 
@@ -132,19 +127,8 @@ class RecordingService(FakeService):
 
 @pytest.fixture
 def service():
+    """conftest's `app` and `client` over this service instead."""
     return RecordingService()
-
-
-@pytest.fixture
-def app(service):
-    return create_api(lambda: service, Metrics(), max_body_bytes=1 << 20)
-
-
-@pytest.fixture
-async def client(app):
-    transport = httpx.ASGITransport(app=app, raise_app_exceptions=False)
-    async with httpx.AsyncClient(transport=transport, base_url="http://test") as c:
-        yield c
 
 
 class _FileOpens:

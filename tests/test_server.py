@@ -4,11 +4,7 @@ loopback port, real executor processes and ONNX Runtime, a tiny repository."""
 from __future__ import annotations
 
 import asyncio
-import os
 import signal
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import httpx
@@ -16,11 +12,12 @@ import numpy as np
 import onnx
 import onnxruntime
 import pytest
+import tritonclient.http as tritonhttp
 from onnx import TensorProto, helper
 
-from bench.daemon_launcher import free_port
+from tests.fakes import segments_of
 
-ROOT = Path(__file__).resolve().parent.parent
+pytestmark = pytest.mark.slow  # one daemon for the module
 
 
 def _dense_model(path: Path, seed: int = 3, width: int = 8) -> None:
@@ -72,61 +69,18 @@ def _repository(root: Path) -> Path:
     return root
 
 
-def _our_segments() -> set[str]:
-    return {p.name for p in Path("/dev/shm").iterdir()} if Path("/dev/shm").exists() else set()
-
-
 @pytest.fixture(scope="module")
-def server(tmp_path_factory):
+def server(tmp_path_factory, launch_daemon):
     repo = _repository(tmp_path_factory.mktemp("repo"))
-    port = free_port()
-    env = dict(
-        os.environ,
-        CPU_SLICES="1",
-        THREADS_PER_SLICE="1",
-        EMULATED_DEVICES="1",
-        PROFILE_BATCH_SIZES="1,4,16",
+    handle = launch_daemon(
+        repo,
+        cpu_slices=1,
+        threads_per_slice=1,
+        emulated_devices=1,
+        extra_env={"PROFILE_BATCH_SIZES": "1,4,16"},
+        log_level="info",
     )
-    shm_before = _our_segments()
-    log_path = tmp_path_factory.mktemp("log") / "server.log"
-    log_file = log_path.open("w")
-    process = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "app",
-            "serve",
-            "--port",
-            str(port),
-            "--repository",
-            str(repo),
-            "--log-level",
-            "info",
-        ],
-        cwd=ROOT,
-        env=env,
-        stdout=log_file,
-        stderr=subprocess.STDOUT,
-    )
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise RuntimeError(f"server exited early:\n{log_path.read_text()}")
-        try:
-            if httpx.get(f"{url}/v2/health/ready", timeout=1).status_code == 200:
-                break
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.2)
-    else:
-        process.kill()
-        raise RuntimeError(f"server not ready in 60 s:\n{log_path.read_text()}")
-    yield {"url": url, "process": process, "repo": repo, "shm_before": shm_before, "log": log_path}
-    if process.poll() is None:
-        process.kill()
-        process.wait()
-    log_file.close()
+    return {"url": handle.url, "process": handle.process, "repo": repo, "log": handle.log_path}
 
 
 def test_infer_matches_onnxruntime(server):
@@ -144,7 +98,6 @@ def test_infer_matches_onnxruntime(server):
 
 
 def test_tritonclient_binary_and_json(server):
-    tritonhttp = pytest.importorskip("tritonclient.http")
     client = tritonhttp.InferenceServerClient(server["url"].removeprefix("http://"))
     x = np.random.default_rng(1).standard_normal((1, 8)).astype(np.float32)
     session = onnxruntime.InferenceSession(str(server["repo"] / "dense" / "model.onnx"))
@@ -225,9 +178,4 @@ def test_sigterm_shuts_down_and_frees_shared_memory(server):
     assert "Application shutdown complete" in log, log
     # Only this daemon's arenas (their names carry its pid): tests of other
     # checkouts on the same machine create and remove segments meanwhile.
-    leaked = {
-        name
-        for name in _our_segments() - server["shm_before"]
-        if name.startswith(f"dsrv_{process.pid}_")
-    }
-    assert not leaked, leaked
+    assert not segments_of(process.pid)

@@ -29,6 +29,20 @@ def _timerfds() -> set[int]:
     return found
 
 
+async def _until(condition, give_up_s: float = 5.0) -> None:
+    """Let the loop run until `condition()` holds; fail after `give_up_s`."""
+    give_up = time.monotonic() + give_up_s
+    while not condition():
+        assert time.monotonic() < give_up, f"nothing fired in {give_up_s} s"
+        await asyncio.sleep(0.001)
+
+
+async def _past(t: float) -> None:
+    """Let the loop run until 10 ms after `t`: what was due at `t` would
+    have fired by then."""
+    await _until(lambda: time.monotonic() > t + 0.01)
+
+
 @pytest.mark.parametrize("precise", [True, False])
 def test_fires_once_never_early_and_rearming_replaces(precise: bool):
     async def scenario() -> None:
@@ -37,25 +51,27 @@ def test_fires_once_never_early_and_rearming_replaces(precise: bool):
         fired: list[tuple[str, float]] = []
         try:
             when = time.monotonic() + 0.02
-            timer.call_at(when + 1.0, lambda: fired.append(("replaced", time.monotonic())))
+            timer.call_at(when + 0.01, lambda: fired.append(("replaced", time.monotonic())))
             timer.call_at(when, lambda tag: fired.append((tag, time.monotonic())), "kept")
-            await asyncio.sleep(0.08)
+            await _until(lambda: fired)
+            await _past(when + 0.01)  # the replaced time, gone by
             assert [tag for tag, _ in fired] == ["kept"]
             if timer.precise:  # the loop's own timers may fire up to 1 ms early
                 assert fired[0][1] >= when
-            # A time already past fires at once (not "disarmed").
+            # A time already past fires (not "disarmed").
             fired.clear()
             timer.call_at(time.monotonic() - 5.0, lambda: fired.append(("past", 0.0)))
-            await asyncio.sleep(0.02)
+            await _until(lambda: fired)
             assert [tag for tag, _ in fired] == ["past"]
             # Cancelled: nothing fires, and the timer can be armed again.
             fired.clear()
-            timer.call_at(time.monotonic() + 0.01, lambda: fired.append(("cancelled", 0.0)))
+            cancelled = time.monotonic() + 0.01
+            timer.call_at(cancelled, lambda: fired.append(("cancelled", 0.0)))
             timer.cancel()
-            await asyncio.sleep(0.03)
+            await _past(cancelled)
             assert fired == []
             timer.call_at(time.monotonic() + 0.005, lambda: fired.append(("again", 0.0)))
-            await asyncio.sleep(0.03)
+            await _until(lambda: fired)
             assert [tag for tag, _ in fired] == ["again"]
         finally:
             timer.close()

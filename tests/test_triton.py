@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import heapq
-import math
 import random
 
 import pytest
@@ -13,8 +12,8 @@ from app.scheduling.model import ModelInfo
 from app.scheduling.profile import LatencyProfile
 from app.scheduling.registry import make_scheduler
 from app.scheduling.triton import TritonScheduler
-from app.scheduling.types import Decision, DeviceInfo, Dispatch, Drop, DropReason, Request
-from tests.fakes import decided
+from app.scheduling.types import Decision, Dispatch, Drop, DropReason, Request
+from tests.fakes import before, decided, devices, dispatches, drops, ids
 
 MS = 1e-3
 
@@ -24,14 +23,6 @@ def model(name: str = "m", slo_ms: float = 50.0, max_batch: int = 32) -> ModelIn
     return ModelInfo(name, LatencyProfile.linear(1.0, 4.0, max_batch), slo_ms * MS, max_batch)
 
 
-def devices(n: int) -> list[DeviceInfo]:
-    return [DeviceInfo(i) for i in range(n)]
-
-
-def before(t: float) -> float:
-    return math.nextafter(t, -math.inf)
-
-
 class Ids:
     def __init__(self) -> None:
         self.next = 0
@@ -39,18 +30,6 @@ class Ids:
     def req(self, m: str, arrival: float, slo: float = 0.050) -> Request:
         self.next += 1
         return Request(self.next, m, arrival, arrival + slo)
-
-
-def dispatches(decisions: list[Decision]) -> list[Dispatch]:
-    return [d for d in decisions if isinstance(d, Dispatch)]
-
-
-def drops(decisions: list[Decision]) -> list[Drop]:
-    return [d for d in decisions if isinstance(d, Drop)]
-
-
-def ids(requests: list[Request]) -> list[int]:
-    return [r.id for r in requests]
 
 
 def test_registry_builds_triton_with_options() -> None:

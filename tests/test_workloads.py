@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 import numpy as np
@@ -174,18 +173,16 @@ def test_rate_scale_scales_poisson_and_rejects_bad_values(tmp_path):
         generate_arrivals(w, 0.0)
 
 
-def test_generates_a_million_arrivals_fast(tmp_path):
+def test_generates_a_million_arrivals(tmp_path):
     w = make(
         tmp_path,
         [{"name": "p", "rate": 30_000}, {"name": "g", "rate": 20_000, "count": 2}],
         arrival={"process": "gamma", "shape": 0.5},
         duration_s=15,
     )
-    start = time.perf_counter()
     a = generate_arrivals(w)
-    elapsed = time.perf_counter() - start
     assert len(a) == pytest.approx(1_050_000, rel=0.02)
-    assert elapsed < 2.0  # typically ~0.1 s; generous for slow CI machines
+    assert np.all(np.diff(a.times) >= 0) and a.times[0] >= 0 and a.times[-1] < 15
 
 
 # --------------------------------------------------------------------------- rates

@@ -1,0 +1,161 @@
+"""Fixtures shared by the test files. Plain fakes and builders (models,
+requests, configs, the fake inference service, fake clocks and executors)
+live in tests/fakes.py; a test module imports from there, never from another
+test module.
+
+What starts something real is here, each with its clean-up: the HTTP layer
+over the fake service, a uvicorn server in a thread, daemons
+(`python -m app serve`), commands run as subprocesses, and the check that
+executors leave no shared memory behind."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import AsyncIterator, Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from app.api import create_api
+from app.server.metrics import Metrics
+from app.server.settings import SETTINGS
+from bench.daemon_launcher import DaemonHandle, free_port, start_daemon, stop_daemon
+from tests.fakes import FakeService, our_segments, segments_of
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="session")
+def anyio_backend() -> str:
+    """Async tests (`pytest.mark.anyio`) run on asyncio only, the daemon's loop."""
+    return "asyncio"
+
+
+# ----------------------------------------------------------------- the HTTP layer
+
+
+@pytest.fixture
+def service() -> FakeService:
+    """The inference service behind `app`; a test file may override it."""
+    return FakeService()
+
+
+@pytest.fixture
+def metrics() -> Metrics:
+    return Metrics()
+
+
+@pytest.fixture
+def app(service: FakeService, metrics: Metrics) -> Any:
+    """The real HTTP API (app.api) in front of `service`."""
+    return create_api(lambda: service, metrics, max_body_bytes=1 << 20)
+
+
+@pytest.fixture
+async def client(app: Any) -> AsyncIterator[httpx.AsyncClient]:
+    """An HTTP client that calls `app` in-process (ASGI); a server error is a
+    500 reply, not an exception in the test."""
+    transport = httpx.ASGITransport(app=app, raise_app_exceptions=False)
+    async with httpx.AsyncClient(transport=transport, base_url="http://test") as c:
+        yield c
+
+
+@pytest.fixture(scope="module")
+def uvicorn_in_thread() -> Iterator[Callable[..., str]]:
+    """`serve(app, **config)` runs `app` under a real uvicorn server in a
+    thread on an ephemeral loopback port and returns its "host:port"; every
+    server started stops at the end of the module. uvicorn binds the port
+    itself: a socket made with socket.socket() (proto 0) would miss
+    asyncio's TCP_NODELAY and add ~40 ms per response."""
+    import uvicorn
+
+    running: list[tuple[Any, threading.Thread]] = []
+
+    def serve(app: Any, **config: Any) -> str:
+        options = {"host": "127.0.0.1", "port": 0, "log_level": "warning", "lifespan": "off"}
+        server = uvicorn.Server(uvicorn.Config(app, **{**options, **config}))
+        thread = threading.Thread(target=server.run, daemon=True)
+        thread.start()
+        running.append((server, thread))
+        give_up = time.monotonic() + 10.0
+        while not server.started:
+            assert thread.is_alive(), "uvicorn exited while starting"
+            assert time.monotonic() < give_up, "uvicorn did not start in 10 s"
+            time.sleep(0.01)
+        host, port = server.servers[0].sockets[0].getsockname()[:2]
+        return f"{host}:{port}"
+
+    yield serve
+    for server, thread in running:
+        server.should_exit = True
+        thread.join(timeout=10.0)
+
+
+# ------------------------------------------------------------------ processes
+
+
+@pytest.fixture
+def no_leftover_segments() -> Iterator[None]:
+    """For a test that creates arenas or starts executors in this process:
+    every shared-memory segment it made is gone when it ends."""
+    before = set(our_segments())
+    yield
+    leftover = set(our_segments()) - before
+    assert not leftover, f"shared memory left over: {sorted(leftover)}"
+
+
+@pytest.fixture(scope="module")
+def launch_daemon() -> Iterator[Callable[..., DaemonHandle]]:
+    """`launch(repository, **options)` starts `python -m app serve` on a free
+    loopback port (bench.daemon_launcher.start_daemon's options) and returns
+    once it is ready. Every daemon started is stopped at the end of the
+    module (a no-op for one a test has stopped), and none may leave shared
+    memory behind."""
+    handles: list[DaemonHandle] = []
+
+    def launch(repository: Path, **options: Any) -> DaemonHandle:
+        options.setdefault("startup_timeout_s", 60)
+        handle = start_daemon(repository, free_port(), **options)
+        handles.append(handle)
+        return handle
+
+    yield launch
+    for handle in handles:
+        stop_daemon(handle)
+    leaked = {name for handle in handles for name in segments_of(handle.process.pid)}
+    assert not leaked, f"a daemon left shared memory behind: {sorted(leaked)}"
+
+
+@pytest.fixture
+def cli_env() -> dict[str, str]:
+    """The environment for a command a test runs: this process's, less the
+    daemon's settings variables, so that a POLICY or EMULATED_DEVICES in the
+    developer's shell does not change what the test sees."""
+    ours = {setting.env for setting in SETTINGS}
+    return {name: value for name, value in os.environ.items() if name not in ours}
+
+
+@pytest.fixture
+def run_module(cli_env: dict[str, str]) -> Callable[..., subprocess.CompletedProcess[str]]:
+    """`run(module, *args, env=None, timeout=60)`: `python -m module args` in
+    the repository root with `cli_env` (plus `env`); its output captured."""
+
+    def run(
+        module: str, *args: str, env: dict[str, str] | None = None, timeout: float = 60
+    ) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", module, *args],
+            cwd=ROOT,
+            env={**cli_env, **(env or {})},
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
+
+    return run
