@@ -15,8 +15,8 @@ guard it made: `Depends(app.state.require_admin)`.
 | no               | loopback (default)| allowed: only local processes can connect       |
 | no               | non-loopback      | 403: management is off until ADMIN_TOKEN is set |
 
-The token comes from the `ADMIN_TOKEN` environment variable (the lead wires it
-into `Settings`); the comparison is constant-time. Inference, health, metadata
+The token is the `ADMIN_TOKEN` setting (`Settings.admin_token`, also
+`--admin-token`); the comparison is constant-time. Inference, health, metadata
 and metrics routes never need the token.
 
 `check_model_name` is applied to every model name that comes from a request
