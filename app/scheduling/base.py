@@ -227,7 +227,9 @@ class Scheduler:
         """When the driver should call `advance`: the earliest timer less the
         timer lead."""
         at = self.timers.next_time()
-        return None if at is None else at - self.timer_lead
+        if at is None or not self.timer_lead:
+            return at
+        return at - self.timer_lead
 
     def device_down(self, device: int, now: float) -> list[Decision]:
         """`device` stopped serving (its executor died or hung) at `now`.
