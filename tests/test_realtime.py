@@ -187,9 +187,9 @@ def test_executors_step_down_from_the_loop_cpu_ones_to_normal():
         pool = ExecutorPool(devices, [config], arenas, PoolEvents(), realtime_priority=3)
         try:
             await pool.start()
-            for worker in pool._workers.values():
-                pid = worker.process.pid
-                seen[worker.device.kind] = (
+            for device in devices:
+                pid = pool.pid(device.id)
+                seen[device.kind] = (
                     os.sched_getscheduler(pid),
                     os.sched_getparam(pid).sched_priority,
                 )

@@ -359,7 +359,7 @@ def test_emulated_pool_timing_echo_cancel_and_death():
             # An executor that dies fails its in-flight batches; the pool survives.
             lost = done.expect(5)
             pool.submit(0, 5, "slow", [s_slot], 0.0)
-            os.kill(pool._workers[0].process.pid, signal.SIGKILL)
+            os.kill(pool.pid(0), signal.SIGKILL)
             failed = await asyncio.wait_for(lost, 5)
             assert isinstance(failed, BatchFinished) and "died" in failed.error
             down = [e for e in done.events if isinstance(e, DeviceDown)]
@@ -442,9 +442,11 @@ def test_a_spawn_that_fails_surfaces_its_error_and_stops_the_rest(monkeypatch):
         pool = ExecutorPool(devices, [config], arenas, PoolEvents())
         with pytest.raises(OSError, match="Resource temporarily unavailable"):
             await pool.start()
-        first = pool._workers[0].process
-        assert first is not None and not first.is_alive() and first.exitcode is not None
-        assert pool._workers[1].process is None
+        first = pool.pid(0)
+        assert first is not None and not pool.alive(0)
+        with pytest.raises(ProcessLookupError):  # stopped and reaped
+            os.kill(first, 0)
+        assert pool.pid(1) is None
         assert our_segments() == []
 
     asyncio.run(scenario())
