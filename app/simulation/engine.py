@@ -94,6 +94,7 @@ class _Device:
     waiting: deque[Batch] = field(default_factory=deque)
     running: Batch | None = None
     begin: float = 0.0
+    duration: float = 0.0
     stop_at: float | None = None  # a preemption's stop, if before the end
     cancelled: set[int] = field(default_factory=set)  # waiting batches to skip
 
@@ -162,12 +163,15 @@ def run_simulation(
             batch = device.waiting.popleft()
             if batch.id in device.cancelled:  # skipped: its stop is confirmed now
                 device.cancelled.discard(batch.id)
+                del durations[batch.id]
                 heapq.heappush(events, (now, batch.id, device_id, _STOP))
                 continue
             begin = max(batch.release_at, now)
-            device.running, device.begin, device.stop_at = batch, begin, None
+            duration = durations.pop(batch.id)
+            device.running, device.begin, device.duration = batch, begin, duration
+            device.stop_at = None
             begins[batch.id] = begin
-            heapq.heappush(events, (begin + durations[batch.id], batch.id, device_id, _END))
+            heapq.heappush(events, (begin + duration, batch.id, device_id, _END))
             return
 
     def apply(decisions: list[Decision], now: float) -> None:
@@ -187,7 +191,7 @@ def run_simulation(
                     begin_next(device, batch.device, now)
             elif kind is Complete:
                 batch = decision.batch
-                end, begin = now, begins[batch.id]
+                end, begin = now, begins.pop(batch.id)
                 for request in decision.requests:
                     rid = request.id
                     if status[rid] != PENDING:
@@ -211,7 +215,7 @@ def run_simulation(
                 if running is not None and running.id == decision.batch_id:
                     preemptions += 1
                     stop_at = now + preemption_delay
-                    end = device.begin + durations[running.id]
+                    end = device.begin + device.duration
                     if stop_at < end:  # else it ends first: its end confirms the stop
                         device.stop_at = stop_at
                         heapq.heappush(events, (stop_at, running.id, decision.device, _STOP))
@@ -239,6 +243,7 @@ def run_simulation(
             apply(scheduler.batch_finished(device_id, batch_id, now), now)
         else:
             apply(scheduler.batch_stopped(device_id, batch_id, now), now)
+        begins.pop(batch_id, None)  # answered (Complete), or stopped
 
     def fault(now: float, event: DeviceFault) -> None:
         device = emulated[event.device]
@@ -247,6 +252,10 @@ def run_simulation(
             return
         if device.running is not None:
             busy[device.position] += now - device.begin
+        if device.running is not None:
+            begins.pop(device.running.id, None)
+        for batch in device.waiting:
+            durations.pop(batch.id, None)
         device.running = None
         device.waiting.clear()
         device.cancelled.clear()
