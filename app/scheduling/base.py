@@ -155,6 +155,7 @@ class Scheduler:
     # ----------------------------------------------------------------- driver API
 
     def add_request(self, request: Request, now: float) -> list[Decision]:
+        # _tick and _fire_timers' guard written out: this runs once per request.
         if now < self.clock:
             now = self.clock
         else:
@@ -417,10 +418,8 @@ class Scheduler:
 
     def _forget(self, batch: Batch, now: float) -> None:
         del self.in_flight[batch.id]
-        on_device = self._on_device[batch.device]
-        on_device.remove(batch)
-        if not on_device:
-            self._mark_idle(batch.device, now)
+        self._on_device[batch.device].remove(batch)
+        self._mark_idle(batch.device, now)
 
     def _mark_idle(self, device: int, now: float) -> None:
         if not self._on_device[device]:

@@ -123,8 +123,6 @@ class Dispatcher:
         self.wake_at: float | None = None  # what the timer is armed for
         self._events: deque[ExecutorEvent] = deque()
         self._handling = False
-        # The executor's report of the batch whose decisions are carried out.
-        self._report: BatchFinished | None = None
         self._ids = itertools.count()
         self.pending: dict[int, Pending] = {}
         self.closing = False
@@ -154,7 +152,7 @@ class Dispatcher:
         request = Request(next(self._ids), model, arrival, arrival + slo_s)
         pending = Pending(request, slot, asyncio.get_running_loop().create_future())
         self.pending[request.id] = pending
-        self._run(group, group.scheduler.add_request(request, now))
+        self._run(lambda: self._apply(group.scheduler.add_request(request, now)))
         return pending
 
     def post(self, event: ExecutorEvent) -> None:
@@ -162,17 +160,16 @@ class Dispatcher:
         being carried out if it arrives while they are."""
         self._events.append(event)
         if not self._handling:
-            self._run(None, [])
+            self._run(lambda: None)
 
     # ---------------------------------------------------------------- driving
 
-    def _run(self, group: CoreGroup | None, decisions: list[Decision]) -> None:
-        """Carry out `decisions` of `group`'s core, then every event queued
-        meanwhile, then arm the timer once."""
+    def _run(self, work: Callable[[], None]) -> None:
+        """Do `work` (ask a core, carry out its decisions), then handle every
+        event queued meanwhile, then arm the timer once."""
         self._handling = True
         try:
-            if group is not None:
-                self._apply(group, decisions)
+            work()
             while self._events:
                 self._handle(self._events.popleft())
         finally:
@@ -187,24 +184,23 @@ class Dispatcher:
         core = group.scheduler
         now = self._clock()
         if isinstance(event, BatchFinished):
-            self._report = event
-            try:
-                self._apply(group, core.batch_finished(event.device, event.batch_id, now))
-            finally:
-                self._report = None
+            # Its Complete answers the requests with this report.
+            self._apply(core.batch_finished(event.device, event.batch_id, now), event)
         elif isinstance(event, BatchStopped):
-            self._apply(group, core.batch_stopped(event.device, event.batch_id, now))
+            self._apply(core.batch_stopped(event.device, event.batch_id, now))
         elif isinstance(event, DeviceDown):
-            self._apply(group, core.device_down(event.device, now))
+            self._apply(core.device_down(event.device, now))
         elif isinstance(event, DeviceUp):
-            self._apply(group, core.device_up(event.device, now))
+            self._apply(core.device_up(event.device, now))
 
-    def _apply(self, group: CoreGroup, decisions: list[Decision]) -> None:
+    def _apply(self, decisions: list[Decision], report: BatchFinished | None = None) -> None:
+        """Carry out a core's decisions; `report` is the executor's report of
+        the batch whose end they answer."""
         for decision in decisions:
             if isinstance(decision, Dispatch):
                 self._dispatch(decision.batch)
             elif isinstance(decision, Complete):
-                self._complete(decision.batch, decision.requests)
+                self._complete(decision.batch, decision.requests, report)
             elif isinstance(decision, Drop):
                 error = Dropped(_DROP_MESSAGES[decision.reason], decision.reason.value)
                 self._fail(decision.requests, error)
@@ -237,8 +233,9 @@ class Dispatcher:
             now = self._clock()
             self._events.append(BatchFinished(batch.device, batch.id, now, now, str(exc)))
 
-    def _complete(self, batch: Batch, requests: list[Request]) -> None:
-        report = self._report
+    def _complete(
+        self, batch: Batch, requests: list[Request], report: BatchFinished | None
+    ) -> None:
         if report is None or (report.device, report.batch_id) != (batch.device, batch.id):
             # Only a batch's own report completes it: a core bug, answered
             # rather than left hanging.
@@ -281,17 +278,14 @@ class Dispatcher:
         now = self._clock()
         if due is not None and due > now:  # a timer that fired early: as of its time
             now = due
-        self._handling = True
-        try:
+
+        def advance_due_cores() -> None:
             for group in self.groups:
                 wake = group.scheduler.next_wakeup()
                 if wake is not None and wake <= now:
-                    self._apply(group, group.scheduler.advance(now))
-            while self._events:
-                self._handle(self._events.popleft())
-        finally:
-            self._handling = False
-        self._rearm()
+                    self._apply(group.scheduler.advance(now))
+
+        self._run(advance_due_cores)
 
     # -------------------------------------------------------------- shutdown
 
