@@ -100,6 +100,24 @@ def uvicorn_in_thread() -> Iterator[Callable[..., str]]:
 # ------------------------------------------------------------------ processes
 
 
+@pytest.fixture(scope="module")
+def live_server(uvicorn_in_thread: Callable[..., str]) -> tuple[str, FakeService]:
+    """The HTTP API over a fake service under a real uvicorn server: (its
+    "host:port", the service)."""
+    service = FakeService()
+    return uvicorn_in_thread(create_api(lambda: service, Metrics())), service
+
+
+@pytest.fixture(scope="module")
+def triton(live_server: tuple[str, FakeService]) -> Iterator[Any]:
+    """A `tritonclient.http` client of `live_server`."""
+    import tritonclient.http  # the `test` extra's
+
+    client = tritonclient.http.InferenceServerClient(live_server[0], network_timeout=10)
+    yield client
+    client.close()
+
+
 @pytest.fixture
 def no_leftover_segments() -> Iterator[None]:
     """For a test that creates arenas or starts executors in this process:

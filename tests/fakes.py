@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import heapq
+import json
 import math
 import os
 from dataclasses import dataclass, field
@@ -16,6 +17,7 @@ from itertools import count
 from pathlib import Path
 from typing import Any
 
+import httpx
 import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
@@ -206,6 +208,33 @@ class PoolEvents:
 
 
 # ----------------------------------------------------------------- the HTTP layer
+
+HDR = "Inference-Header-Content-Length"  # the binary tensor extension's header
+
+
+def v2_binary_body(header: dict, *blobs: bytes) -> tuple[bytes, dict]:
+    js = json.dumps(header).encode()
+    return js + b"".join(blobs), {HDR: str(len(js))}
+
+
+def parse_v2_binary(resp: httpx.Response) -> dict[str, np.ndarray]:
+    n = int(resp.headers[HDR])
+    head = json.loads(resp.content[:n])
+    off = n
+    out = {}
+    for o in head["outputs"]:
+        dt = {"FP32": np.float32, "INT32": np.int32, "BOOL": np.bool_, "FP16": np.float16}
+        if "data" in o:
+            out[o["name"]] = np.array(o["data"], dtype=dt[o["datatype"]]).reshape(o["shape"])
+        else:
+            size = o["parameters"]["binary_data_size"]
+            out[o["name"]] = np.frombuffer(
+                resp.content[off : off + size], dtype=dt[o["datatype"]]
+            ).reshape(o["shape"])
+            off += size
+    assert off == len(resp.content)
+    return out
+
 
 GOOD_V2 = {"inputs": [{"name": "x", "shape": [1, 4], "datatype": "FP32", "data": [1, 2, 3, 4]}]}
 
