@@ -190,9 +190,10 @@ class FlexScheduler(Scheduler):
         start = now if start is None else start
         self._drop_infeasible(start)
         held = self.held_on(device) if self.stopping else []
-        best: tuple[int, int, str] | None = None  # (size, first, model)
+        # (size, first, model, the held requests of that model)
+        best: tuple[int, int, str, list[Request]] | None = None
         for name, queue in self.queues.items():
-            extra = [r for r in held if r.model == name] if held else ()
+            extra = [r for r in held if r.model == name] if held else []
             if extra:
                 with _joined(queue, extra) as joined:
                     first, size = self._batchgen(joined, name, start, device)
@@ -201,11 +202,10 @@ class FlexScheduler(Scheduler):
             else:
                 continue
             if size and (best is None or size > best[0]):
-                best = (size, first, name)
+                best = (size, first, name, extra)
         if best is None:
             return
-        size, first, name = best
-        extra = [r for r in held if r.model == name] if held else ()
+        size, first, name, extra = best
         with _joined(self.queues[name], extra) as queue:
             requests = queue.pop_range(first, first + size)
         if extra:
