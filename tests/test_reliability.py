@@ -8,11 +8,13 @@ daemon tests run `python -m app serve` on emulated devices.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import heapq
 import os
 import re
 import signal
 import subprocess
+import threading
 import time
 from collections import Counter
 from pathlib import Path
@@ -24,7 +26,7 @@ from app.scheduling import Request
 from app.scheduling.registry import make_scheduler, policy_names
 from app.scheduling.types import Batch, Decision, Dispatch, Drop, DropReason, Preempt
 from bench.daemon_launcher import stop_daemon
-from bench.overload import CAPACITY_RPS, executor_pids, open_loop, write_repository
+from bench.overload import CAPACITY_RPS, body, executor_pids, open_loop, write_repository
 from tests.fakes import devices, model, segments_of
 
 # ------------------------------------------------------------ core: device faults
@@ -250,6 +252,7 @@ def _start(launch_daemon, tmp: Path):
         "CPU_SLICES": "0",
         "EMULATED_HANG_FILE": str(tmp / "hang"),
         "STUCK_MARGIN_S": "0.3",
+        "HEARTBEAT_TIMEOUT_S": "0.5",
         "MAX_QUEUE": "48",
         "SHUTDOWN_GRACE_S": "2",
         # HTTP and client overhead on two shared cores is 10–30 ms under
@@ -373,6 +376,62 @@ def test_stuck_executor_is_killed_and_its_requests_run_elsewhere(daemon):
     assert "executor emulated:1 stuck" in log
     _wait_alive(url, 2)
     assert executor_pids(pid)["emulated:1"] != victim
+
+
+def _infer(url: str, results: list[tuple[int, str, float]]) -> None:
+    """One request with the model's SLO (2 s): (status, reason, seconds)."""
+    sent = time.monotonic()
+    reply = httpx.post(f"{url}/infer", content=body(None), timeout=10)
+    reason = "" if reply.status_code == 200 else reply.json().get("reason", "")
+    results.append((reply.status_code, reason, time.monotonic() - sent))
+
+
+@pytest.mark.slow
+def test_stopped_idle_executors_make_the_daemon_not_ready_and_are_respawned(daemon):
+    """SIGSTOP on every (idle) executor: with HEARTBEAT_TIMEOUT_S = 0.5 the
+    readiness check reports no live device within 3 s (not 200 with all
+    devices alive), a request sent at the stop is answered within 3 s, and
+    respawned executors serve."""
+    handle, _ = daemon
+    url, pid = handle.url, handle.process.pid
+    _wait_alive(url, 2)
+    victims = executor_pids(pid)
+    answers: list[tuple[int, str, float]] = []
+    try:
+        for victim in victims.values():
+            os.kill(victim, signal.SIGSTOP)
+        stopped_at = time.monotonic()
+        request = threading.Thread(target=_infer, args=(url, answers))
+        request.start()
+        seen = None
+        while seen is None and time.monotonic() - stopped_at < 5.0:
+            code, reply = _ready(url)
+            if code != 200:
+                seen = time.monotonic() - stopped_at, reply
+        request.join(10)
+    finally:  # on a failure, leave no executor stopped for the next tests
+        for victim in victims.values():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(victim, signal.SIGCONT)
+    assert seen is not None, "still ready 5 s after every executor was stopped"
+    print(f"not ready {seen[0]:.3f} s after SIGSTOP; the request at the stop: {answers}")
+    assert seen[0] < 3.0
+    assert seen[1] == {
+        "error": "server not ready: no live device for slow (0/2 devices alive)",
+        "reason": "not_ready",
+    }
+    # Re-planned onto a respawned executor (its SLO is 2 s) or refused
+    # explicitly, within 3 s: not held until the batch watchdog fires.
+    [(status, reason, seconds)] = answers
+    assert (status == 200 or reason in _EXPLICIT_503) and seconds < 3.0, answers
+    _wait_alive(url, 2)
+    assert not set(executor_pids(pid).values()) & set(victims.values())
+    log = handle.log_path.read_text()
+    for device in victims:
+        assert f"executor {device} hung: no heartbeat for 0." in log, log[-2000:]
+    again: list[tuple[int, str, float]] = []
+    _infer(url, again)
+    assert again[0][0] == 200, again
 
 
 @pytest.mark.slow

@@ -38,6 +38,7 @@ SAMPLES: dict[str, tuple[str, object]] = {
     "MAX_QUEUE": ("5", 5),
     "STUCK_FACTOR": ("2.5", 2.5),
     "STUCK_MARGIN_S": ("0.25", 0.25),
+    "HEARTBEAT_TIMEOUT_S": ("0.5", 0.5),
     "RESPAWN": ("off", False),
     "SHUTDOWN_GRACE_S": ("0.5", 0.5),
     "DEADLINE_MARGIN_MS": ("4", 4.0),
@@ -60,6 +61,7 @@ BAD: list[tuple[str, str, str]] = [
     ("EMULATED_DEVICES", "1.5", "='1.5' is not an integer"),
     ("STUCK_FACTOR", "-0.5", " must be ≥ 0, got -0.5"),
     ("STUCK_MARGIN_S", "nan", "='nan' is not a finite number"),
+    ("HEARTBEAT_TIMEOUT_S", "-0.5", " must be ≥ 0, got -0.5"),
     ("SHUTDOWN_GRACE_S", "-1", " must be ≥ 0, got -1"),
     ("SHUTDOWN_GRACE_S", "inf", "='inf' is not a finite number"),
     ("SHUTDOWN_GRACE_S", "soon", "='soon' is not a number"),
@@ -93,8 +95,8 @@ def test_flag_names_come_from_the_variables():
     assert [setting.name for setting in SETTINGS] == [
         "repository", "policy", "policy_options", "host", "port", "cpu_slices",
         "threads_per_slice", "emulated_devices", "arena_slots", "max_queue", "stuck_factor",
-        "stuck_margin_s", "respawn", "shutdown_grace_s", "deadline_margin_ms",
-        "timer_lead_ms", "realtime_priority", "max_body_bytes", "admin_token",
+        "stuck_margin_s", "heartbeat_timeout_s", "respawn", "shutdown_grace_s",
+        "deadline_margin_ms", "timer_lead_ms", "realtime_priority", "max_body_bytes", "admin_token",
         "profile_batch_sizes",
     ]  # fmt: skip
 

@@ -1,10 +1,12 @@
 """The executor process: one per device, driven by small control messages.
 
 Started by `ExecutorPool` with the *spawn* context as
-``executor_main(conn, device, log_level, realtime_priority, cancels)``.
+``executor_main(conn, device, log_level, realtime_priority, cancels, heartbeat)``.
 The messages on its two pipes are the dataclasses of `app.runtime.messages`:
 Load, Run, Profile and Stop on the main pipe, answered by Loaded, Ran or
 Cancelled, Profiled and Stopped; Cancel on the second, one-way pipe.
+A thread stamps the shared `heartbeat` while the process runs, idle or busy,
+so the pool sees a stopped or frozen process (`app.runtime.watchdog`).
 
 Messages are executed strictly in order by the main thread, which reads the
 pipe itself: a batch reaches it with one wake-up, not two (a reader thread
@@ -51,6 +53,7 @@ from app.runtime.realtime import (
     restore,
     set_fifo,
 )
+from app.runtime.watchdog import Heartbeat, keep_beating
 
 # The error text of a batch whose executor stopped it (internal: the reply
 # to such a batch is Cancelled).
@@ -345,9 +348,12 @@ def executor_main(
     log_level: int = logging.WARNING,
     realtime_priority: int = 0,
     cancels: Any = None,
+    heartbeat: Heartbeat | None = None,
 ) -> None:
     """Entry point of an executor process (spawn target). `realtime_priority`
-    is the event loop's; the executor runs one below it (app.runtime.realtime)."""
+    is the event loop's; the executor runs one below it (app.runtime.realtime).
+    `heartbeat`, if given, is stamped by a thread of its own, started after
+    the priority is set (it inherits it)."""
     name = str(device.get("name", "executor"))
     logging.basicConfig(
         level=log_level,
@@ -372,6 +378,14 @@ def executor_main(
             os.sched_setaffinity(0, {int(c) for c in cpus})
         except OSError as exc:
             log.warning("%s: cannot pin to CPUs %s: %s", name, cpus, exc)
+    stop_beating = threading.Event()
+    if heartbeat is not None:
+        threading.Thread(
+            target=keep_beating,
+            args=(heartbeat, stop_beating),
+            name=f"{name}-heartbeat",
+            daemon=True,
+        ).start()
     executor = Executor(conn, device)
     if cancels is not None:
         threading.Thread(
@@ -380,5 +394,6 @@ def executor_main(
     try:
         executor.serve()
     finally:
+        stop_beating.set()
         with contextlib.suppress(OSError):
             conn.close()

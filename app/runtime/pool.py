@@ -14,13 +14,14 @@ Clock: all times are `time.monotonic()` seconds, the clock of asyncio's
 `loop.time()`; pass `start_at = loop.time() + delay` (or ≤ now for "at once").
 
 Faults. An executor that dies (crash, SIGKILL, OOM kill) is noticed as EOF on
-its pipe; one that hangs — its oldest batch running longer than
-`stuck_factor`·ℓ(b) + `stuck_margin_s` by `expected_latency` — is killed by a
-watchdog on the event loop. Either way DeviceDown is posted first (so the
-owner can re-plan the batches' requests), then a BatchFinished with the
-reason as its error for every batch in flight, and the executor is respawned
-in the background: a fresh process loads the same models and re-attaches the
-same arenas; DeviceUp reports it serving again.
+its pipe; one that hangs — silent for `heartbeat_timeout_s`, idle or busy, or
+its oldest batch running longer than `stuck_factor`·ℓ(b) + `stuck_margin_s`
+by `expected_latency` (app.runtime.watchdog) — is killed by a watchdog on the
+event loop. Either way DeviceDown is posted first (so the owner can re-plan
+the batches' requests), then a BatchFinished with the reason as its error for
+every batch in flight, and the executor is respawned in the background: a
+fresh process loads the same models and re-attaches the same arenas; DeviceUp
+reports it serving again (until then `alive()` is False).
 """
 
 from __future__ import annotations
@@ -62,6 +63,7 @@ from app.runtime.messages import (
     ToExecutor,
     config_to_dict,
 )
+from app.runtime.watchdog import Heartbeat, check_interval, hang_of
 
 log = logging.getLogger("app.runtime.pool")
 
@@ -84,6 +86,8 @@ class _Worker:
         # When the executor last made progress (a reply, or work given to an
         # idle executor): the oldest batch cannot have started before it.
         self.progress_at = 0.0
+        self.heartbeat: Heartbeat | None = None  # this process's (see app.runtime.watchdog)
+        self.serving_since = 0.0  # when it had loaded its models
         self.dead = False
         self.loading = False  # a respawned process loading its models
         self.stopping = False
@@ -118,6 +122,7 @@ class ExecutorPool:
         expected_latency: LatencyOf | None = None,
         stuck_factor: float = 10.0,
         stuck_margin_s: float = 1.0,
+        heartbeat_timeout_s: float = 0.8,
         load_timeout_s: float = 300.0,
         realtime_priority: int = 0,
     ) -> None:
@@ -144,6 +149,10 @@ class ExecutorPool:
         self.expected_latency = expected_latency
         self.stuck_factor = stuck_factor
         self.stuck_margin_s = stuck_margin_s
+        # ...and an executor silent this long is one too, idle or busy (0: off).
+        if heartbeat_timeout_s < 0:
+            raise ValueError(f"heartbeat_timeout_s must be ≥ 0, got {heartbeat_timeout_s}")
+        self.heartbeat_timeout_s = heartbeat_timeout_s
         self.load_timeout_s = load_timeout_s
         self.realtime_priority = realtime_priority  # the event loop's; see app.runtime.realtime
         self._tasks: set[asyncio.Task] = set()
@@ -206,7 +215,7 @@ class ExecutorPool:
         except BaseException:
             await self.stop(timeout=2.0)
             raise
-        if self.stuck_factor > 0:
+        if self.stuck_factor > 0 or self.heartbeat_timeout_s > 0:
             self._background(self._watchdog())
         for w in self._workers.values():
             log.info(
@@ -220,9 +229,12 @@ class ExecutorPool:
         ctx = mp.get_context("spawn")
         parent, child = ctx.Pipe(duplex=True)
         cancels_in, cancels_out = ctx.Pipe(duplex=False)
+        timeout = self.heartbeat_timeout_s
+        heartbeat = Heartbeat(ctx, timeout) if timeout > 0 else None
         process = ctx.Process(
             target=executor_main,
             args=(child, w.device.to_dict(), self.log_level, self.realtime_priority, cancels_in),
+            kwargs={"heartbeat": heartbeat},
             name=f"executor-{w.device.name}",
             daemon=True,
         )
@@ -238,6 +250,7 @@ class ExecutorPool:
             cancels_in.close()
         w.conn = parent
         w.cancels = cancels_out
+        w.heartbeat = heartbeat
         w.dead = False
         w.process = process
         self._add_reader(w)
@@ -287,31 +300,18 @@ class ExecutorPool:
             return
 
     async def _watchdog(self) -> None:
-        """Kill an executor whose oldest batch runs far beyond its profile."""
-        interval = min(0.1, max(self.stuck_margin_s / 4, 0.01))
+        """Kill an executor that stopped beating or whose oldest batch runs
+        far beyond its profile (the rules: app.runtime.watchdog)."""
+        interval = check_interval(self.stuck_factor, self.stuck_margin_s, self.heartbeat_timeout_s)
         while not self._stopped:
             await asyncio.sleep(interval)
-            latency_of = self.expected_latency
-            if latency_of is None:
-                continue
             now = time.monotonic()
             for w in self._workers.values():
-                if w.dead or w.loading or w.stopping or not w.inflight:
+                if w.dead or w.loading or w.stopping:
                     continue
-                batch_id = next(iter(w.inflight))  # executors run batches in order
-                model = w.inflight[batch_id]
-                size, start_at = w.sizes.get(batch_id, (1, now))
-                expected = latency_of(model, size)
-                if expected is None:
+                reason = hang_of(w, now, self)
+                if reason is None:
                     continue
-                running_since = max(start_at, w.progress_at)
-                limit = self.stuck_factor * expected + self.stuck_margin_s
-                if now - running_since <= limit:
-                    continue
-                reason = (
-                    f"executor {w.device.name} stuck: batch {batch_id} of {model} ×{size} "
-                    f"running {now - running_since:.2f} s, profile says {expected * 1000:.1f} ms"
-                )
                 log.error("%s; killing it", reason)
                 with contextlib.suppress(OSError):
                     w.process.kill()
@@ -332,6 +332,7 @@ class ExecutorPool:
                 w.load_errors[name] = err
                 log.warning("executor %s: model %s failed to load: %s", w.device.name, name, err)
         w.load_info.update(info)
+        w.serving_since = time.monotonic()
 
     # ------------------------------------------------------------- submit
     def submit(

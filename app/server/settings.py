@@ -194,6 +194,15 @@ class Settings:
         default=1.0,
         metadata=_setting("STUCK_MARGIN_S", Number(metavar="S"), "see `STUCK_FACTOR`"),
     )
+    heartbeat_timeout_s: float = field(
+        default=0.8,
+        metadata=_setting(
+            "HEARTBEAT_TIMEOUT_S",
+            Number(metavar="S"),
+            "an executor whose heartbeat (a thread of its own, 5 beats per timeout) stops "
+            "this long is hung, idle or busy: it is killed and handled as a crash (0: off)",
+        ),
+    )
     respawn: bool = field(
         default=True,
         metadata=_setting(

@@ -85,6 +85,7 @@ async def start_executors(
         respawn=settings.respawn,
         stuck_factor=settings.stuck_factor,
         stuck_margin_s=settings.stuck_margin_s,
+        heartbeat_timeout_s=settings.heartbeat_timeout_s,
         realtime_priority=settings.realtime_priority,
     )
     await pool.start()
