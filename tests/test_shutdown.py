@@ -1,7 +1,8 @@
 """SIGTERM and SIGINT under `python -m app serve` and `uvicorn app.main:app`
 (app/server/stop_signals.py, LiveService.begin_shutdown and stop).
 
-One emulated device runs one model with batches of one request that hold it
+First the hook itself, around a uvicorn Server's own handler. Then the
+daemon: one emulated device runs one model with batches of one request that hold it
 for ℓ; requests are sent and counted by the daemon before the signal, so at
 the signal one is running and the rest are queued behind it. Each test
 checks what a client and an operator see: every request answered (a result,
@@ -25,12 +26,79 @@ from pathlib import Path
 import httpx
 import pytest
 
+from app.server.stop_signals import HANDLED, StopSignals, safety_net_s
 from bench.daemon_launcher import free_port
 from bench.overload import executor_pids
 from tests.conftest import ROOT
 from tests.fakes import segments_of
 
-pytestmark = pytest.mark.slow
+# ------------------------------------------------------------ the signal hook
+
+
+def test_signals_start_the_drain_and_reach_uvicorn_only_as_should_exit():
+    import uvicorn
+
+    server = uvicorn.Server(uvicorn.Config(app=None))
+    calls: list[tuple[str, str]] = []
+    saved = {sig: signal.getsignal(sig) for sig in HANDLED}
+
+    async def scenario() -> None:
+        for sig in HANDLED:  # what uvicorn's capture_signals installs
+            signal.signal(sig, server.handle_exit)
+        hook = StopSignals(
+            asyncio.get_running_loop(),
+            2.5,
+            on_first=lambda name: calls.append(("first", name)),
+            on_again=lambda name: calls.append(("again", name)),
+        )
+        assert hook.install()
+        signal.raise_signal(signal.SIGTERM)
+        await asyncio.sleep(0)  # the callbacks run on the loop
+        assert calls == [("first", "SIGTERM")]
+        assert server.should_exit and not server.force_exit
+        assert server.config.timeout_graceful_shutdown == safety_net_s(2.5) == 3.5
+        signal.raise_signal(signal.SIGINT)  # uvicorn's handler would force the exit
+        signal.raise_signal(signal.SIGTERM)
+        await asyncio.sleep(0)
+        assert calls[1:] == [("again", "SIGINT"), ("again", "SIGTERM")]
+        assert not server.force_exit
+        # Nothing for capture_signals to raise again once it has shut down.
+        assert server._captured_signals == []
+        hook.restore()
+        assert all(signal.getsignal(sig) == server.handle_exit for sig in HANDLED)
+
+    try:
+        asyncio.run(scenario())
+    finally:
+        for sig, handler in saved.items():
+            signal.signal(sig, handler)
+
+
+def test_a_configured_graceful_timeout_is_kept_and_a_default_handler_is_not_hooked():
+    import uvicorn
+
+    server = uvicorn.Server(uvicorn.Config(app=None, timeout_graceful_shutdown=7))
+    saved = {sig: signal.getsignal(sig) for sig in HANDLED}
+
+    async def scenario() -> None:
+        signal.signal(signal.SIGTERM, server.handle_exit)
+        signal.signal(signal.SIGINT, signal.SIG_DFL)  # nothing to wrap: left alone
+        hook = StopSignals(asyncio.get_running_loop(), 1.0, lambda _: None, lambda _: None)
+        assert hook.install()
+        assert signal.getsignal(signal.SIGINT) == signal.SIG_DFL
+        signal.raise_signal(signal.SIGTERM)
+        await asyncio.sleep(0)
+        assert server.should_exit and server.config.timeout_graceful_shutdown == 7
+        hook.restore()
+
+    try:
+        asyncio.run(scenario())
+    finally:
+        for sig, handler in saved.items():
+            signal.signal(sig, handler)
+
+
+# ------------------------------------------------------------------ the daemon
 
 
 def _repository(root: Path, hold_ms: float) -> Path:
@@ -167,6 +235,7 @@ def _assert_refused_for_shutdown(answer: tuple[int, str, dict | str]) -> None:
     assert isinstance(body, dict) and body["reason"] == "shutting_down" and body["error"], body
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("command", ["serve", "uvicorn"])
 def test_sigterm_lets_requests_finish_for_the_grace_then_answers_the_rest_503(start, command):
     # ℓ = 0.8 s, grace 1 s: the running request finishes within the grace,
@@ -188,6 +257,7 @@ def test_sigterm_lets_requests_finish_for_the_grace_then_answers_the_rest_503(st
     _assert_clean_exit(daemon, shutdown)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("again", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
 def test_a_second_signal_ends_the_grace_at_once_and_still_answers_every_request(start, again):
     # A 30 s grace and six 2 s batches: without the second signal the
@@ -206,6 +276,7 @@ def test_a_second_signal_ends_the_grace_at_once_and_still_answers_every_request(
     _assert_clean_exit(daemon, shutdown)
 
 
+@pytest.mark.slow
 def test_a_request_completed_after_sigterm_is_refused_while_an_accepted_one_finishes(start):
     """A request still arriving at SIGTERM (its connection open, its body
     not yet whole) is new work: once whole, it is refused at once with 503
