@@ -79,6 +79,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     from app.api.received import receive_stamping_protocol
     from app.main import create_app
+    from app.server.stop_signals import safety_net_s
 
     settings = command.settings
     uvicorn.run(
@@ -87,7 +88,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         port=settings.port,
         log_level=command.log_level,
         http=receive_stamping_protocol(),
-        timeout_graceful_shutdown=int(settings.shutdown_grace_s) + 1,
+        timeout_graceful_shutdown=safety_net_s(settings.shutdown_grace_s),
     )
     return 0
 

@@ -1,8 +1,11 @@
 """The ASGI app: `uvicorn app.main:app` (settings from the environment) or
-`python -m app serve …`."""
+`python -m app serve …`. Its lifespan starts the service and, while it
+serves, hooks SIGTERM and SIGINT so that the shutdown's grace period starts
+at the signal under either (app/server/stop_signals.py)."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -14,6 +17,7 @@ from app.errors import ModelNotReady
 from app.server.live import LiveService
 from app.server.metrics import Metrics
 from app.server.settings import Settings
+from app.server.stop_signals import StopSignals
 
 log = logging.getLogger("app.server")
 
@@ -33,10 +37,21 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         except BaseException:
             await service.stop()
             raise
+        # From here a signal starts the drain at once (app/server/stop_signals.py).
+        signals = StopSignals(
+            asyncio.get_running_loop(),
+            settings.shutdown_grace_s,
+            on_first=service.begin_shutdown,
+            on_again=service.hurry,
+        )
+        signals.install()
         try:
             yield
         finally:
-            await service.stop()
+            try:
+                await service.stop()
+            finally:
+                signals.restore()
 
     def get_service() -> LiveService:
         service = holder.get("service")

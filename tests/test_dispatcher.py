@@ -13,7 +13,7 @@ import time
 import numpy as np
 import pytest
 
-from app.errors import Dropped, ExecutorFailed
+from app.errors import Dropped, ExecutorFailed, ShuttingDown
 from app.runtime.events import BatchFinished, BatchStopped, DeviceDown
 from app.scheduling import DeviceInfo, make_scheduler
 from app.scheduling.symphony import SymphonyScheduler
@@ -253,6 +253,32 @@ def test_shutdown_answers_every_waiting_request_and_disarms():
         assert dispatcher.fail_all(ExecutorFailed("stopping")) == 3
         assert all(isinstance(p.future.exception(), ExecutorFailed) for p in waiting)
         assert timer.when is None and dispatcher.pending == {}
+
+    asyncio.run(scenario())
+
+
+def test_after_shutdown_an_executors_late_report_answers_nobody_twice_and_dispatches_nothing():
+    """SIGTERM's end of grace: one batch is still running and two requests
+    wait behind it. fail_all answers all three, once; the running batch's
+    report then arrives (the executor finishes or is cancelled), and the
+    core — which would now dispatch the two waiting requests — is not asked."""
+
+    async def scenario() -> None:
+        core = make_scheduler("clockwork", [SLOW], devices(1))
+        dispatcher, executors, clock, _ = _single(core)
+        waiting = [dispatcher.submit_request("slow", i, SLOW.slo) for i in range(3)]
+        ((_, running, _, slots, _),) = executors.submits
+        assert slots == [0]  # the other two queue behind it
+        error = ShuttingDown("server shut down before this request finished")
+        assert dispatcher.fail_all(error) == 3
+        assert [p.future.exception() for p in waiting] == [error] * 3
+        clock.now = 0.021
+        dispatcher.post(BatchFinished(0, running, 0.0, 0.021))
+        dispatcher.post(BatchStopped(0, running, 0.021))
+        assert len(executors.submits) == 1 and dispatcher.pending == {}
+        assert [p.future.exception() for p in waiting] == [error] * 3
+        with pytest.raises(ShuttingDown):
+            dispatcher.submit_request("slow", 3, SLOW.slo)
 
     asyncio.run(scenario())
 

@@ -480,11 +480,10 @@ def test_overload_keeps_goodput_near_capacity_answers_the_excess_fast_and_recove
     assert on_time >= 0.95 * len(recovered)
 
 
-# After SIGTERM the daemon takes at most: uvicorn's graceful close
-# (SHUTDOWN_GRACE_S + 1 s), the service's drain (SHUTDOWN_GRACE_S), the pool's
-# wait for its executors (5 s) and their kill (2 s); _start sets
-# SHUTDOWN_GRACE_S = 2. Plus room for interpreter exit on a loaded machine.
-_SIGTERM_EXIT_BOUND_S = (2 + 1) + 2 + 5 + 2 + 5
+# After SIGTERM the daemon takes SHUTDOWN_GRACE_S (_start sets 2 s) to let
+# requests finish and answer the rest, then at most 2 s to stop its executors
+# and free shared memory (tests/test_shutdown.py); plus room for a loaded machine.
+_SIGTERM_EXIT_BOUND_S = 2 + 2 + 5
 
 
 def _wait(process: subprocess.Popen, timeout: float) -> int | None:
@@ -521,7 +520,7 @@ def test_sigterm_under_load_answers_everything_frees_shared_memory_and_restarts(
         stop_daemon(handle)  # nothing to do once it has exited; else it is killed
     # It exits, cleanly, within its bound.
     assert code is not None, f"daemon still running {_SIGTERM_EXIT_BOUND_S} s after SIGTERM"
-    assert code in (0, -signal.SIGTERM)
+    assert code == 0
     print(f"SIGTERM under load: exited in {exit_s:.2f} s")
     # Every request sent has exactly one answer: none lost, none twice.
     assert sorted(a.at for a in answers) == [i / rate for i in range(int(rate * seconds))]

@@ -172,8 +172,9 @@ def test_malformed_requests_get_4xx_and_server_keeps_serving(server, body, statu
 def test_sigterm_shuts_down_and_frees_shared_memory(server):
     process = server["process"]
     process.send_signal(signal.SIGTERM)
-    # uvicorn shuts down gracefully, then re-raises the signal it caught.
-    assert process.wait(timeout=30) in (0, -signal.SIGTERM)
+    # The app takes the signal from uvicorn (app/server/stop_signals.py):
+    # nothing is raised again after the graceful shutdown.
+    assert process.wait(timeout=30) == 0
     log = server["log"].read_text()
     assert "Application shutdown complete" in log, log
     # Only this daemon's arenas (their names carry its pid): tests of other

@@ -240,7 +240,7 @@ def test_serve_passes_its_settings_to_create_app(monkeypatch):
         9001,
         "warning",
     )
-    assert run["timeout_graceful_shutdown"] == 3
+    assert run["timeout_graceful_shutdown"] == 3.5  # the grace, then 1 s of safety net
 
 
 def test_a_refused_priority_names_how_it_was_given(monkeypatch, capsys):

@@ -157,7 +157,12 @@ class Dispatcher:
 
     def post(self, event: ExecutorEvent) -> None:
         """An event of the executor pool; handled now, or after the decisions
-        being carried out if it arrives while they are."""
+        being carried out if it arrives while they are. Once `fail_all` has
+        answered every request, events are only about batches whose requests
+        have their answer, and the cores are not asked again."""
+        if self.closing:
+            log.debug("after shutdown, not handled: %s", event)
+            return
         self._events.append(event)
         if not self._handling:
             self._run(lambda: None)
@@ -290,8 +295,13 @@ class Dispatcher:
     # -------------------------------------------------------------- shutdown
 
     def fail_all(self, error: Exception) -> int:
-        """Answer every request still waiting with `error`; return how many."""
+        """Answer every request still waiting with `error`; return how many.
+
+        The dispatcher is closed from then on: a request is refused, and an
+        executor's later report of a batch is not handed to its core (whose
+        next decision could dispatch requests already answered)."""
         self.closing = True
+        self._events.clear()
         waiting = [p.request for p in self.pending.values()]
         self._fail(waiting, error)
         if self._timer is not None:

@@ -4,9 +4,17 @@ Start-up (app/server/startup.py) loads the repository, starts one executor
 process per device, profiles the models and builds the scheduling cores;
 this module admits requests (queue and arena limits, SLO checks), hands
 them to the dispatcher, answers them from their shared-memory slots, and
-shuts down: refuse new requests, let in-flight ones finish for a grace
-period, answer the rest with an explicit error, stop executors, free shared
-memory.
+shuts down.
+
+Shutdown begins at SIGTERM or SIGINT (app/server/stop_signals.py hooks them
+for `begin_shutdown`), or when the app's lifespan ends without one: new
+requests are refused with 503 shutting_down at once; the ones accepted —
+queued or running — keep being scheduled for SHUTDOWN_GRACE_S; whatever is
+left then is answered 503 shutting_down (a second signal, `hurry`, ends the
+grace at once). Only then does `stop` cancel the batches still on the
+executors (their results have no one left to go to), stop the executors and
+free the shared memory. So every accepted request gets exactly one answer,
+and the server's own wait for open connections ends with the grace.
 """
 
 from __future__ import annotations
@@ -44,6 +52,10 @@ from app.server.startup import ModelState
 
 log = logging.getLogger("app.server")
 
+# At shutdown every request is answered and its batches cancelled: an
+# executor that has not exited by then is killed.
+_EXECUTOR_STOP_S = 1.0
+
 
 class LiveService:
     """Implements app.server.service.InferenceService over real executors."""
@@ -59,6 +71,8 @@ class LiveService:
         self.ready = False
         self.closing = False
         self._signals_task: asyncio.Task | None = None
+        self._drain: asyncio.Task | None = None  # the shutdown's grace period
+        self._hurried = False
         self._sched_before: SchedState | None = None  # the loop thread's, if changed
         # Per model, requests accepted and not yet answered (MAX_QUEUE).
         self._outstanding: dict[str, int] = {}
@@ -99,24 +113,53 @@ class LiveService:
             ", ".join(f"{n} on devices {list(s.devices)}" for n, s in self.models.items()),
         )
 
-    async def stop(self) -> None:
-        """Graceful shutdown: refuse new work, drain, fail the rest, free all."""
+    def begin_shutdown(self, why: str = "shutdown") -> None:
+        """Refuse new requests from now on; those accepted get the grace
+        period to finish, then 503 shutting_down (`stop` waits for that).
+        Idempotent; call on the event loop."""
+        if self.closing:
+            return
         self.closing = True
         self.ready = False
+        waiting = len(self.dispatcher.pending) if self.dispatcher is not None else 0
+        log.info(
+            "%s: refusing new requests; %d accepted get up to %.1f s to finish",
+            why,
+            waiting,
+            self.settings.shutdown_grace_s,
+        )
+        self._drain = asyncio.get_running_loop().create_task(self._drain_requests())
+
+    def hurry(self, why: str = "shutdown") -> None:
+        """End the grace period now: what is left is answered at once."""
+        if not self._hurried:
+            self._hurried = True
+            log.warning("%s again: ending the grace period", why)
+
+    async def _drain_requests(self) -> None:
         dispatcher = self.dispatcher
-        if dispatcher is not None:
-            deadline = asyncio.get_running_loop().time() + self.settings.shutdown_grace_s
-            while dispatcher.pending and asyncio.get_running_loop().time() < deadline:
-                await asyncio.sleep(0.01)
-            failed = dispatcher.fail_all(ShuttingDown("server shut down before this request ran"))
-            if failed:
-                log.warning("shutdown: answered %d waiting requests with an error", failed)
+        if dispatcher is None:
+            return
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.settings.shutdown_grace_s
+        while dispatcher.pending and not self._hurried and loop.time() < deadline:
+            await asyncio.sleep(0.01)
+        failed = dispatcher.fail_all(ShuttingDown("server shut down before this request finished"))
+        if failed:
+            log.warning("shutdown: answered %d unfinished requests with 503 shutting_down", failed)
+
+    async def stop(self) -> None:
+        """Graceful shutdown: refuse new work, drain, answer the rest, free all."""
+        self.begin_shutdown()
+        if self._drain is not None:
+            await self._drain
         if self._signals_task is not None:
             self._signals_task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._signals_task
         if self.pool is not None:
-            await self.pool.stop(timeout=5.0)
+            self._cancel_batches(self.pool)
+            await self.pool.stop(timeout=_EXECUTOR_STOP_S)
         for state in self.models.values():
             state.arena.close_and_unlink()
         thaw_heap()
@@ -124,6 +167,13 @@ class LiveService:
             restore(self._sched_before)
             self._sched_before = None
         log.info("shut down")
+
+    def _cancel_batches(self, pool: ExecutorPool) -> None:
+        """Every request is answered: stop the batches still queued or running
+        on the executors, so that stopping them does not wait for those."""
+        for device in self.devices:
+            for batch_id in pool.inflight(device.id):
+                pool.cancel(device.id, batch_id)
 
     def _device(self, device_id: int) -> ExecutorDevice:
         return next(d for d in self.devices if d.id == device_id)
@@ -232,7 +282,9 @@ class LiveService:
                 # The client went away; the executor may still write into
                 # the slot, so free it only once the request is answered.
                 release = False
-                pending.future.add_done_callback(lambda _f: self._settle(model, state, slot))
+                pending.future.add_done_callback(
+                    lambda future: self._abandoned(future, model, state, slot)
+                )
                 raise
             except Dropped as exc:
                 self.metrics.request_dropped(model, exc.reason)
@@ -265,6 +317,13 @@ class LiveService:
         finally:
             if release:
                 self._settle(model, state, slot)
+
+    def _abandoned(self, future: asyncio.Future, model: str, state: ModelState, slot: int) -> None:
+        """A request whose caller went away is answered: no one awaits its
+        error (asyncio would log it as never retrieved); free its slot."""
+        if not future.cancelled():
+            future.exception()
+        self._settle(model, state, slot)
 
     def _settle(self, model: str, state: ModelState, slot: int) -> None:
         """A request is answered: its slot and its place in the queue are free."""
