@@ -169,6 +169,15 @@ async def test_content_length_over_the_limit_is_413_before_the_body_is_read(path
     assert model in body["error"]
 
 
+async def test_a_repository_index_request_is_limited_to_64_kib(client):
+    """It carries no tensors: `{"ready": true}` at most, padded or not."""
+    padded = b'{"ready": true}' + b" " * (HEADER_ALLOWANCE - 15)
+    assert (await client.post("/v2/repository/index", content=padded)).status_code == 200
+    r = await client.post("/v2/repository/index", content=padded + b" ")
+    assert r.status_code == 413, r.text
+    assert f"exceeds {HEADER_ALLOWANCE} bytes" in r.json()["error"]
+
+
 async def test_unsupported_encoding_is_415_before_the_body_is_read(app):
     status, body, pulled = await asgi_post(
         app, "/v2/models/add_one/infer", {"content-encoding": "br"}, [b"x" * 100]
@@ -453,25 +462,26 @@ async def test_big_json_is_parsed_in_a_worker_thread_small_json_inline(monkeypat
     service = BundledService()
     app = create_api(lambda: service, Metrics())
     loop_thread = threading.current_thread().name
+    bodies_sent = {}
     async with _client(app) as c:
         for name, width in (("mlp", 4096), ("resnet50-emulated", 16)):
             data = _long_floats((1, width)).reshape(-1).tolist()
             req = {
                 "inputs": [{"name": "input", "shape": [1, width], "datatype": "FP32", "data": data}]
             }
-            r = await c.post(f"/v2/models/{name}/infer", json=req)
+            bodies_sent[name] = json.dumps(req).encode()
+            r = await c.post(f"/v2/models/{name}/infer", content=bodies_sent[name])
             assert r.status_code == 200, r.text
             r = await c.post("/infer", json={"model": name, "inputs": {"input": [data]}})
             assert r.status_code == 200, r.text
-    assert len(threads) == 4
+        # an error found in the worker thread is answered as any other
+        r = await c.post("/v2/models/mlp/infer", content=bodies_sent["mlp"][:-2])
+        assert r.status_code == 400 and "not valid JSON" in r.json()["error"], r.text
+    assert len(threads) == 5
     for size, thread in threads:
         if size > bodies.PARSE_IN_THREAD_BYTES:
             assert thread != loop_thread, (size, thread)
         else:
             assert thread == loop_thread, (size, thread)
-    assert sorted(size > bodies.PARSE_IN_THREAD_BYTES for size, _ in threads) == [
-        False,
-        False,
-        True,
-        True,
-    ]
+    big = sum(size > bodies.PARSE_IN_THREAD_BYTES for size, _ in threads)
+    assert big == 3  # mlp's v2, native and broken bodies

@@ -27,7 +27,9 @@ path before reading the body; the native `/infer` names it inside the body,
 so its body is read under the largest limit of the served models and then
 held to its own model's limit (`RequestLimits.any_model`).
 
-A model's limit is computed once per model config (`RequestLimits`).
+A model's limit is computed once per model config (`RequestLimits`). The
+body of `POST /v2/repository/index`, which carries no tensors, is limited to
+`HEADER_ALLOWANCE`.
 """
 
 from __future__ import annotations
@@ -104,6 +106,10 @@ class RequestLimits:
     def __init__(self, max_body_bytes: int) -> None:
         self.max_body_bytes = max_body_bytes
         self.server = BodyLimit(max_body_bytes, "MAX_BODY_BYTES")
+        # a repository index request is at most `{"ready": true}`: no tensors
+        self.index = BodyLimit(
+            min(HEADER_ALLOWANCE, max_body_bytes), "the limit of a repository index request"
+        )
         self._by_model: dict[tuple[str, str], tuple[ModelConfig, BodyLimit]] = {}
         self._any_model: tuple[InferenceService, tuple[str, ...], BodyLimit] | None = None
 

@@ -137,7 +137,7 @@ async def infer(ctx: ApiContext, name: str, version: str | None, request: Reques
 
 
 async def repository_index(ctx: ApiContext, request: Request) -> list[m.RepositoryModel]:
-    body = await read_body(request, ctx.limits.server)
+    body = await read_body(request, ctx.limits.index)
     ready_only = False
     if body.strip():
         req = parse_model(m.RepositoryIndexRequest, body)
