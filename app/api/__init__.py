@@ -18,6 +18,7 @@ The modules, from the wire inwards:
     v2_routes   the KServe v2 endpoints (metadata, health, readiness, infer, index)
     v2          the v2 codec: binary tensor data extension, requested outputs
     bodies      request bodies under the limit, parsing, JSON rendering of tensors
+    limits      each model's request-body limit, derived from its input shapes
     tensors     tensors: decoding, checks against the model config, encoding
     models      the pydantic request and response models
     errors      error classes, the JSON error body, exception handlers

@@ -8,8 +8,9 @@ as its first argument; the routers bind it, and the inference fast path
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
+from app.api.limits import RequestLimits
 from app.api.security import check_model_name, short_repr
 from app.errors import ModelNotFound
 from app.repository.config import ModelConfig
@@ -35,12 +36,17 @@ def server_version() -> str:
 class ApiContext:
     """The server as the endpoints see it: `get_service()`, called on every
     request (app.api.routes: why), the metrics `/metrics` serves, the cap on
-    request bodies (app.api.bodies) and the version the server reports."""
+    request bodies and each model's own limit under it (`limits`,
+    app.api.limits) and the version the server reports."""
 
     get_service: ServiceProvider
     metrics: Metrics
     max_body_bytes: int
     server_version: str
+    limits: RequestLimits = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "limits", RequestLimits(self.max_body_bytes))
 
 
 def lookup_model(service: InferenceService, name: str, version: str | None = None) -> ModelConfig:

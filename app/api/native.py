@@ -12,8 +12,9 @@ from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
 from app.api import models as m
-from app.api.bodies import TensorJSONResponse, parse_model, read_body, result_output
+from app.api.bodies import TensorJSONResponse, parse_body, read_body, result_output
 from app.api.context import ApiContext, lookup_model
+from app.api.errors import PayloadTooLarge
 from app.api.openapi import ERROR_RESPONSES, json_body
 from app.api.received import received_at
 from app.api.tensors import (
@@ -28,10 +29,13 @@ from app.api.tensors import (
 
 async def infer(ctx: ApiContext, request: Request) -> Response:
     """Run one inference (the route's endpoint and the fast path's)."""
-    body = await read_body(request, ctx.max_body_bytes)
-    req = parse_model(m.InferRequest, body)
     service = ctx.get_service()
+    body = await read_body(request, ctx.limits.any_model(service))
+    req = await parse_body(m.InferRequest, body)
     config = lookup_model(service, req.model)
+    limit = ctx.limits.for_model(config)
+    if len(body) > limit.bytes:  # the body names its model: held to its limit once parsed
+        raise PayloadTooLarge(limit.exceeded(f"request body of {len(body)} bytes"))
     check_input_names(config, list(req.inputs))
     specs = spec_map(config.inputs)
     inputs: dict[str, np.ndarray] = {}
@@ -39,7 +43,7 @@ async def infer(ctx: ApiContext, request: Request) -> Response:
         spec = specs[name]
         if isinstance(value, m.TensorData):
             shape = check_shape(
-                name, spec, value.shape, batch_optional=True, max_elements=ctx.max_body_bytes
+                name, spec, value.shape, batch_optional=True, max_elements=limit.bytes
             )
             inputs[name] = decode_json_tensor(name, spec, value.data, shape)
         else:

@@ -6,6 +6,14 @@ each input's batch dimension must be 1.
 
 Binary tensor data (KServe's binary extension) is little-endian, row-major;
 BOOL is one byte per element (0 or 1).
+
+JSON numbers must fit the input's datatype: an integer out of the integer
+type's range, or a finite number beyond FP16's or FP32's largest finite value
+(65504, about 3.4e38: e.g. 70000 in FP16, 1e39 in FP32) is a 400 naming the
+tensor, never a silent wrap or Infinity. NaN and ±Infinity (the JSON literals
+`NaN`, `Infinity`, `-Infinity`) are accepted in floating-point tensors as the
+values they name. FP64 takes every number JSON's parser gives. Binary tensor
+data is taken bit for bit.
 """
 
 from __future__ import annotations
@@ -143,7 +151,25 @@ def _as_numeric_array(name: str, spec: TensorSpec, data: Any) -> np.ndarray:
             )
         return raw.astype(target)
     with np.errstate(over="ignore", invalid="ignore"):
-        return raw.astype(target)  # floats: NaN/Inf are data, not errors
+        out = raw.astype(target)
+    if out.dtype != raw.dtype:  # narrowed: FP16/FP32 from JSON's float64 or integers
+        _check_float_range(name, spec, raw, out)
+    return out
+
+
+def _check_float_range(name: str, spec: TensorSpec, raw: np.ndarray, out: np.ndarray) -> None:
+    """A finite value that became ±Inf in `out` was out of the datatype's
+    range (NaN and ±Inf given as such are data, not errors)."""
+    if np.isfinite(out).all():
+        return
+    overflow = np.isinf(out) & np.isfinite(raw)
+    if overflow.any():
+        got = raw[overflow].flat[0].item()
+        hi = float(np.finfo(spec.dtype).max)
+        raise InvalidInput(
+            f"input '{name}': value out of range for {spec.datatype} "
+            f"(finite values up to ±{hi!r}; NaN and Infinity are accepted as such): got {got!r}"
+        )
 
 
 def _element_text(spec: TensorSpec) -> str:

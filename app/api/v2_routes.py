@@ -16,7 +16,7 @@ from fastapi.responses import Response
 
 from app.api import models as m
 from app.api import v2
-from app.api.bodies import parse_model, read_body
+from app.api.bodies import parse_body, parse_model, read_body
 from app.api.context import SERVER_NAME, ApiContext, lookup_model
 from app.api.errors import NotReady
 from app.api.openapi import (
@@ -115,7 +115,8 @@ async def infer(ctx: ApiContext, name: str, version: str | None, request: Reques
     """Run one inference (the routes' endpoint and the fast path's)."""
     service = ctx.get_service()
     config = lookup_model(service, name, version)
-    body = await read_body(request, ctx.max_body_bytes)
+    limit = ctx.limits.for_model(config)
+    body = await read_body(request, limit)
     header_value = request.headers.get(v2.HEADER_LENGTH)
     header, binary = v2.split_body(body, header_value)
     what = (
@@ -123,9 +124,9 @@ async def infer(ctx: ApiContext, name: str, version: str | None, request: Reques
         if header_value is None
         else f"JSON header (the first {len(header)} bytes, per {v2.HEADER_LENGTH})"
     )
-    req = parse_model(m.V2InferRequest, header, what)
+    req = await parse_body(m.V2InferRequest, header, what)
     inputs = v2.decode_inputs(
-        config, req, binary, None if header_value is None else len(header), ctx.max_body_bytes
+        config, req, binary, None if header_value is None else len(header), limit.bytes
     )
     chosen = v2.requested_outputs(config, req)
     slo_ms = resolve_slo(config, req.parameters.slo_ms if req.parameters else None)
@@ -136,7 +137,7 @@ async def infer(ctx: ApiContext, name: str, version: str | None, request: Reques
 
 
 async def repository_index(ctx: ApiContext, request: Request) -> list[m.RepositoryModel]:
-    body = await read_body(request, ctx.max_body_bytes)
+    body = await read_body(request, ctx.limits.index)
     ready_only = False
     if body.strip():
         req = parse_model(m.RepositoryIndexRequest, body)

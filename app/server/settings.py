@@ -249,7 +249,10 @@ class Settings:
     max_body_bytes: int = field(
         default=64 << 20,
         metadata=_setting(
-            "MAX_BODY_BYTES", Integer(1), "largest request body accepted (413 above)"
+            "MAX_BODY_BYTES",
+            Integer(1),
+            "largest request body accepted (413 above): the ceiling of each model's own "
+            "limit, derived from its input shapes",
         ),
     )
     admin_token: str | None = field(
