@@ -356,6 +356,15 @@ def test_emulated_pool_timing_echo_cancel_and_death():
             assert stopped.at < submitted + 2.0 and skipped.at >= stopped.at
             assert not pool.cancel(0, 4)
 
+            # A SIGTERM to the process group (systemd stopping the daemon)
+            # reaches the executor too: it leaves the stop to the parent.
+            pid = pool.pid(0)
+            os.kill(pid, signal.SIGTERM)
+            fut = done.expect(7)
+            pool.submit(0, 7, "emu", slots[:1], 0.0)
+            ran = await asyncio.wait_for(fut, 10)
+            assert ran.error is None and pool.pid(0) == pid and pool.alive(0)
+
             # An executor that dies fails its in-flight batches; the pool survives.
             lost = done.expect(5)
             pool.submit(0, 5, "slow", [s_slot], 0.0)

@@ -359,8 +359,11 @@ def executor_main(
         level=log_level,
         format=f"%(asctime)s executor[{name}] %(levelname)s %(message)s",
     )
-    # Ctrl-C reaches the whole process group; the parent stops us in order.
+    # Ctrl-C, and a SIGTERM to the process group (systemd's default kill
+    # mode, `kill -TERM -<pgid>`), reach us too; the parent drains and then
+    # stops us in order, so dying at once would only trigger a respawn.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     set_process_title(f"dsrv-{name}")
     tighten_timer_slack()
     if realtime_priority:  # inherited from the event loop's thread: step down
