@@ -5,13 +5,19 @@ these check the document's own claims where they are rules of the server:
 model names (pattern and length, as `check_model_name` enforces them), the
 statuses of the readiness routes (KServe: "no" is a 400, never 503), no 422
 on routes that cannot answer one, integers that JSON Schema calls integers,
-and the links a stateful client follows from the index to real models.
+and the links a stateful client follows from the index to real models. And
+schemathesis' CLI, every phase and check, finds nothing against a real daemon
+whose torch model did not load.
 """
 
 from __future__ import annotations
 
 import itertools
 import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -21,6 +27,7 @@ from app.api import create_api
 from app.api.security import MAX_MODEL_NAME_LENGTH, check_model_name
 from app.errors import InvalidInput
 from app.server.metrics import Metrics
+from app.server.settings import BUNDLED_REPOSITORY
 from tests.fakes import FakeService
 
 DOC: dict[str, Any] = create_api(lambda: FakeService(), Metrics()).openapi()
@@ -115,3 +122,37 @@ async def test_integers_are_json_schema_integers(size, status):
     assert r.status_code == status, r.text
     if status == 422:
         assert "binary_data_size" in r.json()["error"]
+
+
+@pytest.mark.slow
+def test_schemathesis_cli_against_a_daemon_without_torch(launch_daemon, tmp_path):
+    """The CLI, every phase and check, against a real daemon whose torch model
+    did not load: torch hidden as on an install without the extra, the model
+    file not built (the bundled repository's state there)."""
+    repository = tmp_path / "models"
+    for name in ("resnet50-emulated", "torchcnn"):
+        skip = shutil.ignore_patterns("*.pt", "profile.*")
+        shutil.copytree(BUNDLED_REPOSITORY / name, repository / name, ignore=skip)
+    (tmp_path / "hidden" / "torch").mkdir(parents=True)
+    (tmp_path / "hidden" / "torch" / "__init__.py").write_text("raise ImportError('hidden')\n")
+    hidden = {"PYTHONPATH": str(tmp_path / "hidden")}
+    daemon = launch_daemon(repository, emulated_devices=1, cpu_slices=0, extra_env=hidden)
+    index = {e["name"]: e for e in httpx.post(f"{daemon.url}/v2/repository/index").json()}
+    assert index["torchcnn"]["state"] == "UNAVAILABLE"
+    reason = "torchcnn/config.yaml: model_file: model file not found: torchcnn/model.pt"
+    assert index["torchcnn"]["reason"] == reason  # relative to the repository
+    config = Path(__file__).with_name("schemathesis.toml")  # tests/test_fuzz.py's
+    command = [sys.executable, "-m", "schemathesis.cli", "--config-file", str(config)]
+    options = ["--checks", "all", "--max-examples", "5", "--seed", "1", "--workers", "1"]
+    result = subprocess.run(
+        [*command, "run", f"{daemon.url}/openapi.json", *options],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stdout[-5000:]
+    counts = re.search(r"(\d+) generated, (\d+) passed", result.stdout)
+    assert counts and counts[1] == counts[2] and int(counts[1]) > 100, result.stdout[-2000:]
+    for phase in ("Examples", "Coverage", "Fuzzing", "Stateful"):
+        assert f"✅ {phase}" in result.stdout, phase
