@@ -13,6 +13,7 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI
 
 from app.api import create_api
+from app.api.security import exposure_warning
 from app.errors import ModelNotReady
 from app.server.live import LiveService
 from app.server.metrics import Metrics
@@ -25,6 +26,9 @@ log = logging.getLogger("app.server")
 def create_app(settings: Settings | None = None) -> FastAPI:
     settings = settings or Settings.from_env()
     _ensure_logging()
+    warning = exposure_warning(settings.admin_token, settings.host)
+    if warning:
+        log.warning(warning)
     metrics = Metrics()
     holder: dict[str, LiveService] = {}
 

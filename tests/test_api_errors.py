@@ -81,7 +81,7 @@ BAD = [
     ("v2-missing-inputs", "/v2/models/add_one/infer", {"id": "1"}, {}, 422, ["inputs"]),
     ("v2-shape-not-ints", "/v2/models/add_one/infer", v2_body(shape=[1, "4"]), {}, 422,
      ["input 'x'", "shape[1]"]),
-    ("v2-shape-floats", "/v2/models/add_one/infer", v2_body(shape=[1.0, 4.0]), {}, 422,
+    ("v2-shape-floats", "/v2/models/add_one/infer", v2_body(shape=[1.0, 4.5]), {}, 422,
      ["input 'x'"]),
     ("v2-negative-binary-size", "/v2/models/add_one/infer",
      v2_body(parameters={"binary_data_size": -4}), {}, 422, ["input 'x'", "binary_data_size"]),

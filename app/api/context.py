@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 from app.api.limits import RequestLimits
 from app.api.security import check_model_name, short_repr
-from app.errors import ModelNotFound
+from app.errors import ModelNotFound, ModelNotReady
 from app.repository.config import ModelConfig
 from app.server.metrics import Metrics
 from app.server.service import InferenceService
@@ -51,12 +51,21 @@ class ApiContext:
 
 def lookup_model(service: InferenceService, name: str, version: str | None = None) -> ModelConfig:
     """The model's config; `name` is checked to be a safe model name first, so
-    the service is never asked about `../x`, absolute paths or NUL bytes."""
+    the service is never asked about `../x`, absolute paths or NUL bytes.
+
+    The answers name only the model asked for: not the other models (a 404
+    is no directory listing), nor why a model failed to load (its error names
+    files; the log has it, the repository index a repository-relative form)."""
     check_model_name(name)
     try:
         config = service.model_config(name)
-    except KeyError:
+    except (KeyError, ModelNotFound):
         raise ModelNotFound(f"unknown model {short_repr(name)}") from None
+    except ModelNotReady:
+        raise ModelNotReady(
+            f"model {short_repr(name)} is unavailable: it did not load, or no device can run it "
+            "(the repository index gives the reason)"
+        ) from None
     if version is not None and version != config.version:
         raise ModelNotFound(
             f"model {short_repr(name)} has no version {short_repr(version)} "

@@ -9,6 +9,13 @@ cannot be a model's (`../x`, NUL bytes, ...) 400 before the service is asked;
 management routes without a valid token 401, or 403 when they are off (see
 app.api.security); anything unexpected 500 (logged).
 
+An answer names no file or host detail: a 500 says only that the log has the
+details (an exception's text may name files), and the message of a server-side
+error (5xx: a model's load error, an executor's failure) has its absolute
+paths cut to their last component (`hide_paths`); the log keeps the whole
+message. Messages of 4xx errors are about the request and echo only what the
+client sent.
+
 `install_error_handlers` gives a FastAPI app these answers; without them errors
 would get FastAPI's default bodies. The inference fast path answers with the
 same functions (`serving_error_response`, `unexpected_error_response`).
@@ -17,6 +24,7 @@ same functions (`serving_error_response`, `unexpected_error_response`).
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Sequence
 from typing import Any
 
@@ -72,18 +80,36 @@ def error_response(
     return JSONResponse(body, status_code=status, headers=headers)
 
 
+# An absolute path: a '/' that starts a word (not after a letter, digit, '.',
+# ':' or '/', so neither "1/2", "a/b" nor a URL's "//"), and what follows it up
+# to a space, quote, bracket, comma or colon.
+_ABSOLUTE_PATH = re.compile(r"(?<![\w.:/])/(?:[^\s'\"()\[\],:;]*/)*([^\s'\"()\[\],:;/]*)")
+
+
+def hide_paths(text: str) -> str:
+    """`text` with each absolute path cut to its last component
+    ("/srv/models/x/config.yaml: ..." → "config.yaml: ...")."""
+    return _ABSOLUTE_PATH.sub(lambda match: match.group(1) or "<path>", text)
+
+
 def serving_error_response(request: Request, exc: ServingError) -> Response:
     """The JSON error answer to a ServingError (FastAPI's handler and the fast path)."""
     headers = dict(getattr(exc, "headers", None) or {})
     if isinstance(exc, Overloaded):
         headers.setdefault("Retry-After", "1")
-    if exc.status >= 500 and exc.status != 503:
-        log.error("%s %s: %s", request.method, request.url.path, exc.message)
-    return error_response(exc.status, exc.message, exc.reason, headers or None)
+    message = exc.message
+    if exc.status >= 500:
+        if exc.status != 503:
+            log.error("%s %s: %s", request.method, request.url.path, message)
+        message = hide_paths(message)
+    return error_response(exc.status, message, exc.reason, headers or None)
 
 
 def unexpected_error_response(exc: Exception) -> JSONResponse:
-    return error_response(500, f"internal error: {type(exc).__name__}: {exc}", "internal")
+    """500; the exception goes to the log (its text may name files), not to the client."""
+    return error_response(
+        500, f"internal error ({type(exc).__name__}); the server log has the details", "internal"
+    )
 
 
 def install_error_handlers(app: FastAPI) -> None:

@@ -14,12 +14,32 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
+
+from app.api.security import MAX_MODEL_NAME_LENGTH
 
 MAX_SLO_MS = 3_600_000.0  # 1 hour: a larger per-request SLO is a client's mistake
+# A model name as app.repository.loader.validate_model_name allows it: letters,
+# digits, '_', '.' and '-', no '..' and not '.' (single dots between runs of the
+# other characters, optionally one first and one last). Documented on every
+# model name in the OpenAPI document; the server checks it itself (400
+# invalid_model_name, app.api.security.check_model_name).
+MODEL_NAME_PATTERN = r"^\.?[A-Za-z0-9_-]+(\.[A-Za-z0-9_-]+)*\.?$"
+MODEL_NAME_SCHEMA = {"pattern": MODEL_NAME_PATTERN, "maxLength": MAX_MODEL_NAME_LENGTH}
 
-StrictNonNegInt = Annotated[int, Field(strict=True, ge=0)]
-StrictInt = Annotated[int, Field(strict=True)]
+
+def _integral_float_to_int(value: Any) -> Any:
+    # JSON Schema's "integer" is a number without a fraction, so 12.0 is one
+    # (as in Triton's JSON parser); 12.5, "12" and true stay errors (422).
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return value
+
+
+# Integers in request bodies: JSON integers, or numbers with a zero fraction
+# (the constraints first: the validator wraps them, and the schema keeps them).
+WholeInt = Annotated[int, Field(strict=True), BeforeValidator(_integral_float_to_int)]
+WholeNonNegInt = Annotated[int, Field(strict=True, ge=0), BeforeValidator(_integral_float_to_int)]
 SloMs = Annotated[
     float,
     Field(
@@ -72,7 +92,7 @@ class TensorData(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     data: list[Any] = Field(description=NESTED_DATA_DESCRIPTION)
-    shape: list[StrictInt] = Field(
+    shape: list[WholeInt] = Field(
         description="Shape; the leading batch dimension (1) may be omitted.",
         examples=[[1, 4]],
     )
@@ -91,7 +111,7 @@ class InferRequest(BaseModel):
         },
     )
 
-    model: str = Field(description="Model name.")
+    model: str = Field(description="Model name.", json_schema_extra=MODEL_NAME_SCHEMA)
     inputs: dict[str, list[Any] | TensorData] = Field(
         description=(
             "Input tensors by name: a nested array (the leading batch dimension of 1 may be "
@@ -192,7 +212,7 @@ class ModelConfigResponse(BaseModel):
 class V2InputParameters(BaseModel):
     model_config = ConfigDict(extra="allow")
 
-    binary_data_size: StrictNonNegInt | None = Field(
+    binary_data_size: WholeNonNegInt | None = Field(
         default=None,
         description=(
             "Binary tensor data extension: the tensor's bytes (little-endian, row-major) "
@@ -203,7 +223,7 @@ class V2InputParameters(BaseModel):
 
 class V2RequestInput(BaseModel):
     name: str
-    shape: list[StrictInt] = Field(description="Shape, batch dimension first; it must be 1.")
+    shape: list[WholeInt] = Field(description="Shape, batch dimension first; it must be 1.")
     datatype: str = Field(description=DATATYPE_DESCRIPTION)
     parameters: V2InputParameters | None = None
     data: list[Any] | None = Field(
@@ -219,7 +239,7 @@ class V2RequestedOutputParameters(BaseModel):
         description="Return this output as binary data (overrides binary_data_output).",
         strict=True,
     )
-    classification: StrictNonNegInt | None = Field(
+    classification: WholeNonNegInt | None = Field(
         default=None, description="Classification extension: not supported, must be 0."
     )
 

@@ -5,6 +5,14 @@ FastAPI sees no body parameter; each route names its request model through
 `openapi_extra` (`json_body`, `V2_INFER_EXTRA`), and `add_request_schemas` puts
 those models into the document's components. Errors are documented as the
 API's `ErrorResponse` (app.api.errors), FastAPI's HTTPValidationError never.
+
+The document says what the server enforces, so that a client (or a fuzzer,
+tests/test_fuzz.py) can trust it: every model name, in a path or in the native
+body, declares the pattern and length `check_model_name` allows (a name
+outside them is a 400, a name inside them that no model has a 404); each
+operation lists every status it answers with; and OpenAPI links lead from the
+repository index and from a model's metadata to the routes that take the
+model's name, so that a stateful client walks from the index to real models.
 """
 
 from __future__ import annotations
@@ -36,7 +44,11 @@ ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
     },
 }
 _UNAVAILABLE = {
-    503: {"model": m.ErrorResponse, "description": "The server is starting or shutting down."}
+    503: {
+        "model": m.ErrorResponse,
+        "description": "The model is unavailable (it did not load, or no device can run it), "
+        "or the server is starting or shutting down.",
+    }
 }
 # routes that look a model up by the name in their path
 NOT_FOUND_RESPONSES: dict[int | str, dict[str, Any]] = {
@@ -125,6 +137,49 @@ V2_INFER_RESPONSES: dict[int | str, dict[str, Any]] = {
 }
 
 
+def _model_link(operation_id: str, name: str, version: str | None = None) -> dict[str, Any]:
+    parameters = {"name": name}
+    if version is not None:
+        parameters["version"] = version
+    return {"operationId": operation_id, "parameters": parameters}
+
+
+def _links(name: str, version: str | None) -> dict[str, Any]:
+    """Links from a response that names a model (`name`, `version`: runtime
+    expressions) to the routes that take it."""
+    links = {
+        "ModelMetadata": _model_link("v2_model_metadata", name),
+        "ModelConfig": _model_link("v2_model_config", name),
+        "ModelReady": _model_link("v2_model_ready", name),
+        "ModelInfer": _model_link("v2_infer", name),
+        "NativeInfer": {"operationId": "infer", "requestBody": {"model": name}},
+    }
+    if version is not None:
+        links["ModelVersionMetadata"] = _model_link("v2_model_version_metadata", name, version)
+        links["ModelVersionConfig"] = _model_link("v2_model_version_config", name, version)
+        links["ModelVersionReady"] = _model_link("v2_model_version_ready", name, version)
+        links["ModelVersionInfer"] = _model_link("v2_infer_version", name, version)
+    return links
+
+
+# operationId → the links of its 200 answer
+LINKS: dict[str, dict[str, Any]] = {
+    "v2_repository_index": _links("$response.body#/0/name", "$response.body#/0/version"),
+    "v2_model_metadata": _links("$response.body#/name", "$response.body#/versions/0"),
+}
+MODEL_NAME_PARAMETER = "name"  # the path parameter of every /v2/models/{name} route
+
+
+def _declare_model_names(operation: dict[str, Any]) -> None:
+    for parameter in operation.get("parameters", []):
+        if parameter.get("in") == "path" and parameter.get("name") == MODEL_NAME_PARAMETER:
+            parameter["schema"].update(m.MODEL_NAME_SCHEMA)
+            parameter.setdefault(
+                "description",
+                "Model name: letters, digits, '_', '.' and '-', without '..' (else 400).",
+            )
+
+
 def add_request_schemas(app: FastAPI) -> None:
     """Put the hand-validated request models into the OpenAPI components."""
     original = app.openapi
@@ -147,7 +202,18 @@ def add_request_schemas(app: FastAPI) -> None:
             for op in ops.values():
                 resp = op.get("responses", {}).get("422")
                 if resp and "HTTPValidationError" in json.dumps(resp):
-                    resp["content"] = {"application/json": {"schema": schema_ref(m.ErrorResponse)}}
+                    if "requestBody" not in op:
+                        # FastAPI's own for string path parameters, which
+                        # cannot fail its validation: never answered
+                        del op["responses"]["422"]
+                    else:
+                        resp["content"] = {
+                            "application/json": {"schema": schema_ref(m.ErrorResponse)}
+                        }
+                _declare_model_names(op)
+                links = LINKS.get(op.get("operationId", ""))
+                if links and "200" in op.get("responses", {}):
+                    op["responses"]["200"]["links"] = links
         if "HTTPValidationError" not in json.dumps(schema.get("paths", {})):
             components.pop("HTTPValidationError", None)
             components.pop("ValidationError", None)

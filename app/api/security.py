@@ -16,8 +16,12 @@ guard it made: `Depends(app.state.require_admin)`.
 | no               | non-loopback      | 403: management is off until ADMIN_TOKEN is set |
 
 The token is the `ADMIN_TOKEN` setting (`Settings.admin_token`, also
-`--admin-token`); the comparison is constant-time. Inference, health, metadata
-and metrics routes never need the token.
+`--admin-token`); the comparison is constant-time. Inference, health, metadata,
+repository index and metrics routes never need the token. No management route
+exists yet: the guard is ready for the first one. `exposure_warning` is the
+line the server logs at start when it binds a non-loopback address without a
+token, so that an operator sees the server is reachable from other machines and
+that management is off.
 
 `check_model_name` is applied to every model name that comes from a request
 (URL path or body) before the service is asked about it, so a name can never
@@ -104,6 +108,19 @@ def management_enabled(token: str | None, host: str) -> bool:
     return bool(token) or is_loopback(host)
 
 
+def exposure_warning(token: str | None, host: str) -> str | None:
+    """What to log at start when binding `host` without a token exposes the
+    server beyond this machine (None on a loopback host or with a token)."""
+    if management_enabled(token, host):
+        return None
+    return (
+        f"binding {host!r}, which is not a loopback address: the server is reachable from "
+        f"other machines, and without {ADMIN_TOKEN_ENV} management routes are off "
+        f"(403); set {ADMIN_TOKEN_ENV} to enable them, or HOST=127.0.0.1 to serve this "
+        "machine only"
+    )
+
+
 _bearer = HTTPBearer(
     auto_error=False,
     description=f"Management routes: `Authorization: Bearer <{ADMIN_TOKEN_ENV}>`.",
@@ -147,6 +164,7 @@ __all__ = [
     "ManagementDisabled",
     "Unauthorized",
     "check_model_name",
+    "exposure_warning",
     "is_loopback",
     "management_enabled",
     "require_token",

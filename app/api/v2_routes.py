@@ -2,8 +2,17 @@
 
 Server metadata and health, model metadata, configuration (Triton-style) and
 readiness (each also under `/versions/{version}`), inference with the binary
-tensor data extension (codec: app.api.v2) and the repository index. A health
-or readiness check that answers "no" is a 400 (`NotReady`), as KServe asks.
+tensor data extension (codec: app.api.v2) and the repository index.
+
+A health or readiness check that answers "no" is a 400 (`NotReady`), as KServe
+asks: `/v2/health/ready` and `/v2/models/{name}/ready` answer 200 or 400 (and
+404 for an unknown model), never 503, whether the model has no live device,
+failed to load, or the server is starting or shutting down. The other model
+routes answer 503 for a model that is unavailable.
+
+Nothing in an answer names a server path: the index gives a model's load error
+with its paths cut (app.api.errors.hide_paths; the service gives them relative
+to the repository), the log has the whole text.
 """
 
 from __future__ import annotations
@@ -18,7 +27,7 @@ from app.api import models as m
 from app.api import v2
 from app.api.bodies import parse_body, parse_model, read_body
 from app.api.context import SERVER_NAME, ApiContext, lookup_model
-from app.api.errors import NotReady
+from app.api.errors import MalformedRequest, NotReady, hide_paths
 from app.api.openapi import (
     ERROR_RESPONSES,
     NOT_FOUND_RESPONSES,
@@ -27,8 +36,9 @@ from app.api.openapi import (
     json_body,
 )
 from app.api.received import received_at
+from app.api.security import short_repr
 from app.api.tensors import resolve_slo
-from app.errors import ServingError
+from app.errors import ModelNotReady, ServingError
 
 EXTENSIONS = ["binary_tensor_data", "model_configuration"]
 
@@ -42,7 +52,7 @@ def health_ready(ctx: ApiContext) -> m.ReadyResponse:
         service = ctx.get_service()
         ready = bool(service.server_ready())
     except ServingError as e:
-        raise NotReady(f"server not ready: {e.message}") from None
+        raise NotReady(f"server not ready: {hide_paths(e.message)}") from None
     capacity_of = getattr(service, "capacity", None)
     capacity = capacity_of() if callable(capacity_of) else {}
     if not ready:
@@ -104,10 +114,19 @@ def model_config(ctx: ApiContext, name: str, version: str | None) -> m.ModelConf
 
 
 def model_ready(ctx: ApiContext, name: str, version: str | None) -> m.ModelReadyResponse:
-    service = ctx.get_service()
-    lookup_model(service, name, version)
+    """200 ready; 400 not ready (unavailable, or the server starting or
+    stopping); 404 unknown model or version."""
+    try:
+        service = ctx.get_service()
+        lookup_model(service, name, version)
+    except ModelNotReady as e:
+        raise NotReady(e.message) from None
+    except ServingError as e:
+        if e.status < 500:
+            raise
+        raise NotReady(f"model {short_repr(name)} is not ready: {hide_paths(e.message)}") from None
     if not service.model_ready(name):
-        raise NotReady(f"model '{name}' is not ready")
+        raise NotReady(f"model {short_repr(name)} is not ready")
     return m.ModelReadyResponse(name=name, ready=True)
 
 
@@ -137,20 +156,31 @@ async def infer(ctx: ApiContext, name: str, version: str | None, request: Reques
 
 
 async def repository_index(ctx: ApiContext, request: Request) -> list[m.RepositoryModel]:
+    """Every model (an empty body) or the ready ones (`{"ready": true}`); a
+    body that is not JSON, whitespace only included, is a 400 like any other."""
     body = await read_body(request, ctx.limits.index)
     ready_only = False
-    if body.strip():
+    if body:
+        if not body.strip():
+            raise MalformedRequest("request body is not valid JSON (only whitespace)")
         req = parse_model(m.RepositoryIndexRequest, body)
         ready_only = bool(req.ready)
     entries = [m.RepositoryModel.model_validate(e) for e in ctx.get_service().repository_index()]
+    for entry in entries:
+        if entry.reason:
+            entry.reason = hide_paths(entry.reason)
     if ready_only:
         entries = [e for e in entries if e.state == "READY"]
     return entries
 
 
 _READY_RESPONSES: dict[int | str, dict[str, Any]] = {
-    **NOT_FOUND_RESPONSES,
-    400: {"model": m.ErrorResponse, "description": "Not ready, or not a valid model name."},
+    400: {
+        "model": m.ErrorResponse,
+        "description": "Not ready (`reason` not_ready: unavailable, or the server is starting "
+        "or shutting down), or not a valid model name.",
+    },
+    404: NOT_FOUND_RESPONSES[404],
 }
 
 

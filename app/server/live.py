@@ -225,10 +225,13 @@ class LiveService:
             }
             for name, state in self.models.items()
         ]
-        index += [
-            {"name": name, "version": "1", "state": "UNAVAILABLE", "reason": reason}
-            for name, reason in self.unavailable.items()
-        ]
+        # A load error names its files: relative to the repository in an answer.
+        repository = self.settings.repository
+        roots = {str(repository.resolve()).rstrip("/") + "/", str(repository).rstrip("/") + "/"}
+        for name, reason in self.unavailable.items():
+            for root in sorted(roots, key=len, reverse=True):
+                reason = reason.replace(root, "")
+            index.append({"name": name, "version": "1", "state": "UNAVAILABLE", "reason": reason})
         return sorted(index, key=lambda entry: entry["name"])
 
     async def infer(

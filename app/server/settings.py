@@ -261,7 +261,7 @@ class Settings:
         metadata=_setting(
             "ADMIN_TOKEN",
             Text(metavar="TOKEN"),
-            "bearer token for the management routes (off on non-loopback hosts without one)",
+            "bearer token that management routes will require (none exists yet; see Exposure)",
             shown="none",
         ),
     )
