@@ -82,7 +82,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    console = Console(stderr=True)
+    console = Console(stderr=True, width=None if Console(stderr=True).is_terminal else 160)
     if args.list:
         for spec in ATTACKS:
             print(f"{spec.name:18} {spec.description}")

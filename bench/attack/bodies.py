@@ -63,7 +63,7 @@ async def gzip_bomb_attack(ctx: Context) -> None:
 
     async def one(at: float) -> None:
         await asyncio.sleep(at)
-        result = await exchange(ctx.host, ctx.port, [head, bomb], timeout_s=30.0)
+        result = await exchange(ctx.host, ctx.port, [head, bomb], timeout_s=60.0)
         exchanges.append(result)
         _record(ctx, exchanges)
 
@@ -99,6 +99,8 @@ async def big_json_attack(ctx: Context) -> None:
         )
         for done in sent
     ]
+    for task, done in zip(big, sent, strict=True):  # answered early: through as well
+        task.add_done_callback(lambda _, done=done: done.set())
     # The burst starts once the bodies are through, while the server works on them.
     with contextlib.suppress(TimeoutError):
         await asyncio.wait_for(asyncio.gather(*(e.wait() for e in sent)), 30.0)
