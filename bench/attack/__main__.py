@@ -31,6 +31,9 @@ from bench.attack.proc import raise_nofile_limit
 from bench.attack.report import markdown, print_tables
 from bench.attack.runner import Options, run_attack
 
+# Files this process opens at once, beyond the few it always has: connections.
+_FILES_NEEDED = {"idle-connections": IDLE_CONNECTIONS + 200, "big-json": 1000 + 200}
+
 
 def _setting(text: str) -> tuple[str, str]:
     name, sep, value = text.partition("=")
@@ -93,10 +96,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"python -m bench.attack: error: {exc}", file=sys.stderr)
         return 2
     limit = raise_nofile_limit()
-    if limit < IDLE_CONNECTIONS + 200 and any(s.name == "idle-connections" for s in specs):
+    needed = max(_FILES_NEEDED.get(spec.name, 64) for spec in specs)
+    if limit < needed:
         print(
-            f"python -m bench.attack: error: this process may open {limit} files; the "
-            f"idle-connections attack needs {IDLE_CONNECTIONS + 200} (raise `ulimit -Hn`)",
+            f"python -m bench.attack: error: this process may open {limit} files; "
+            f"{', '.join(s.name for s in specs)} need {needed} (raise `ulimit -Hn`)",
             file=sys.stderr,
         )
         return 2
