@@ -49,6 +49,14 @@ async def _probe(url: str) -> tuple[str, float]:
     return str(reply.status_code), time.monotonic() - started
 
 
+def _open_files(pid: int) -> int | None:
+    """How many file descriptors process `pid` has open (None if unreadable)."""
+    try:
+        return len(os.listdir(f"/proc/{pid}/fd"))
+    except OSError:
+        return None
+
+
 async def _respawn_s(ctx: Context, timeout_s: float) -> tuple[float | None, str]:
     """SIGKILL executor `VICTIM`; seconds until the log reports it serving
     again (None: not within `timeout_s`), and what happened."""
@@ -72,11 +80,16 @@ async def idle_connections_attack(ctx: Context) -> None:
     `PROBES` normal requests on new connections and one executor SIGKILL."""
     hold_s = 8.0 if ctx.quick else 30.0
     started = time.monotonic()
+    connected: list[float] = []
     holders = [
-        asyncio.create_task(hold_open(ctx.host, ctx.port, started)) for _ in range(IDLE_CONNECTIONS)
+        asyncio.create_task(hold_open(ctx.host, ctx.port, started, connected))
+        for _ in range(IDLE_CONNECTIONS)
     ]
     ctx.result.sent = IDLE_CONNECTIONS
     await asyncio.sleep(1.0)  # all connected (or queued in the listen backlog)
+    ctx.result.details.update(
+        connected_before_probes=len(connected), daemon_fds_before_probes=_open_files(ctx.pid)
+    )
     probes = [await _probe(ctx.handle.url) for _ in range(PROBES)]
     slowest = max(latency for _, latency in probes)
     respawn_s, respawn_note = await _respawn_s(ctx, timeout_s=10.0)
@@ -120,6 +133,7 @@ async def idle_connections_attack(ctx: Context) -> None:
     ctx.result.unanswered = outcomes.pop("unanswered", 0)
     ctx.result.statuses = dict(outcomes)
     ctx.result.details.update(
+        connected=len(connected),
         hold_s=hold_s,
         first_close_s=round(min(closed_after), 2) if closed_after else None,
         last_close_s=round(max(closed_after), 2) if closed_after else None,

@@ -220,14 +220,19 @@ class NormalClient:
         )
 
 
-async def hold_open(host: str, port: int, started: float) -> tuple[float | None, str]:
+async def hold_open(
+    host: str, port: int, started: float, connected: list[float] | None = None
+) -> tuple[float | None, str]:
     """Open a connection, send nothing; (seconds from `started` until the
     server closed it, or None while it stays open) — cancel to give up. The
-    second item is "refused" if it could not connect."""
+    second item is "refused" if it could not connect. When the connection is
+    up, its time (from `started`) is appended to `connected`."""
     try:
         reader, writer = await asyncio.open_connection(host, port)
     except OSError as exc:
         return None, f"refused ({type(exc).__name__})"
+    if connected is not None:
+        connected.append(time.monotonic() - started)
     try:
         with contextlib.suppress(ConnectionError, OSError):
             await reader.read(1)
