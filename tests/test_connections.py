@@ -350,15 +350,21 @@ def test_a_chunked_body_growing_past_the_budget_is_answered_503_and_its_app_disc
 
 def test_a_chunked_body_over_max_body_bytes_is_answered_413():
     async def scenario() -> None:
-        protocol, transport = _protocol(RecordingApp(), ConnectionLimits(max_body_bytes=150))
+        app = RecordingApp()
+        protocol, transport = _protocol(app, ConnectionLimits(max_body_bytes=150))
         protocol.data_received(b"POST / HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n")
         protocol.data_received(b"64\r\n" + b"x" * 100 + b"\r\n")
         assert not transport.closed
-        protocol.data_received(b"64\r\n" + b"x" * 100 + b"\r\n")
+        # Over the cap, and a pipelined request in the same read: not started.
+        protocol.data_received(
+            b"64\r\n" + b"x" * 100 + b"\r\n0\r\n\r\nGET / HTTP/1.1\r\nHost: x\r\n\r\n"
+        )
         assert transport.closed and transport.written.startswith(b"HTTP/1.1 413 ")
         assert b'"reason": "payload_too_large"' in transport.written
-        await asyncio.sleep(0)
+        for _ in range(5):
+            await asyncio.sleep(0)
         assert protocol.budget.used == 0
+        assert app.requests == [["http.disconnect"]]
 
     asyncio.run(scenario())
 
@@ -490,3 +496,18 @@ def test_plain_uvicorn_takes_the_protocol_by_its_class_path(monkeypatch):
     assert config.http_protocol_class is GuardedProtocol
     limits = GuardedProtocol.limits_in_force()
     assert (limits.header_timeout_s, limits.max_header_bytes) == (2.5, 9000)
+
+
+def test_plain_uvicorn_is_told_when_its_backlog_does_not_fit_the_open_file_limit(
+    monkeypatch, caplog
+):
+    import app.server.connection_limits as numbers
+
+    monkeypatch.setattr(numbers, "open_file_limit", lambda: 1024)
+    monkeypatch.setenv("EMULATED_DEVICES", "2")
+    monkeypatch.setenv("CPU_SLICES", "1")
+    monkeypatch.setattr(GuardedProtocol, "limits", None)
+    with caplog.at_level("INFO", logger="app"):
+        limits = GuardedProtocol.limits_in_force(backlog=2048)  # uvicorn's default
+    assert limits.backlog < 2048 and limits.max_connections < 1024 - 64 - 3 * 8
+    assert f"pass --backlog {limits.backlog}" in caplog.text

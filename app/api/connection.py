@@ -56,7 +56,9 @@ timeout, the accept backlog and h11's header cap to uvicorn). Under plain
 `uvicorn app.main:app` uvicorn chooses the protocol: add `--http
 app.api.connection:GuardedProtocol` and it reads the same settings from the
 environment (logged at the first connection); its `--timeout-keep-alive`
-flag is then replaced by `KEEP_ALIVE_TIMEOUT_S`. Without that flag only
+flag is then replaced by `KEEP_ALIVE_TIMEOUT_S`, and a `--backlog` larger
+than the open-file limit leaves room for is warned about (with the value to
+pass). Without that flag only
 uvicorn's own limits hold (`--timeout-keep-alive`, default 5 s;
 `--limit-concurrency`; `--backlog`; `--h11-max-incomplete-event-size` under
 `--http h11`) and the app's per-request body limits (413 from
@@ -166,7 +168,7 @@ class Notices:
         self._counts[kind] = self._counts.get(kind, 0) + 1
         now = time.monotonic()
         if now - self._logged_at.get(kind, -NOTICE_INTERVAL_S) >= NOTICE_INTERVAL_S:
-            log.warning("%s (%d since the last such line)", message, self._counts[kind])
+            log.warning("%s (%d since the last such warning)", message, self._counts[kind])
             self._counts[kind] = 0
             self._logged_at[kind] = now
 
@@ -209,14 +211,24 @@ if ReceiveStampingProtocol is not None:
         limits: ClassVar[ConnectionLimits | None] = None
 
         @classmethod
-        def limits_in_force(cls) -> ConnectionLimits:
+        def limits_in_force(cls, backlog: int | None = None) -> ConnectionLimits:
+            """The limits; from the environment when not given, where
+            `backlog` is uvicorn's (its `--backlog`), checked against them."""
             if cls.limits is None:
                 cls.limits = connection_limits(Settings.from_env())
+                if backlog is not None and backlog > cls.limits.backlog:
+                    log.warning(
+                        "uvicorn's accept backlog %d is more than the open-file limit leaves "
+                        "room for beside %d connections: pass --backlog %d",
+                        backlog,
+                        cls.limits.max_connections,
+                        cls.limits.backlog,
+                    )
             return cls.limits
 
         def __init__(self, *args: Any, **kwargs: Any) -> None:
             super().__init__(*args, **kwargs)
-            self.guard = self.limits_in_force()
+            self.guard = self.limits_in_force(self.config.backlog)
             self.timeout_keep_alive = self.guard.keep_alive_timeout_s  # type: ignore[assignment]
             share = _shares.get(self.server_state)
             if share is None:
@@ -287,6 +299,8 @@ if ReceiveStampingProtocol is not None:
                 self._arm_header_timer()  # the head's own time, from its first byte
 
         def on_headers_complete(self) -> None:
+            if self.transport.is_closing():
+                return  # refused earlier in this read: start nothing more
             self._in_head = False
             self._head_begun = False
             self._body_bytes = 0
@@ -327,8 +341,8 @@ if ReceiveStampingProtocol is not None:
 
         def on_body(self, body: bytes) -> None:
             cycle = self.cycle
-            if cycle in self._rejected:
-                return  # answered without it: not buffered
+            if cycle in self._rejected or self.transport.is_closing():
+                return  # answered without it, or refused: not buffered
             if not (cycle.response_complete or cycle.disconnected):
                 self._body_bytes += len(body)
                 if self._body_bytes > self.guard.max_body_bytes:
@@ -413,7 +427,7 @@ if ReceiveStampingProtocol is not None:
             if not self._head_begun:  # idle: nothing to answer
                 self.transport.close()
                 return
-            self.notices.note("header_timeout", "request heads not complete in time: closed")
+            self.notices.note("header_timeout", "request heads not complete in time: 408, closed")
             self._close_with(
                 408,
                 f"request head not received within {self.guard.header_timeout_s:g} s",
@@ -424,7 +438,7 @@ if ReceiveStampingProtocol is not None:
             self._body_timer = None
             if not cycle.more_body or cycle.response_complete or cycle.disconnected:
                 return
-            self.notices.note("body_timeout", "request bodies not complete in time: 408")
+            self.notices.note("body_timeout", "request bodies not complete in time: 408, closed")
             self._abort(
                 cycle,
                 408,
@@ -435,7 +449,7 @@ if ReceiveStampingProtocol is not None:
         # ------------------------------------------------------------ refusals
 
         def _head_too_large(self) -> None:
-            self.notices.note("header_size", "request heads over MAX_HEADER_BYTES: 431")
+            self.notices.note("header_size", "request heads over MAX_HEADER_BYTES: 431, closed")
             message = f"request head exceeds {self.guard.max_header_bytes} bytes"
             if self._waiting_for_head():
                 self._close_with(431, message, "headers_too_large")
