@@ -11,6 +11,11 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import re
+import resource
+import select
+import signal
 import socket
 import time
 from collections.abc import Callable
@@ -35,6 +40,7 @@ from app.server.connection_limits import (
     fd_plan,
 )
 from app.server.settings import Settings
+from bench.overload import executor_pids, write_repository
 
 QUICK = 0.5  # the timeouts of the servers here, in seconds
 GRACE = 2.0  # how much later than its timeout a close may come
@@ -397,6 +403,56 @@ def test_above_max_connections_a_new_connection_is_refused_and_open_ones_are_ser
         finally:
             for sock in idle:
                 sock.close()
+
+
+@pytest.mark.slow
+def test_idle_clients_holding_every_connection_leave_descriptors_to_respawn_an_executor(
+    launch_daemon, tmp_path
+):
+    """`python -m app serve` at `ulimit -n 256`: clients that open more idle
+    connections than the process has file descriptors are refused above the
+    cap, a client connected before them is still served, and an executor
+    killed meanwhile is respawned."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (256, hard))  # the daemon inherits it
+    try:
+        handle = launch_daemon(
+            write_repository(tmp_path / "repo"),
+            emulated_devices=2,
+            extra_env={"CPU_SLICES": "0", "HEADER_TIMEOUT_S": "120", "KEEP_ALIVE_TIMEOUT_S": "120"},
+            log_level="info",
+        )
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    chosen = re.search(r"connections: at most (\d+) open", handle.log_path.read_text())
+    assert chosen, handle.log_path.read_text()[-2000:]
+    cap = int(chosen.group(1))
+    # 256 less 64 + 2·8 + 1 reserved less a backlog of 21: 154.
+    assert cap == fd_plan(256, devices=2, models=1).ceiling == 154
+    host, port = handle.url.removeprefix("http://").split(":")
+    idle: list[socket.socket] = []
+    with httpx.Client(base_url=handle.url, timeout=10) as client:
+        assert client.get("/v2/health/ready").status_code == 200  # connected first
+        try:
+            for _ in range(300):  # more than the daemon has file descriptors
+                idle.append(socket.create_connection((host, int(port)), timeout=10))
+            time.sleep(1.0)  # the refused ones are answered at once
+            readable, _, _ = select.select(idle, [], [], 0)
+            refused = [s for s in readable if s.recv(65536).startswith(b"HTTP/1.1 503 ")]
+            assert len(refused) == len(readable) == 300 - (cap - 1)
+            assert client.get("/v2/health/ready").json()["devices_alive"] == 2
+            os.kill(executor_pids(handle.process.pid)["emulated:0"], signal.SIGKILL)
+
+            def respawned() -> bool:
+                return client.get("/v2/health/ready").json().get("devices_alive") == 2
+
+            time.sleep(0.5)
+            assert _wait_for(respawned, timeout=30.0), handle.log_path.read_text()[-3000:]
+        finally:
+            for sock in idle:
+                sock.close()
+    log = handle.log_path.read_text()
+    assert "respawned" in log and "Too many open files" not in log, log[-3000:]
 
 
 def test_the_connection_cap_leaves_file_descriptors_for_executors_and_the_backlog():
