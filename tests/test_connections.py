@@ -283,20 +283,19 @@ def test_a_megabyte_of_headers_feeds_the_parser_no_more_than_max_header_bytes():
 # ------------------------------------------------------------------ buffered bytes
 
 
-def test_buffer_budget_admits_what_fits_and_one_body_alone():
+def test_buffer_budget_counts_bytes_and_lets_one_body_alone_pass_it():
     budget = BufferBudget(1000)
-    assert budget.admit(1500)  # alone: always fits
-    assert not budget.admit(1)
+    assert budget.fits(1500)  # alone: always fits
+    assert budget.grow(1500, held=0) and budget.used == 1500
+    assert not budget.fits(1)
     budget.release(1500)
-    assert budget.admit(800) and budget.used == 800
-    assert not budget.admit(201) and budget.used == 800
-    assert budget.admit(200) and budget.used == 1000
-    budget.release(200)
-    # A chunked body grows: over the limit only while others are held.
-    assert budget.grow(100, held=800) and budget.used == 900
-    assert not budget.grow(300, held=0) and budget.used == 1200
-    budget.release(1200)
-    assert budget.grow(5000, held=0) and budget.used == 5000
+    assert budget.grow(800, held=0)
+    assert budget.fits(200) and not budget.fits(201)
+    # Another body growing: over the limit only while others are held.
+    assert budget.grow(100, held=0) and budget.used == 900
+    assert not budget.grow(300, held=100) and budget.used == 1200
+    budget.release(400)
+    assert budget.grow(5000, held=800) and budget.used == 5800
 
 
 @pytest.mark.slow
@@ -304,11 +303,13 @@ def test_bodies_over_max_buffered_bytes_get_503_until_the_held_ones_are_answered
     app = RecordingApp()
     address = serve(app, max_buffered_bytes=1000, body_timeout_s=30.0)
     with _connect(address) as held:
-        # 800 bytes declared: counted from the head on, while 10 have come.
-        held.sendall(b"POST /infer HTTP/1.1\r\nHost: x\r\nContent-Length: 800\r\n\r\n" + b"a" * 10)
+        # 800 of 1000 bytes come, the rest later: 800 held.
+        held.sendall(b"POST /infer HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\n")
+        held.sendall(b"a" * 800)
         assert _wait_for(lambda: len(app.requests) == 1)
+        time.sleep(0.2)  # all 800 read
         with _connect(address) as refused:
-            refused.sendall(b"POST /infer HTTP/1.1\r\nHost: x\r\nContent-Length: 500\r\n\r\n")
+            refused.sendall(b"POST /infer HTTP/1.1\r\nHost: x\r\nContent-Length: 201\r\n\r\n")
             answer = _read_to_close(refused)
         assert _status_and_body(answer) == (
             503,
@@ -322,10 +323,19 @@ def test_bodies_over_max_buffered_bytes_get_503_until_the_held_ones_are_answered
             small.sendall(b"POST /infer HTTP/1.1\r\nHost: x\r\nContent-Length: 200\r\n\r\n")
             small.sendall(b"b" * 200 + b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
             assert b'{"size": 200}' in small.recv(65536)
-        held.sendall(b"a" * 790)
-        assert held.recv(65536).endswith(b'{"size": 800}')
+        held.sendall(b"a" * 200)
+        assert held.recv(65536).endswith(b'{"size": 1000}')
     with httpx.Client(base_url=f"http://{address[0]}:{address[1]}") as client:
         assert client.post("/infer", content=b"c" * 900).json() == {"size": 900}
+
+
+@pytest.mark.slow
+def test_a_client_that_declares_a_body_and_sends_nothing_holds_nothing(serve):
+    address = serve(RecordingApp(), max_buffered_bytes=1000, body_timeout_s=30.0)
+    with _connect(address) as idle:
+        idle.sendall(b"POST /infer HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\n")
+        with httpx.Client(base_url=f"http://{address[0]}:{address[1]}") as client:
+            assert client.post("/infer", content=b"c" * 900).json() == {"size": 900}
 
 
 def test_a_chunked_body_growing_past_the_budget_is_answered_503_and_its_app_disconnected():
@@ -334,7 +344,8 @@ def test_a_chunked_body_growing_past_the_budget_is_answered_503_and_its_app_disc
         state = ServerState()
         limits = ConnectionLimits(max_buffered_bytes=1000)
         first, _ = _protocol(app, limits, state)
-        first.data_received(b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 800\r\n\r\n")
+        first.data_received(b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\n")
+        first.data_received(b"f" * 800)
         second, transport = _protocol(app, limits, state)
         second.data_received(b"POST / HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n")
         second.data_received(b"64\r\n" + b"x" * 100 + b"\r\n")  # 900 held

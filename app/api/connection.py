@@ -31,14 +31,17 @@ is that protocol (with `ReceiveStampingProtocol`'s arrival stamp) plus:
   head, so a connection holds at most one body, one head and one read
   (256 KiB) beyond them.
 - **Bodies over all connections** (`MAX_BUFFERED_BYTES`): the bytes of
-  request bodies received and not yet answered, a body counted at its
-  declared `Content-Length` from its head on (chunked ones as they arrive),
-  until its answer is sent or its connection closes. A body that does not
-  fit is answered 503 `server_busy` at its head, before it is read, and the
-  connection closed; a chunked one that grows past it, when it does. A body
-  alone always fits (up to `MAX_BODY_BYTES`). Refusing rather than pausing
-  the read: a paused upload still holds its bytes and its client, and a
-  client told 503 can retry elsewhere or later.
+  request bodies received and not yet answered are counted as they arrive,
+  until the answer is sent or the connection closes. A request whose
+  `Content-Length` does not fit in what is left is answered 503
+  `server_busy` at its head, before its body is read, and the connection
+  closed; a body that passes the limit while arriving (several admitted at
+  once, or chunked) is answered so then. A body alone always fits (up to
+  `MAX_BODY_BYTES`). Bytes are counted, not declarations: a client that
+  declares a large body and sends nothing holds nothing (and is cut off by
+  the body timeout). Refusing rather than pausing the read: a paused upload
+  still holds its bytes and its client, and a client told 503 can retry
+  elsewhere or later.
 - **Connections** (`MAX_CONNECTIONS`, capped below the open-file limit by
   app.server.connection_limits): a connection opened above it is answered
   503 `too_many_connections` and closed at once (a client that is still
@@ -131,19 +134,16 @@ def error_app(status: int, message: str, reason: str) -> Callable[..., Any]:
 
 
 class BufferBudget:
-    """Bytes of request bodies received (or declared) and not yet answered,
-    over all connections of one server."""
+    """Bytes of request bodies received and not yet answered, over all
+    connections of one server."""
 
     def __init__(self, limit: int) -> None:
         self.limit = limit
         self.used = 0
 
-    def admit(self, nbytes: int) -> bool:
-        """Take `nbytes` if they fit, or if nothing else is held."""
-        if self.used and self.used + nbytes > self.limit:
-            return False
-        self.used += nbytes
-        return True
+    def fits(self, nbytes: int) -> bool:
+        """`nbytes` more would fit, or nothing is held."""
+        return not self.used or self.used + nbytes <= self.limit
 
     def grow(self, nbytes: int, held: int) -> bool:
         """Take `nbytes` more for a body that already holds `held`; False
@@ -241,7 +241,6 @@ if ReceiveStampingProtocol is not None:
             self._head_begun = False
             self._header_timer: asyncio.TimerHandle | None = None
             self._body_timer: asyncio.TimerHandle | None = None
-            self._body_bytes = 0  # of the latest request's body, received so far
             self._held: dict[RequestResponseCycle, int] = {}  # bytes counted in the budget
             self._rejected: set[RequestResponseCycle] = set()  # answered without their body
 
@@ -252,6 +251,7 @@ if ReceiveStampingProtocol is not None:
             super().connection_made(transport)
             if full:
                 self.refused = True
+                self.connections.discard(self)  # closing: not one of those served
                 self.notices.note(
                     "connections",
                     f"connection limit {self.guard.max_connections} reached: "
@@ -303,14 +303,11 @@ if ReceiveStampingProtocol is not None:
                 return  # refused earlier in this read: start nothing more
             self._in_head = False
             self._head_begun = False
-            self._body_bytes = 0
             self._cancel_header_timer()
             declared = _declared_length(self.headers)
-            if declared > self.guard.max_body_bytes:
-                # The app answers 413 from Content-Length without reading:
-                # the body is discarded as it comes, never held.
-                declared = 0
-            admitted = declared == 0 or self.budget.admit(declared)
+            # Above MAX_BODY_BYTES the app answers 413 from Content-Length
+            # without reading: the body is discarded as it comes.
+            admitted = declared > self.guard.max_body_bytes or self.budget.fits(declared)
             pipelined = len(self.pipeline)
             previous = self.cycle
             if admitted:
@@ -329,13 +326,9 @@ if ReceiveStampingProtocol is not None:
                     self.app = app
             cycle = self.cycle
             if cycle is previous:  # an upgrade: no request cycle
-                if admitted:
-                    self.budget.release(declared)
                 return
             if not admitted:
                 self._rejected.add(cycle)
-            elif declared:
-                self._held[cycle] = declared
             if len(self.pipeline) == pipelined:  # started now, not queued
                 self._arm_body_timer(cycle)
 
@@ -344,8 +337,10 @@ if ReceiveStampingProtocol is not None:
             if cycle in self._rejected or self.transport.is_closing():
                 return  # answered without it, or refused: not buffered
             if not (cycle.response_complete or cycle.disconnected):
-                self._body_bytes += len(body)
-                if self._body_bytes > self.guard.max_body_bytes:
+                held = self._held.get(cycle, 0)
+                self._held[cycle] = held + len(body)
+                if held + len(body) > self.guard.max_body_bytes:
+                    self.budget.grow(len(body), held)
                     self._abort(
                         cycle,
                         413,
@@ -353,17 +348,14 @@ if ReceiveStampingProtocol is not None:
                         "payload_too_large",
                     )
                     return
-                held = self._held.get(cycle, 0)
-                if self._body_bytes > held:  # chunked, or no Content-Length
-                    self._held[cycle] = self._body_bytes
-                    if not self.budget.grow(self._body_bytes - held, held):
-                        self._abort(
-                            cycle,
-                            503,
-                            "the server holds too many request bodies; retry later",
-                            "server_busy",
-                        )
-                        return
+                if not self.budget.grow(len(body), held):
+                    self._abort(
+                        cycle,
+                        503,
+                        "the server holds too many request bodies; retry later",
+                        "server_busy",
+                    )
+                    return
             super().on_body(body)
 
         def on_message_complete(self) -> None:
