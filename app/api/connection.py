@@ -58,16 +58,15 @@ settings (`uvicorn_connection_options`, which also passes the keep-alive
 timeout, the accept backlog and h11's header cap to uvicorn). Under plain
 `uvicorn app.main:app` uvicorn chooses the protocol: add `--http
 app.api.connection:GuardedProtocol` and it reads the same settings from the
-environment (logged at the first connection); its `--timeout-keep-alive`
-flag is then replaced by `KEEP_ALIVE_TIMEOUT_S`, and a `--backlog` larger
-than the open-file limit leaves room for is warned about (with the value to
-pass). Without that flag only
-uvicorn's own limits hold (`--timeout-keep-alive`, default 5 s;
-`--limit-concurrency`; `--backlog`; `--h11-max-incomplete-event-size` under
-`--http h11`) and the app's per-request body limits (413 from
-`Content-Length` and while the body streams): no header or body timeout, no
-cap on header bytes (httptools has none), on buffered bytes over all
-connections or on connections.
+environment (logged at the first connection); its `--timeout-keep-alive` is
+then replaced by `KEEP_ALIVE_TIMEOUT_S`, and a `--backlog` larger than the
+open-file limit leaves room for is warned about, with the value to pass.
+Without that flag only uvicorn's own limits hold (`--timeout-keep-alive`,
+default 5 s; `--limit-concurrency`; `--backlog`;
+`--h11-max-incomplete-event-size` under `--http h11`) and the app's
+per-request body limits (413 from `Content-Length` and while the body
+streams): no header or body timeout, and no cap on header bytes (httptools
+has none), on bytes buffered over all connections or on connections.
 """
 
 from __future__ import annotations
