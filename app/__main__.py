@@ -77,18 +77,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     import uvicorn
 
-    from app.api.received import receive_stamping_protocol
+    from app.api.connection import uvicorn_connection_options
     from app.main import create_app
     from app.server.stop_signals import safety_net_s
 
     settings = command.settings
+    try:
+        connections = uvicorn_connection_options(settings)
+    except ValueError as exc:  # the open-file limit leaves no room for clients
+        print(f"python -m app serve: error: {exc}", file=sys.stderr)
+        return 2
     uvicorn.run(
         create_app(settings),
         host=settings.host,
         port=settings.port,
         log_level=command.log_level,
-        http=receive_stamping_protocol(),
         timeout_graceful_shutdown=safety_net_s(settings.shutdown_grace_s),
+        **connections,
     )
     return 0
 

@@ -11,6 +11,7 @@ Management routes take `Depends(app.state.require_admin)` (app.api.security).
 
 The modules, from the wire inwards:
 
+    connection  the uvicorn protocol: timeouts, size caps, the connection cap
     routes      create_api / install / build_router: every route, mounted on an app
     fastpath    the inference routes' short way past FastAPI's own stack
     context     ApiContext: what every endpoint function is given

@@ -10,16 +10,19 @@ late by the client's clock.
 
 So the arrival is stamped as early as the server can see it:
 
-- under `python -m app serve`, uvicorn runs `ReceiveStampingProtocol`, which
-  stamps `time.monotonic()` when the parser meets the first byte of a
-  request. uvicorn parses every socket that the poll reported ready before
-  it runs any request task, so a burst's stamps are not delayed by the
-  processing of the requests ahead of them;
+- under `python -m app serve`, uvicorn runs `ReceiveStampingProtocol` (as
+  the base of app.api.connection's `GuardedProtocol`), which stamps
+  `time.monotonic()` when the parser meets the first byte of a request.
+  uvicorn parses every socket that the poll reported ready before it runs
+  any request task, so a burst's stamps are not delayed by the processing
+  of the requests ahead of them;
 - when embedding the app in uvicorn from Python, pass
-  `http=ReceiveStampingProtocol` to `uvicorn.run`/`uvicorn.Config` for the
-  same; under the plain `uvicorn app.main:app` command line, any other ASGI
-  server or h11, the inference fast path stamps when the request reaches
-  the app (`stamp_if_missing`).
+  `http=ReceiveStampingProtocol` (or app.api.connection's
+  `uvicorn_connection_options`) to `uvicorn.run`/`uvicorn.Config` for the
+  same; under the plain `uvicorn app.main:app` command line (unless given
+  `--http app.api.connection:GuardedProtocol`), any other ASGI server or
+  h11, the inference fast path stamps when the request reaches the app
+  (`stamp_if_missing`).
 
 The stamp travels in the ASGI scope under `RECEIVED_AT`.
 """
@@ -64,6 +67,9 @@ if HttpToolsProtocol is not None:
         def on_message_begin(self) -> None:
             super().on_message_begin()
             self.scope[RECEIVED_AT] = time.monotonic()  # type: ignore[literal-required]
+
+else:
+    ReceiveStampingProtocol = None  # type: ignore[assignment,misc]
 
 
 def receive_stamping_protocol() -> Any:

@@ -217,6 +217,61 @@ class Settings:
             "on SIGTERM, how long in-flight requests may take to finish",
         ),
     )
+    # Connections (app/api/connection.py; enforced under `python -m app serve`).
+    header_timeout_s: float = field(
+        default=10.0,
+        metadata=_setting(
+            "HEADER_TIMEOUT_S",
+            Number(metavar="S"),
+            "a connection must send a complete request head this soon after it opens, after "
+            "its previous answer or after the head's first byte; else it is closed (0: off)",
+        ),
+    )
+    body_timeout_s: float = field(
+        default=30.0,
+        metadata=_setting(
+            "BODY_TIMEOUT_S",
+            Number(metavar="S"),
+            "a request body must have arrived this soon after its head; else 408 "
+            "`request_timeout` and the connection is closed (0: off)",
+        ),
+    )
+    keep_alive_timeout_s: float = field(
+        default=5.0,
+        metadata=_setting(
+            "KEEP_ALIVE_TIMEOUT_S",
+            Number(metavar="S"),
+            "an idle keep-alive connection is closed after this long",
+        ),
+    )
+    max_header_bytes: int = field(
+        default=64 << 10,
+        metadata=_setting(
+            "MAX_HEADER_BYTES",
+            Integer(256),
+            "largest request head (request line and headers); 431 `headers_too_large` above "
+            "and the connection is closed",
+        ),
+    )
+    max_buffered_bytes: int = field(
+        default=256 << 20,
+        metadata=_setting(
+            "MAX_BUFFERED_BYTES",
+            Integer(1),
+            "request bodies received and not yet answered, over all connections; a body "
+            "that does not fit gets 503 `server_busy` (one body alone always fits)",
+        ),
+    )
+    max_connections: int | None = field(
+        default=None,
+        metadata=_setting(
+            "MAX_CONNECTIONS",
+            Integer(1),
+            "open client connections; a new one above it gets 503 `too_many_connections` and "
+            "is closed. Capped below the open-file limit less a reserve for the executors",
+            shown="auto (≤ 4096)",
+        ),
+    )
     deadline_margin_ms: float = field(
         default=NORMAL_SLACK_MS[0],
         metadata=_setting(

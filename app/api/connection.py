@@ -1,0 +1,500 @@
+"""Connection hygiene: how long a client may take, how much it may make the
+server hold, and how many clients may be connected.
+
+uvicorn's httptools protocol reads whatever a client sends: a connection
+that never sends a byte stays open, a gigabyte of headers is buffered by the
+parser, a body that stops one byte short holds everything before it for
+good, and clients can open connections until the process has no file
+descriptor left (not even to respawn a crashed executor). `GuardedProtocol`
+is that protocol (with `ReceiveStampingProtocol`'s arrival stamp) plus:
+
+- **Header timeout** (`HEADER_TIMEOUT_S`): a connection must deliver a
+  complete request head within that long of opening, of its previous answer
+  or of the head's first byte. Else it is closed, with a 408 if part of a
+  head came. Between requests uvicorn's keep-alive timeout
+  (`KEEP_ALIVE_TIMEOUT_S`) closes an idle connection sooner.
+- **Body timeout** (`BODY_TIMEOUT_S`): a request's body must have arrived
+  within that long of the request's turn (its head, or the previous answer
+  on a pipelined connection). Else it is answered 408 `request_timeout`
+  (when its answer has not started) and the connection closed; the app's
+  `receive()` returns `http.disconnect` (the body reader raises
+  `ClientDisconnect` → its error answer goes nowhere), so nothing lingers.
+- **Header size** (`MAX_HEADER_BYTES`): the parser is fed at most that many
+  bytes of one request head; a longer head is answered 431
+  `headers_too_large` and the connection closed. (A head that starts in the
+  same read as the previous request's end may reach twice that.)
+- **Body size per connection** (`MAX_BODY_BYTES`): a body, chunked ones
+  included, that passes it while arriving is answered 413
+  `payload_too_large` and the connection closed (the app's per-request limits
+  answer first where they are smaller). uvicorn stops reading a connection
+  whose app does not read (64 KiB buffered) and after a complete pipelined
+  head, so a connection holds at most one body, one head and one read
+  (256 KiB) beyond them.
+- **Bodies over all connections** (`MAX_BUFFERED_BYTES`): the bytes of
+  request bodies received and not yet answered are counted as they arrive,
+  until the answer is sent or the connection closes. A request whose
+  `Content-Length` does not fit in what is left is answered 503
+  `server_busy` at its head, before its body is read, and the connection
+  closed; a body that passes the limit while arriving (several admitted at
+  once, or chunked) is answered so then. A body alone always fits (up to
+  `MAX_BODY_BYTES`). Bytes are counted, not declarations: a client that
+  declares a large body and sends nothing holds nothing (and is cut off by
+  the body timeout). Refusing rather than pausing the read: a paused upload
+  still holds its bytes and its client, and a client told 503 can retry
+  elsewhere or later.
+- **Connections** (`MAX_CONNECTIONS`, capped below the open-file limit by
+  app.server.connection_limits): a connection opened above it is answered
+  503 `too_many_connections` and closed at once (a client that is still
+  sending may see a reset instead); the connections already open, and their
+  requests, are served as before. (uvicorn's own `limit_concurrency` is not
+  used: it answers 503 to every request, on old connections too, while too
+  many are open — so idle connections would lock out working clients.)
+
+These are logged as warnings, at most one line per kind every 10 s, with
+counts.
+
+**Where it applies.** `python -m app serve` runs this protocol with the
+settings (`uvicorn_connection_options`, which also passes the keep-alive
+timeout, the accept backlog and h11's header cap to uvicorn). Under plain
+`uvicorn app.main:app` uvicorn chooses the protocol: add `--http
+app.api.connection:GuardedProtocol` and it reads the same settings from the
+environment (logged at the first connection); its `--timeout-keep-alive` is
+then replaced by `KEEP_ALIVE_TIMEOUT_S`, and a `--backlog` larger than the
+open-file limit leaves room for is warned about, with the value to pass.
+Without that flag only uvicorn's own limits hold (`--timeout-keep-alive`,
+default 5 s; `--limit-concurrency`; `--backlog`;
+`--h11-max-incomplete-event-size` under `--http h11`) and the app's
+per-request body limits (413 from `Content-Length` and while the body
+streams): no header or body timeout, and no cap on header bytes (httptools
+has none), on bytes buffered over all connections or on connections.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import http
+import json
+import logging
+import time
+import weakref
+from collections.abc import Callable
+from typing import Any, ClassVar
+
+from starlette.types import Receive, Scope, Send
+
+from app.api.received import ReceiveStampingProtocol
+from app.server.connection_limits import ConnectionLimits, connection_limits
+from app.server.settings import Settings
+
+log = logging.getLogger(__name__)
+
+NOTICE_INTERVAL_S = 10.0
+
+
+def error_body(message: str, reason: str) -> bytes:
+    """The JSON error body every answer of this server has."""
+    return json.dumps({"error": message, "reason": reason}).encode()
+
+
+def error_response(
+    status: int, message: str, reason: str, default_headers: list[tuple[bytes, bytes]]
+) -> bytes:
+    """A whole HTTP/1.1 error answer that closes the connection, for when
+    no request (or no ASGI cycle) is there to answer through."""
+    body = error_body(message, reason)
+    phrase = http.HTTPStatus(status).phrase.encode()
+    lines = [b"HTTP/1.1 %d %s\r\n" % (status, phrase)]
+    lines += [name + b": " + value + b"\r\n" for name, value in default_headers]
+    lines += [
+        b"content-type: application/json\r\n",
+        b"content-length: %d\r\n" % len(body),
+        b"connection: close\r\n",
+        b"\r\n",
+        body,
+    ]
+    return b"".join(lines)
+
+
+def error_app(status: int, message: str, reason: str) -> Callable[..., Any]:
+    """An ASGI app answering every request with this error, closing the
+    connection, without reading the body."""
+    body = error_body(message, reason)
+    headers = [
+        (b"content-type", b"application/json"),
+        (b"content-length", str(len(body)).encode()),
+        (b"connection", b"close"),
+    ]
+
+    async def app(scope: Scope, receive: Receive, send: Send) -> None:
+        await send({"type": "http.response.start", "status": status, "headers": headers})
+        await send({"type": "http.response.body", "body": body})
+
+    return app
+
+
+class BufferBudget:
+    """Bytes of request bodies received and not yet answered, over all
+    connections of one server."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.used = 0
+
+    def fits(self, nbytes: int) -> bool:
+        """`nbytes` more would fit, or nothing is held."""
+        return not self.used or self.used + nbytes <= self.limit
+
+    def grow(self, nbytes: int, held: int) -> bool:
+        """Take `nbytes` more for a body that already holds `held`; False
+        (and taken all the same) when that passes the limit while other
+        bodies are held too."""
+        self.used += nbytes
+        return self.used <= self.limit or self.used == held + nbytes
+
+    def release(self, nbytes: int) -> None:
+        self.used -= nbytes
+
+
+class Notices:
+    """Warnings about refused clients, at most one line per kind every
+    `NOTICE_INTERVAL_S`, with how many there were."""
+
+    def __init__(self) -> None:
+        self._counts: dict[str, int] = {}
+        self._logged_at: dict[str, float] = {}
+
+    def note(self, kind: str, message: str) -> None:
+        self._counts[kind] = self._counts.get(kind, 0) + 1
+        now = time.monotonic()
+        if now - self._logged_at.get(kind, -NOTICE_INTERVAL_S) >= NOTICE_INTERVAL_S:
+            log.warning("%s (%d since the last such warning)", message, self._counts[kind])
+            self._counts[kind] = 0
+            self._logged_at[kind] = now
+
+
+class _ServerShare:
+    """What the connections of one uvicorn server share."""
+
+    def __init__(self, limits: ConnectionLimits) -> None:
+        self.budget = BufferBudget(limits.max_buffered_bytes)
+        self.notices = Notices()
+
+
+_SERVER_BUSY = error_app(
+    503, "the server holds too many request bodies; retry later", "server_busy"
+)
+
+# Keyed by uvicorn's ServerState: one share per server, also when several
+# servers in one process (tests) use the same protocol class.
+_shares: weakref.WeakKeyDictionary[Any, _ServerShare] = weakref.WeakKeyDictionary()
+
+
+def _declared_length(headers: list[tuple[bytes, bytes]]) -> int:
+    """The request's Content-Length (0 if none; httptools has checked it)."""
+    for name, value in headers:
+        if name == b"content-length" and value.strip().isdigit():
+            return int(value)
+    return 0
+
+
+if ReceiveStampingProtocol is not None:
+    from uvicorn.protocols.http.httptools_impl import RequestResponseCycle
+
+    class GuardedProtocol(ReceiveStampingProtocol):
+        """uvicorn's httptools protocol with the limits of the module
+        docstring. `limits` None: from the environment's settings at the
+        first connection (`uvicorn app.main:app --http
+        app.api.connection:GuardedProtocol`); `guarded_protocol(limits)`
+        makes a class with given ones."""
+
+        limits: ClassVar[ConnectionLimits | None] = None
+
+        @classmethod
+        def limits_in_force(cls, backlog: int | None = None) -> ConnectionLimits:
+            """The limits; from the environment when not given, where
+            `backlog` is uvicorn's (its `--backlog`), checked against them."""
+            if cls.limits is None:
+                cls.limits = connection_limits(Settings.from_env())
+                if backlog is not None and backlog > cls.limits.backlog:
+                    log.warning(
+                        "uvicorn's accept backlog %d is more than the open-file limit leaves "
+                        "room for beside %d connections: pass --backlog %d",
+                        backlog,
+                        cls.limits.max_connections,
+                        cls.limits.backlog,
+                    )
+            return cls.limits
+
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            self.guard = self.limits_in_force(self.config.backlog)
+            self.timeout_keep_alive = self.guard.keep_alive_timeout_s  # type: ignore[assignment]
+            share = _shares.get(self.server_state)
+            if share is None:
+                share = _shares[self.server_state] = _ServerShare(self.guard)
+            self.budget = share.budget
+            self.notices = share.notices
+            self.refused = False  # over the connection limit: answered and closed
+            self.head_bytes = 0  # of the head being read, fed to the parser
+            self._in_head = True
+            self._head_begun = False
+            self._header_timer: asyncio.TimerHandle | None = None
+            self._body_timer: asyncio.TimerHandle | None = None
+            self._held: dict[RequestResponseCycle, int] = {}  # bytes counted in the budget
+            self._rejected: set[RequestResponseCycle] = set()  # answered without their body
+
+        # ------------------------------------------------------ the connection
+
+        def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+            full = len(self.connections) >= self.guard.max_connections
+            super().connection_made(transport)
+            if full:
+                self.refused = True
+                self.connections.discard(self)  # closing: not one of those served
+                self.notices.note(
+                    "connections",
+                    f"connection limit {self.guard.max_connections} reached: "
+                    "new connections are answered 503 and closed",
+                )
+                self._close_with(
+                    503,
+                    f"the server has {self.guard.max_connections} connections open",
+                    "too_many_connections",
+                )
+                return
+            self._arm_header_timer()
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            self._cancel_timers()
+            for held in self._held.values():
+                self.budget.release(held)
+            self._held.clear()
+            self._rejected.clear()
+            super().connection_lost(exc)
+
+        def data_received(self, data: bytes) -> None:
+            if self.refused:
+                return
+            while data:
+                if not self._in_head:  # a body: the parser hands it on
+                    super().data_received(data)
+                    return
+                room = self.guard.max_header_bytes - self.head_bytes
+                if room <= 0:
+                    self._head_too_large()
+                    return
+                part, data = data[:room], data[room:]
+                self.head_bytes += len(part)
+                super().data_received(part)
+                if self.transport.is_closing():
+                    return
+
+        # ----------------------------------------------------- parser callbacks
+
+        def on_message_begin(self) -> None:
+            super().on_message_begin()
+            self._head_begun = True
+            if self._waiting_for_head():
+                self._arm_header_timer()  # the head's own time, from its first byte
+
+        def on_headers_complete(self) -> None:
+            if self.transport.is_closing():
+                return  # refused earlier in this read: start nothing more
+            self._in_head = False
+            self._head_begun = False
+            self._cancel_header_timer()
+            declared = _declared_length(self.headers)
+            # Above MAX_BODY_BYTES the app answers 413 from Content-Length
+            # without reading: the body is discarded as it comes.
+            admitted = declared > self.guard.max_body_bytes or self.budget.fits(declared)
+            pipelined = len(self.pipeline)
+            previous = self.cycle
+            if admitted:
+                super().on_headers_complete()
+            else:
+                self.notices.note(
+                    "budget",
+                    f"request bodies held reached MAX_BUFFERED_BYTES "
+                    f"({self.guard.max_buffered_bytes}): new bodies are answered 503",
+                )
+                app = self.app
+                self.app = _SERVER_BUSY
+                try:
+                    super().on_headers_complete()
+                finally:
+                    self.app = app
+            cycle = self.cycle
+            if cycle is previous:  # an upgrade: no request cycle
+                return
+            if not admitted:
+                self._rejected.add(cycle)
+            if len(self.pipeline) == pipelined:  # started now, not queued
+                self._arm_body_timer(cycle)
+
+        def on_body(self, body: bytes) -> None:
+            cycle = self.cycle
+            if cycle in self._rejected or self.transport.is_closing():
+                return  # answered without it, or refused: not buffered
+            if not (cycle.response_complete or cycle.disconnected):
+                held = self._held.get(cycle, 0)
+                self._held[cycle] = held + len(body)
+                if held + len(body) > self.guard.max_body_bytes:
+                    self.budget.grow(len(body), held)
+                    self._abort(
+                        cycle,
+                        413,
+                        f"request body exceeds {self.guard.max_body_bytes} bytes",
+                        "payload_too_large",
+                    )
+                    return
+                if not self.budget.grow(len(body), held):
+                    self._abort(
+                        cycle,
+                        503,
+                        "the server holds too many request bodies; retry later",
+                        "server_busy",
+                    )
+                    return
+            super().on_body(body)
+
+        def on_message_complete(self) -> None:
+            super().on_message_complete()
+            self._in_head = True
+            self.head_bytes = 0
+            self._cancel_body_timer()  # bodies come in order: the one timed is complete
+
+        def on_response_complete(self) -> None:
+            queued = list(self.pipeline)
+            super().on_response_complete()
+            for cycle in [c for c in self._held if c.response_complete]:
+                self.budget.release(self._held.pop(cycle))
+            self._rejected = {c for c in self._rejected if not c.response_complete}
+            self._cancel_body_timer()
+            if self.transport.is_closing():
+                return
+            if len(self.pipeline) < len(queued):  # the next pipelined request started
+                self._arm_body_timer(queued[-1][0])
+            elif self._waiting_for_head():
+                self._arm_header_timer()
+
+        # ------------------------------------------------------------ timers
+
+        def _waiting_for_head(self) -> bool:
+            """No request of this connection is being answered or queued."""
+            return not self.pipeline and (self.cycle is None or self.cycle.response_complete)
+
+        def _arm_header_timer(self) -> None:
+            self._cancel_header_timer()
+            if self.guard.header_timeout_s > 0:
+                self._header_timer = self.loop.call_later(
+                    self.guard.header_timeout_s, self._header_timeout
+                )
+
+        def _arm_body_timer(self, cycle: RequestResponseCycle) -> None:
+            self._cancel_body_timer()
+            if cycle.more_body and self.guard.body_timeout_s > 0 and cycle not in self._rejected:
+                self._body_timer = self.loop.call_later(
+                    self.guard.body_timeout_s, self._body_timeout, cycle
+                )
+
+        def _cancel_header_timer(self) -> None:
+            if self._header_timer is not None:
+                self._header_timer.cancel()
+                self._header_timer = None
+
+        def _cancel_body_timer(self) -> None:
+            if self._body_timer is not None:
+                self._body_timer.cancel()
+                self._body_timer = None
+
+        def _cancel_timers(self) -> None:
+            self._cancel_header_timer()
+            self._cancel_body_timer()
+
+        def _header_timeout(self) -> None:
+            self._header_timer = None
+            if self.transport.is_closing() or not self._waiting_for_head():
+                return
+            if not self._head_begun:  # idle: nothing to answer
+                self.transport.close()
+                return
+            self.notices.note("header_timeout", "request heads not complete in time: 408, closed")
+            self._close_with(
+                408,
+                f"request head not received within {self.guard.header_timeout_s:g} s",
+                "request_timeout",
+            )
+
+        def _body_timeout(self, cycle: RequestResponseCycle) -> None:
+            self._body_timer = None
+            if not cycle.more_body or cycle.response_complete or cycle.disconnected:
+                return
+            self.notices.note("body_timeout", "request bodies not complete in time: 408, closed")
+            self._abort(
+                cycle,
+                408,
+                f"request body not received within {self.guard.body_timeout_s:g} s",
+                "request_timeout",
+            )
+
+        # ------------------------------------------------------------ refusals
+
+        def _head_too_large(self) -> None:
+            self.notices.note("header_size", "request heads over MAX_HEADER_BYTES: 431, closed")
+            message = f"request head exceeds {self.guard.max_header_bytes} bytes"
+            if self._waiting_for_head():
+                self._close_with(431, message, "headers_too_large")
+            else:  # a pipelined head while another request is answered: no room to say so
+                self._abort(self.cycle, 431, message, "headers_too_large")
+
+        def _close_with(self, status: int, message: str, reason: str) -> None:
+            """Answer outside any request cycle and close."""
+            default_headers = self.server_state.default_headers
+            self.transport.write(error_response(status, message, reason, default_headers))
+            self.transport.close()
+
+        def _abort(
+            self, cycle: RequestResponseCycle, status: int, message: str, reason: str
+        ) -> None:
+            """End a request being read: answer it if its answer has not
+            started, let its app see a disconnect, close the connection."""
+            if not cycle.response_started and not cycle.response_complete:
+                default_headers = self.server_state.default_headers
+                self.transport.write(error_response(status, message, reason, default_headers))
+            if not cycle.response_complete:
+                cycle.disconnected = True  # receive() → http.disconnect; its sends go nowhere
+            cycle.message_event.set()
+            self.transport.close()
+
+    def guarded_protocol(limits: ConnectionLimits) -> type[GuardedProtocol]:
+        """A `GuardedProtocol` class enforcing `limits` (uvicorn's `http=`)."""
+        return type("GuardedProtocol", (GuardedProtocol,), {"limits": limits})
+
+else:  # uvicorn without the [standard] extra (no httptools)
+    GuardedProtocol = None  # type: ignore[assignment,misc]
+    guarded_protocol = None  # type: ignore[assignment]
+
+
+def uvicorn_connection_options(
+    settings: Settings, *, devices: int | None = None, models: int | None = None
+) -> dict[str, Any]:
+    """uvicorn's `Config`/`run` keyword arguments for the connection limits
+    of `settings` (not host, port or logging): the protocol, the keep-alive
+    timeout, the accept backlog, h11's header cap. `devices` and `models`
+    as for `connection_limits`. ValueError when the open-file limit leaves
+    no room for client connections."""
+    limits = connection_limits(settings, devices=devices, models=models)
+    options: dict[str, Any] = {
+        "timeout_keep_alive": limits.keep_alive_timeout_s,
+        "backlog": limits.backlog,
+        "h11_max_incomplete_event_size": limits.max_header_bytes,
+    }
+    if GuardedProtocol is None:
+        log.warning(
+            "httptools not installed: only the keep-alive timeout, the accept backlog and "
+            "the header size are enforced on connections (uvicorn's h11 protocol)"
+        )
+        options["http"] = "h11"
+    else:
+        options["http"] = guarded_protocol(limits)
+    return options
