@@ -69,6 +69,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         lifespan=lifespan,
         title="deadline-serve",
         max_body_bytes=settings.max_body_bytes,
+        max_json_bytes=settings.max_json_bytes,
         admin_token=settings.admin_token,
         bind_host=settings.host,
     )

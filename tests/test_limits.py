@@ -232,6 +232,53 @@ async def test_a_variable_dimension_falls_back_to_max_body_bytes(app, service):
         assert r.status_code == 413 and "add_one" in r.json()["error"]
 
 
+async def test_json_text_is_held_to_max_json_bytes_binary_tensors_are_not(service):
+    """typed's c is FP16 [-1, -1, 3], limited by MAX_BODY_BYTES only. With
+    MAX_JSON_BYTES 64 KiB its ~280 KB JSON body is refused (413 naming the
+    setting and the binary extension) from Content-Length, before a byte is
+    read, on both routes, while the same tensor as binary data is served; a
+    binary request whose JSON header passes the cap is refused too."""
+    app = create_api(lambda: service, Metrics(), max_body_bytes=MAX, max_json_bytes=64 << 10)
+    n = 20_000
+    head = [
+        {"name": "a", "shape": [1, 2], "datatype": "INT32", "data": [1, 2]},
+        {"name": "b", "shape": [1, 2], "datatype": "BOOL", "data": [True, False]},
+    ]
+    c_json = {"name": "c", "shape": [1, n, 3], "datatype": "FP16", "data": [0.5] * (3 * n)}
+    body = json.dumps({"inputs": [*head, c_json]}).encode()
+    assert 64 << 10 < len(body) < MAX
+    for path in ("/v2/models/typed/infer", "/infer"):
+        sent = (
+            body
+            if path != "/infer"
+            else json.dumps(
+                {
+                    "model": "typed",
+                    "inputs": {"a": [[1, 2]], "b": [[True, False]], "c": [[[0.5] * 3] * n]},
+                }
+            ).encode()
+        )
+        status, err, pulled = await asgi_post(app, path, {"content-length": str(len(sent))}, [sent])
+        assert (status, pulled) == (413, 0), (path, status, err)
+        assert "MAX_JSON_BYTES" in err["error"] and "binary" in err["error"], err
+    blob = np.full((1, n, 3), 0.5, np.float16).tobytes()
+    c_bin = {
+        "name": "c",
+        "shape": [1, n, 3],
+        "datatype": "FP16",
+        "parameters": {"binary_data_size": len(blob)},
+    }
+    binary, headers = v2_binary_body({"inputs": [*head, c_bin]}, blob)
+    async with _client(app) as client:
+        r = await client.post("/v2/models/typed/infer", content=binary, headers=headers)
+        assert r.status_code == 200, r.text
+        assert service.calls[-1]["inputs"]["c"].shape == (1, n, 3)
+        padded = {"inputs": [*head, c_bin], "id": "x" * (64 << 10)}
+        binary, headers = v2_binary_body(padded, blob)
+        r = await client.post("/v2/models/typed/infer", content=binary, headers=headers)
+        assert r.status_code == 413 and "JSON header" in r.json()["error"], r.text
+
+
 # ---------------------------------------------------------------- compression
 
 

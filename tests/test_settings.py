@@ -51,6 +51,7 @@ SAMPLES: dict[str, tuple[str, object]] = {
     "TIMER_LEAD_MS": ("1.25", 1.25),
     "REALTIME_PRIORITY": ("7", 7),
     "MAX_BODY_BYTES": ("1024", 1024),
+    "MAX_JSON_BYTES": ("65536", 65536),
     "ADMIN_TOKEN": ("s3cret", "s3cret"),
     "PROFILE_BATCH_SIZES": ("1, 3,9", (1, 3, 9)),
 }
@@ -64,6 +65,7 @@ BAD: list[tuple[str, str, str]] = [
     ("THREADS_PER_SLICE", "0", " must be ≥ 1, got 0"),
     ("CPU_SLICES", "-1", " must be ≥ 0, got -1"),
     ("MAX_BODY_BYTES", "0", " must be ≥ 1, got 0"),
+    ("MAX_JSON_BYTES", "100", " must be ≥ 1024, got 100"),
     ("MAX_HEADER_BYTES", "100", " must be ≥ 256, got 100"),
     ("HEADER_TIMEOUT_S", "-1", " must be ≥ 0, got -1"),
     ("MAX_CONNECTIONS", "0", " must be ≥ 1, got 0"),
@@ -107,7 +109,7 @@ def test_flag_names_come_from_the_variables():
         "stuck_margin_s", "heartbeat_timeout_s", "respawn", "shutdown_grace_s",
         "header_timeout_s", "body_timeout_s", "keep_alive_timeout_s", "max_header_bytes",
         "max_buffered_bytes", "max_connections", "deadline_margin_ms", "timer_lead_ms",
-        "realtime_priority", "max_body_bytes", "admin_token",
+        "realtime_priority", "max_body_bytes", "max_json_bytes", "admin_token",
         "profile_batch_sizes",
     ]  # fmt: skip
 

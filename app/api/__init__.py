@@ -4,6 +4,7 @@ from app.api import create_api
 from app.server.metrics import Metrics
 app = create_api(lambda: service, metrics, lifespan=lifespan,
                  max_body_bytes=settings.max_body_bytes,      # env MAX_BODY_BYTES
+                 max_json_bytes=settings.max_json_bytes,      # env MAX_JSON_BYTES
                  admin_token=settings.admin_token,            # env ADMIN_TOKEN
                  bind_host=settings.host)                     # env HOST
 

@@ -7,7 +7,8 @@ the tensors):
   datatypes plus 64 KiB of JSON around the data, and never more than
   `max_body_bytes` (default 64 MiB, env `MAX_BODY_BYTES` where the server
   reads its settings), which is also the limit of a model with a variable
-  dimension (the formula: app.api.limits). A `Content-Length` over the
+  dimension (the formula: app.api.limits); JSON text (a JSON body, a binary
+  request's JSON header) at most `max_json_bytes`. A `Content-Length` over the
   limit is a 413 before a byte of the body is read; a body without one (or
   lying) is counted as it streams and stops being read at the first chunk
   past the limit (413);
@@ -27,9 +28,10 @@ A JSON body over `PARSE_IN_THREAD_BYTES` (64 KiB) is parsed in a worker thread
 thread hop. The thread alone does not bound how long one request holds the
 event loop: pydantic-core keeps the GIL for the whole parse (measured: a
 21 MB body, 70 ms of parsing, stalled the loop 77 ms from a thread), about
-3 ms per MB of JSON. The body limit bounds it: every bundled model's limit is
-at most 256 KiB, under 1 ms of parsing; a model with a variable dimension,
-limited by `max_body_bytes` only, can hold the loop that long per MB.
+3 ms per MB of JSON. The limits bound it: every bundled model's limit is
+at most 256 KiB, under 1 ms of parsing, and any request's JSON text is held
+to `max_json_bytes` (MAX_JSON_BYTES, 2 MiB: ~6 ms; app.api.limits), so a
+model with a variable dimension takes larger tensors as binary data only.
 
 Nothing from the network is unpickled or evaluated: JSON is parsed by
 pydantic/json, and binary tensor data is read with `numpy.frombuffer` as one

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from app.api.limits import RequestLimits
+from app.api.limits import DEFAULT_MAX_JSON_BYTES, RequestLimits
 from app.api.security import check_model_name, short_repr
 from app.errors import ModelNotFound, ModelNotReady
 from app.repository.config import ModelConfig
@@ -43,10 +43,12 @@ class ApiContext:
     metrics: Metrics
     max_body_bytes: int
     server_version: str
+    max_json_bytes: int = DEFAULT_MAX_JSON_BYTES
     limits: RequestLimits = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "limits", RequestLimits(self.max_body_bytes))
+        limits = RequestLimits(self.max_body_bytes, self.max_json_bytes)
+        object.__setattr__(self, "limits", limits)
 
 
 def lookup_model(service: InferenceService, name: str, version: str | None = None) -> ModelConfig:

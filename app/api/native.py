@@ -30,12 +30,14 @@ from app.api.tensors import (
 async def infer(ctx: ApiContext, request: Request) -> Response:
     """Run one inference (the route's endpoint and the fast path's)."""
     service = ctx.get_service()
-    body = await read_body(request, ctx.limits.any_model(service))
+    # all JSON text: under MAX_JSON_BYTES as well as the models' limits
+    body = await read_body(request, ctx.limits.as_json(ctx.limits.any_model(service)))
     req = await parse_body(m.InferRequest, body)
     config = lookup_model(service, req.model)
     limit = ctx.limits.for_model(config)
-    if len(body) > limit.bytes:  # the body names its model: held to its limit once parsed
-        raise PayloadTooLarge(limit.exceeded(f"request body of {len(body)} bytes"))
+    body_limit = ctx.limits.as_json(limit)
+    if len(body) > body_limit.bytes:  # the body names its model: held to its limit once parsed
+        raise PayloadTooLarge(body_limit.exceeded(f"request body of {len(body)} bytes"))
     check_input_names(config, list(req.inputs))
     specs = spec_map(config.inputs)
     inputs: dict[str, np.ndarray] = {}

@@ -33,6 +33,7 @@ from app.api.bodies import DEFAULT_MAX_BODY_BYTES, MAX_BODY_BYTES_ENV
 from app.api.context import SERVER_NAME, ApiContext, ServiceProvider, server_version
 from app.api.errors import error_response, install_error_handlers
 from app.api.fastpath import ServingAPI, install_fast_path
+from app.api.limits import DEFAULT_MAX_JSON_BYTES
 from app.api.native import add_native_routes
 from app.api.openapi import add_request_schemas
 from app.api.security import require_token
@@ -78,9 +79,11 @@ def build_router(
     metrics: Metrics,
     *,
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+    max_json_bytes: int = DEFAULT_MAX_JSON_BYTES,
 ) -> APIRouter:
     """The API's routes on a bare router (no error handlers, no fast path)."""
-    return api_router(ApiContext(get_service, metrics, max_body_bytes, server_version()))
+    ctx = ApiContext(get_service, metrics, max_body_bytes, server_version(), max_json_bytes)
+    return api_router(ctx)
 
 
 def install(
@@ -89,12 +92,14 @@ def install(
     metrics: Metrics,
     *,
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+    max_json_bytes: int = DEFAULT_MAX_JSON_BYTES,
     admin_token: str | None = None,
     bind_host: str = "127.0.0.1",
 ) -> FastAPI:
     """Add the API's routes, exception handlers and OpenAPI request schemas to `app`.
 
-    `max_body_bytes` caps request bodies (413 above it; settings: MAX_BODY_BYTES).
+    `max_body_bytes` caps request bodies (413 above it; settings: MAX_BODY_BYTES),
+    `max_json_bytes` their JSON text (settings: MAX_JSON_BYTES; app.api.limits).
     `admin_token` (settings: ADMIN_TOKEN) and `bind_host` (HOST) configure the
     guard of management routes, `app.state.require_admin`: a dependency for
     `Depends(...)` (see app.api.security.require_token).
@@ -103,9 +108,13 @@ def install(
         raise TypeError(f"max_body_bytes must be an int, got {max_body_bytes!r}")
     if max_body_bytes < 1:
         raise ValueError(f"max_body_bytes must be ≥ 1, got {max_body_bytes}")
+    if isinstance(max_json_bytes, bool) or not isinstance(max_json_bytes, int):
+        raise TypeError(f"max_json_bytes must be an int, got {max_json_bytes!r}")
+    if max_json_bytes < 1:
+        raise ValueError(f"max_json_bytes must be ≥ 1, got {max_json_bytes}")
     app.state.max_body_bytes = max_body_bytes
     app.state.require_admin = require_token(admin_token, host=bind_host)
-    ctx = ApiContext(get_service, metrics, max_body_bytes, server_version())
+    ctx = ApiContext(get_service, metrics, max_body_bytes, server_version(), max_json_bytes)
     app.include_router(api_router(ctx))
     install_fast_path(app, ctx)
     install_error_handlers(app)
@@ -118,6 +127,7 @@ def create_api(
     metrics: Metrics,
     *,
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+    max_json_bytes: int = DEFAULT_MAX_JSON_BYTES,
     admin_token: str | None = None,
     bind_host: str = "127.0.0.1",
     **fastapi_kwargs: Any,
@@ -136,6 +146,7 @@ def create_api(
         get_service,
         metrics,
         max_body_bytes=max_body_bytes,
+        max_json_bytes=max_json_bytes,
         admin_token=admin_token,
         bind_host=bind_host,
     )

@@ -27,7 +27,7 @@ from app.api import models as m
 from app.api import v2
 from app.api.bodies import parse_body, parse_model, read_body
 from app.api.context import SERVER_NAME, ApiContext, lookup_model
-from app.api.errors import MalformedRequest, NotReady, hide_paths
+from app.api.errors import MalformedRequest, NotReady, PayloadTooLarge, hide_paths
 from app.api.openapi import (
     ERROR_RESPONSES,
     NOT_FOUND_RESPONSES,
@@ -135,9 +135,13 @@ async def infer(ctx: ApiContext, name: str, version: str | None, request: Reques
     service = ctx.get_service()
     config = lookup_model(service, name, version)
     limit = ctx.limits.for_model(config)
-    body = await read_body(request, limit)
     header_value = request.headers.get(v2.HEADER_LENGTH)
+    # all JSON text, or a JSON header before binary tensor data: the text is
+    # held to MAX_JSON_BYTES too (app.api.limits)
+    body = await read_body(request, ctx.limits.as_json(limit) if header_value is None else limit)
     header, binary = v2.split_body(body, header_value)
+    if len(header) > ctx.limits.json.bytes:
+        raise PayloadTooLarge(ctx.limits.json.exceeded(f"JSON header of {len(header)} bytes"))
     what = (
         "request body"
         if header_value is None

@@ -310,6 +310,16 @@ class Settings:
             "limit, derived from its input shapes",
         ),
     )
+    max_json_bytes: int = field(
+        default=2 << 20,
+        metadata=_setting(
+            "MAX_JSON_BYTES",
+            Integer(1024),
+            "largest JSON text of one request (the whole body, or the JSON header of a "
+            "binary-tensor request; 413 above): parsing holds the event loop ~2-3 ms per MB, "
+            "so larger tensors go as binary tensor data",
+        ),
+    )
     admin_token: str | None = field(
         default=None,
         repr=False,  # a credential: kept out of logs
