@@ -93,6 +93,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         port=settings.port,
         log_level=command.log_level,
         timeout_graceful_shutdown=safety_net_s(settings.shutdown_grace_s),
+        server_header=False,  # no software name in answers (README: Exposure)
         **connections,
     )
     return 0

@@ -552,6 +552,7 @@ def test_python_m_app_serve_passes_the_connection_options_to_uvicorn(monkeypatch
     assert (limits.header_timeout_s, limits.body_timeout_s, limits.max_connections) == (3, 9, 7)
     assert options["timeout_keep_alive"] == 4
     assert options["backlog"] == limits.backlog
+    assert options["server_header"] is False  # answers do not name the server software
 
 
 def test_plain_uvicorn_takes_the_protocol_by_its_class_path(monkeypatch):
