@@ -390,30 +390,50 @@ def test_a_chunked_body_over_max_body_bytes_is_answered_413():
 
 
 @pytest.mark.slow
-def test_above_max_connections_a_new_connection_is_refused_and_open_ones_are_served(serve):
+def test_at_max_connections_a_new_connection_replaces_the_longest_idle_one(serve):
+    """MAX_CONNECTIONS 3: idle connections cannot lock a new client out —
+    the one idle longest is closed to admit it, and a connection in the
+    middle of a request is never the one closed."""
     address = serve(RecordingApp(), max_connections=3, header_timeout_s=30.0)
-    with httpx.Client(base_url=f"http://{address[0]}:{address[1]}") as client:
-        assert client.post("/infer", content=b"x").json() == {"size": 1}  # connection 1
-        idle = [_connect(address) for _ in range(2)]  # connections 2 and 3
-        try:
-            time.sleep(0.2)  # let the server take them in first
-            with _connect(address) as refused:
-                answer = _read_to_close(refused)
-            status, body = _status_and_body(answer)
-            assert (status, body["reason"]) == (503, "too_many_connections")
-            # The client that was connected first is still served, on its connection.
+    first, second = _connect(address), _connect(address)  # idle: opened, nothing sent
+    try:
+        time.sleep(0.2)  # let the server take them in first
+        with httpx.Client(base_url=f"http://{address[0]}:{address[1]}") as client:
+            # the third connection fills the limit; the fourth replaces `first`
+            assert client.post("/infer", content=b"x").json() == {"size": 1}
+            second.sendall(b"POST /infer HTTP/1.1\r\nHost: x\r\nContent-Length: 10\r\n\r\n12")
+            time.sleep(0.2)  # `second` now has a request in progress: not idle
+            with _connect(address) as newcomer:
+                newcomer.sendall(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+                assert newcomer.recv(65536).startswith(b"HTTP/1.1 200 ")
+            assert _read_to_close(first) == b""  # closed without an answer: it asked nothing
+            second.sendall(b"34567890")  # its request completes as if nothing happened
+            assert second.recv(65536).startswith(b"HTTP/1.1 200 ")
+            # `client` was idle longer than `second` (answered before it sent
+            # its request): the newcomer took its place; it reconnects.
             assert client.post("/infer", content=b"yy").json() == {"size": 2}
-            idle.pop().close()  # room for one more
+    finally:
+        first.close()
+        second.close()
 
-            def served() -> bool:
-                with _connect(address) as sock:
-                    sock.sendall(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
-                    return sock.recv(65536).startswith(b"HTTP/1.1 200 ")
 
-            assert _wait_for(served)
-        finally:
-            for sock in idle:
-                sock.close()
+@pytest.mark.slow
+def test_at_max_connections_with_every_connection_busy_a_new_one_is_refused_503(serve):
+    address = serve(RecordingApp(), max_connections=2, header_timeout_s=30.0)
+    busy = [_connect(address) for _ in range(2)]
+    try:
+        for sock in busy:  # a head, part of the body: a request in progress
+            sock.sendall(b"POST /infer HTTP/1.1\r\nHost: x\r\nContent-Length: 4\r\n\r\n12")
+        time.sleep(0.2)
+        with _connect(address) as refused:
+            status, body = _status_and_body(_read_to_close(refused))
+        assert (status, body["reason"]) == (503, "too_many_connections")
+        for sock in busy:  # the open ones are served as before
+            sock.sendall(b"34")
+            assert sock.recv(65536).startswith(b"HTTP/1.1 200 ")
+    finally:
+        for sock in busy:
+            sock.close()
 
 
 @pytest.mark.slow
@@ -421,9 +441,9 @@ def test_idle_clients_holding_every_connection_leave_descriptors_to_respawn_an_e
     launch_daemon, tmp_path
 ):
     """`python -m app serve` at `ulimit -n 256`: clients that open more idle
-    connections than the process has file descriptors are refused above the
-    cap, a client connected before them is still served, and an executor
-    killed meanwhile is respawned."""
+    connections than the process has file descriptors never hold more than
+    the cap (each one above it replaces the one idle longest), a client is
+    still served, and an executor killed meanwhile is respawned."""
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (256, hard))  # the daemon inherits it
     try:
@@ -447,10 +467,12 @@ def test_idle_clients_holding_every_connection_leave_descriptors_to_respawn_an_e
         try:
             for _ in range(300):  # more than the daemon has file descriptors
                 idle.append(socket.create_connection((host, int(port)), timeout=10))
-            time.sleep(1.0)  # the refused ones are answered at once
+            time.sleep(1.0)  # the replaced ones are closed at once
             readable, _, _ = select.select(idle, [], [], 0)
-            refused = [s for s in readable if s.recv(65536).startswith(b"HTTP/1.1 503 ")]
-            assert len(refused) == len(readable) == 300 - (cap - 1)
+            closed = [s for s in readable if s.recv(65536) == b""]
+            # each connection above the cap replaced the one idle longest:
+            # the client's (idle since its answer), then the oldest of these
+            assert len(closed) == len(readable) == 300 - cap
             assert client.get("/v2/health/ready").json()["devices_alive"] == 2
             os.kill(executor_pids(handle.process.pid)["emulated:0"], signal.SIGKILL)
 

@@ -43,9 +43,14 @@ is that protocol (with `ReceiveStampingProtocol`'s arrival stamp) plus:
   still holds its bytes and its client, and a client told 503 can retry
   elsewhere or later.
 - **Connections** (`MAX_CONNECTIONS`, capped below the open-file limit by
-  app.server.connection_limits): a connection opened above it is answered
-  503 `too_many_connections` and closed at once (a client that is still
-  sending may see a reset instead); the connections already open, and their
+  app.server.connection_limits): a connection opened at the limit takes the
+  place of the open connection that has waited longest for a request head
+  (nothing of it being answered; idle, or sending a head slowly), which is
+  closed — as nginx reuses idle keep-alive connections — so that idle
+  connections cannot lock new clients out. Only when every open connection
+  has a request in progress is the new one answered 503
+  `too_many_connections` and closed at once (a client that is still sending
+  may see a reset instead); the connections already open, and their
   requests, are served as before. (uvicorn's own `limit_concurrency` is not
   used: it answers 503 to every request, on old connections too, while too
   many are open — so idle connections would lock out working clients.)
@@ -235,6 +240,7 @@ if ReceiveStampingProtocol is not None:
             self.budget = share.budget
             self.notices = share.notices
             self.refused = False  # over the connection limit: answered and closed
+            self.active_at = self.loop.time()  # last byte received or answer sent
             self.head_bytes = 0  # of the head being read, fed to the parser
             self._in_head = True
             self._head_begun = False
@@ -247,6 +253,17 @@ if ReceiveStampingProtocol is not None:
 
         def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
             full = len(self.connections) >= self.guard.max_connections
+            if full:
+                victim = self._longest_waiting()
+                if victim is not None:
+                    self.notices.note(
+                        "evictions",
+                        f"connection limit {self.guard.max_connections} reached: connections "
+                        "waiting longest for a request are closed to admit new ones",
+                    )
+                    self.connections.discard(victim)
+                    victim.transport.close()
+                    full = False
             super().connection_made(transport)
             if full:
                 self.refused = True
@@ -275,6 +292,7 @@ if ReceiveStampingProtocol is not None:
         def data_received(self, data: bytes) -> None:
             if self.refused:
                 return
+            self.active_at = self.loop.time()
             while data:
                 if not self._in_head:  # a body: the parser hands it on
                     super().data_received(data)
@@ -364,6 +382,7 @@ if ReceiveStampingProtocol is not None:
             self._cancel_body_timer()  # bodies come in order: the one timed is complete
 
         def on_response_complete(self) -> None:
+            self.active_at = self.loop.time()
             queued = list(self.pipeline)
             super().on_response_complete()
             for cycle in [c for c in self._held if c.response_complete]:
@@ -376,6 +395,20 @@ if ReceiveStampingProtocol is not None:
                 self._arm_body_timer(queued[-1][0])
             elif self._waiting_for_head():
                 self._arm_header_timer()
+
+        def _longest_waiting(self) -> GuardedProtocol | None:
+            """The open connection that has waited longest for a request head
+            with nothing of it being answered (None if every one is busy)."""
+            waiting = [
+                c
+                for c in self.connections
+                if isinstance(c, GuardedProtocol)
+                and not c.refused
+                and c.transport is not None
+                and not c.transport.is_closing()
+                and c._waiting_for_head()
+            ]
+            return min(waiting, key=lambda c: c.active_at, default=None)
 
         # ------------------------------------------------------------ timers
 
