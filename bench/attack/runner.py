@@ -30,6 +30,9 @@ from bench.daemon_launcher import DaemonHandle, stop_daemon
 BASELINE_S = 0.5
 WARMUP_S = 1.0
 CLIENT_P99_TARGET_MS = 50.0
+# The normal client and the RSS sampler watch at least this long from the
+# attack's start, so an attack the server stops at once is still measured.
+MIN_WINDOW_S = 3.0
 
 
 @dataclass(frozen=True)
@@ -52,6 +55,12 @@ class Context:
     result: AttackResult
     sampler: RssSampler
     client: NormalClient | None = None
+    began: float = 0.0  # when the attack started (monotonic)
+    window_end: float | None = None  # set by an attack whose tail is not the attack itself
+
+    def hold_window(self) -> Awaitable[None]:
+        """Sleep until MIN_WINDOW_S after the attack began."""
+        return asyncio.sleep(max(0.0, self.began + MIN_WINDOW_S - time.monotonic()))
 
     @property
     def host(self) -> str:
@@ -104,13 +113,15 @@ async def _drive(spec: AttackSpec, ctx: Context) -> None:
         ctx.client = NormalClient(ctx.handle.url, NORMAL_MODEL, ctx.options.client_rate_rps)
         ctx.client.start()
         await asyncio.sleep(WARMUP_S)
-    began = time.monotonic()
+    began = ctx.began = time.monotonic()
     budget = spec.budget_s[1] if ctx.quick else spec.budget_s[0]
     try:
         await asyncio.wait_for(spec.run(ctx), budget)
     except TimeoutError:
         result.timed_out.append(f"the attack, within its {budget:g} s budget")
-    ended = time.monotonic()
+    if ctx.window_end is None:
+        await ctx.hold_window()
+    ended = ctx.window_end or time.monotonic()
     if ctx.client is not None:
         await ctx.client.stop()
         result.client = ctx.client.stats(since=began, until=ended)
