@@ -26,12 +26,13 @@ import pytest
 import uvicorn
 from uvicorn.server import ServerState
 
+from app.api import connection
 from app.api.connection import (
-    BufferBudget,
     GuardedProtocol,
     guarded_protocol,
     uvicorn_connection_options,
 )
+from app.api.connection_share import BufferBudget
 from app.server.connection_limits import (
     DEFAULT_MAX_CONNECTIONS,
     ConnectionLimits,
@@ -215,6 +216,7 @@ class FakeTransport(asyncio.Transport):
         self.loop = loop
         self.written = b""
         self.closed = False
+        self.eof = False  # write_eof: the answer sent, then a FIN
         self.protocol: Any = None
 
     def get_extra_info(self, name: str, default: Any = None) -> Any:
@@ -230,6 +232,12 @@ class FakeTransport(asyncio.Transport):
         if not self.closed:
             self.closed = True
             self.loop.call_soon(self.protocol.connection_lost, None)
+
+    def can_write_eof(self) -> bool:
+        return True
+
+    def write_eof(self) -> None:
+        self.eof = True
 
     def pause_reading(self) -> None:
         pass
@@ -252,7 +260,12 @@ def _protocol(
     return protocol, transport
 
 
-def test_a_megabyte_of_headers_feeds_the_parser_no_more_than_max_header_bytes():
+def test_a_megabyte_of_headers_feeds_the_parser_no_more_than_max_header_bytes(monkeypatch):
+    """...and the 431 is sent with a FIN, the rest of the flood read and
+    discarded until the socket is closed LINGER_S later (no reset that could
+    destroy the answer before the client reads it)."""
+    monkeypatch.setattr(connection, "LINGER_S", 0.05)
+
     async def scenario() -> None:
         protocol, transport = _protocol(RecordingApp(), ConnectionLimits(max_header_bytes=4096))
         fed: list[int] = []
@@ -269,12 +282,12 @@ def test_a_megabyte_of_headers_feeds_the_parser_no_more_than_max_header_bytes():
         protocol.parser = CountingParser()
         protocol.data_received(b"GET / HTTP/1.1\r\nHost: x\r\nX-Big: ")
         for _ in range(16):  # 1 MiB of one header, 64 KiB a read
-            if transport.closed:
-                break
             protocol.data_received(b"a" * 65536)
-        assert transport.closed
         assert sum(fed) == 4096  # what the parser (httptools) may have buffered
-        assert transport.written.startswith(b"HTTP/1.1 431 ")
+        assert transport.written.startswith(b"HTTP/1.1 431 ") and transport.eof
+        assert not transport.closed  # lingering: the flood is read and dropped
+        await asyncio.sleep(0.2)
+        assert transport.closed  # LINGER_S later
         await asyncio.sleep(0)  # connection_lost
 
     asyncio.run(scenario())
@@ -349,9 +362,9 @@ def test_a_chunked_body_growing_past_the_budget_is_answered_503_and_its_app_disc
         second, transport = _protocol(app, limits, state)
         second.data_received(b"POST / HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n")
         second.data_received(b"64\r\n" + b"x" * 100 + b"\r\n")  # 900 held
-        assert not transport.closed and second.budget.used == 900
+        assert not transport.eof and second.budget.used == 900
         second.data_received(b"c8\r\n" + b"x" * 200 + b"\r\n")  # 1100 > 1000
-        assert transport.closed
+        assert transport.eof  # answered, FIN sent (then lingering)
         assert transport.written.startswith(b"HTTP/1.1 503 ")
         assert b'"reason": "server_busy"' in transport.written
         for _ in range(5):
@@ -371,17 +384,48 @@ def test_a_chunked_body_over_max_body_bytes_is_answered_413():
         protocol, transport = _protocol(app, ConnectionLimits(max_body_bytes=150))
         protocol.data_received(b"POST / HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n")
         protocol.data_received(b"64\r\n" + b"x" * 100 + b"\r\n")
-        assert not transport.closed
+        assert not transport.eof
         # Over the cap, and a pipelined request in the same read: not started.
         protocol.data_received(
             b"64\r\n" + b"x" * 100 + b"\r\n0\r\n\r\nGET / HTTP/1.1\r\nHost: x\r\n\r\n"
         )
-        assert transport.closed and transport.written.startswith(b"HTTP/1.1 413 ")
+        assert transport.eof and transport.written.startswith(b"HTTP/1.1 413 ")
         assert b'"reason": "payload_too_large"' in transport.written
         for _ in range(5):
             await asyncio.sleep(0)
         assert protocol.budget.used == 0
         assert app.requests == [["http.disconnect"]]
+
+    asyncio.run(scenario())
+
+
+def test_at_shutdown_a_request_still_arriving_is_answered_503_and_idle_ones_closed(monkeypatch):
+    """uvicorn's graceful shutdown calls shutdown() on every connection: an
+    idle one is closed without an answer; one whose head or body is still
+    arriving gets 503 shutting_down (its app sees a disconnect) instead of
+    being cut silently; one being answered finishes first."""
+    monkeypatch.setattr(connection, "SHUTDOWN_LINGER_S", 0.05)
+
+    async def scenario() -> None:
+        app = RecordingApp()
+        idle, idle_transport = _protocol(app, ConnectionLimits())
+        half_head, head_transport = _protocol(app, ConnectionLimits())
+        half_head.data_received(b"POST / HTTP/1.1\r\nHost: x\r\n")
+        mid_body, body_transport = _protocol(app, ConnectionLimits())
+        mid_body.data_received(b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n")
+        mid_body.data_received(b"b" * 40)
+        for _ in range(3):
+            await asyncio.sleep(0)  # the app reads the first 40 bytes
+        for protocol in (idle, half_head, mid_body):
+            protocol.shutdown()
+        assert idle_transport.closed and idle_transport.written == b""
+        for transport in (head_transport, body_transport):
+            assert transport.written.startswith(b"HTTP/1.1 503 ")
+            assert b'"reason": "shutting_down"' in transport.written and transport.eof
+        assert not body_transport.closed  # lingering, SHUTDOWN_LINGER_S
+        await asyncio.sleep(0.15)
+        assert head_transport.closed and body_transport.closed
+        assert app.requests == [["http.request", "http.disconnect"]]
 
     asyncio.run(scenario())
 

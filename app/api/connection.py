@@ -49,11 +49,20 @@ is that protocol (with `ReceiveStampingProtocol`'s arrival stamp) plus:
   closed — as nginx reuses idle keep-alive connections — so that idle
   connections cannot lock new clients out. Only when every open connection
   has a request in progress is the new one answered 503
-  `too_many_connections` and closed at once (a client that is still sending
-  may see a reset instead); the connections already open, and their
+  `too_many_connections` and closed; the connections already open, and their
   requests, are served as before. (uvicorn's own `limit_concurrency` is not
   used: it answers 503 to every request, on old connections too, while too
   many are open — so idle connections would lock out working clients.)
+- **Shutdown**: at the signal, a request whose head or body is still
+  arriving was not accepted: it is answered 503 `shutting_down` (as the app
+  answers one that completes later), an idle connection is closed, and
+  requests being answered finish (the app's drain bounds them).
+
+A connection closed with an answer (408, 413, 431, 503) is closed the way
+HTTP servers linger (RFC 9112 §9.6): the answer is sent with a FIN, what the
+client still sends is read and discarded for up to `LINGER_S` (0.25 s while
+shutting down), then the socket is closed. Closed at once, a client still
+sending would get a reset, which can destroy the answer before it is read.
 
 These are logged as warnings, at most one line per kind every 10 s, with
 counts.
@@ -77,112 +86,21 @@ has none), on bytes buffered over all connections or on connections.
 from __future__ import annotations
 
 import asyncio
-import http
-import json
+import contextlib
 import logging
-import time
 import weakref
-from collections.abc import Callable
 from typing import Any, ClassVar
 
-from starlette.types import Receive, Scope, Send
-
+from app.api.connection_share import ServerShare, error_app, error_response
 from app.api.received import ReceiveStampingProtocol
 from app.server.connection_limits import ConnectionLimits, connection_limits
 from app.server.settings import Settings
 
 log = logging.getLogger(__name__)
 
-NOTICE_INTERVAL_S = 10.0
-
-
-def error_body(message: str, reason: str) -> bytes:
-    """The JSON error body every answer of this server has."""
-    return json.dumps({"error": message, "reason": reason}).encode()
-
-
-def error_response(
-    status: int, message: str, reason: str, default_headers: list[tuple[bytes, bytes]]
-) -> bytes:
-    """A whole HTTP/1.1 error answer that closes the connection, for when
-    no request (or no ASGI cycle) is there to answer through."""
-    body = error_body(message, reason)
-    phrase = http.HTTPStatus(status).phrase.encode()
-    lines = [b"HTTP/1.1 %d %s\r\n" % (status, phrase)]
-    lines += [name + b": " + value + b"\r\n" for name, value in default_headers]
-    lines += [
-        b"content-type: application/json\r\n",
-        b"content-length: %d\r\n" % len(body),
-        b"connection: close\r\n",
-        b"\r\n",
-        body,
-    ]
-    return b"".join(lines)
-
-
-def error_app(status: int, message: str, reason: str) -> Callable[..., Any]:
-    """An ASGI app answering every request with this error, closing the
-    connection, without reading the body."""
-    body = error_body(message, reason)
-    headers = [
-        (b"content-type", b"application/json"),
-        (b"content-length", str(len(body)).encode()),
-        (b"connection", b"close"),
-    ]
-
-    async def app(scope: Scope, receive: Receive, send: Send) -> None:
-        await send({"type": "http.response.start", "status": status, "headers": headers})
-        await send({"type": "http.response.body", "body": body})
-
-    return app
-
-
-class BufferBudget:
-    """Bytes of request bodies received and not yet answered, over all
-    connections of one server."""
-
-    def __init__(self, limit: int) -> None:
-        self.limit = limit
-        self.used = 0
-
-    def fits(self, nbytes: int) -> bool:
-        """`nbytes` more would fit, or nothing is held."""
-        return not self.used or self.used + nbytes <= self.limit
-
-    def grow(self, nbytes: int, held: int) -> bool:
-        """Take `nbytes` more for a body that already holds `held`; False
-        (and taken all the same) when that passes the limit while other
-        bodies are held too."""
-        self.used += nbytes
-        return self.used <= self.limit or self.used == held + nbytes
-
-    def release(self, nbytes: int) -> None:
-        self.used -= nbytes
-
-
-class Notices:
-    """Warnings about refused clients, at most one line per kind every
-    `NOTICE_INTERVAL_S`, with how many there were."""
-
-    def __init__(self) -> None:
-        self._counts: dict[str, int] = {}
-        self._logged_at: dict[str, float] = {}
-
-    def note(self, kind: str, message: str) -> None:
-        self._counts[kind] = self._counts.get(kind, 0) + 1
-        now = time.monotonic()
-        if now - self._logged_at.get(kind, -NOTICE_INTERVAL_S) >= NOTICE_INTERVAL_S:
-            log.warning("%s (%d since the last such warning)", message, self._counts[kind])
-            self._counts[kind] = 0
-            self._logged_at[kind] = now
-
-
-class _ServerShare:
-    """What the connections of one uvicorn server share."""
-
-    def __init__(self, limits: ConnectionLimits) -> None:
-        self.budget = BufferBudget(limits.max_buffered_bytes)
-        self.notices = Notices()
+LINGER_S = 2.0  # how long a connection answered for the last time discards input
+SHUTDOWN_LINGER_S = 0.25  # the same while shutting down: uvicorn waits for every connection
+SHUTTING_DOWN = "the server is shutting down: the request was not accepted"
 
 
 _SERVER_BUSY = error_app(
@@ -191,7 +109,7 @@ _SERVER_BUSY = error_app(
 
 # Keyed by uvicorn's ServerState: one share per server, also when several
 # servers in one process (tests) use the same protocol class.
-_shares: weakref.WeakKeyDictionary[Any, _ServerShare] = weakref.WeakKeyDictionary()
+_shares: weakref.WeakKeyDictionary[Any, ServerShare] = weakref.WeakKeyDictionary()
 
 
 def _declared_length(headers: list[tuple[bytes, bytes]]) -> int:
@@ -236,10 +154,11 @@ if ReceiveStampingProtocol is not None:
             self.timeout_keep_alive = self.guard.keep_alive_timeout_s  # type: ignore[assignment]
             share = _shares.get(self.server_state)
             if share is None:
-                share = _shares[self.server_state] = _ServerShare(self.guard)
+                share = _shares[self.server_state] = ServerShare(self.guard)
             self.budget = share.budget
             self.notices = share.notices
             self.refused = False  # over the connection limit: answered and closed
+            self.lingering = False  # answered for the last time: input discarded
             self.active_at = self.loop.time()  # last byte received or answer sent
             self.head_bytes = 0  # of the head being read, fed to the parser
             self._in_head = True
@@ -255,7 +174,7 @@ if ReceiveStampingProtocol is not None:
             full = len(self.connections) >= self.guard.max_connections
             if full:
                 victim = self._longest_waiting()
-                if victim is not None:
+                if victim is not None and victim.transport is not None:
                     self.notices.note(
                         "evictions",
                         f"connection limit {self.guard.max_connections} reached: connections "
@@ -290,7 +209,7 @@ if ReceiveStampingProtocol is not None:
             super().connection_lost(exc)
 
         def data_received(self, data: bytes) -> None:
-            if self.refused:
+            if self.refused or self.lingering:
                 return
             self.active_at = self.loop.time()
             while data:
@@ -304,7 +223,7 @@ if ReceiveStampingProtocol is not None:
                 part, data = data[:room], data[room:]
                 self.head_bytes += len(part)
                 super().data_received(part)
-                if self.transport.is_closing():
+                if self._ending():
                     return
 
         # ----------------------------------------------------- parser callbacks
@@ -316,7 +235,7 @@ if ReceiveStampingProtocol is not None:
                 self._arm_header_timer()  # the head's own time, from its first byte
 
         def on_headers_complete(self) -> None:
-            if self.transport.is_closing():
+            if self._ending():
                 return  # refused earlier in this read: start nothing more
             self._in_head = False
             self._head_begun = False
@@ -351,7 +270,7 @@ if ReceiveStampingProtocol is not None:
 
         def on_body(self, body: bytes) -> None:
             cycle = self.cycle
-            if cycle in self._rejected or self.transport.is_closing():
+            if cycle in self._rejected or self._ending():
                 return  # answered without it, or refused: not buffered
             if not (cycle.response_complete or cycle.disconnected):
                 held = self._held.get(cycle, 0)
@@ -389,7 +308,7 @@ if ReceiveStampingProtocol is not None:
                 self.budget.release(self._held.pop(cycle))
             self._rejected = {c for c in self._rejected if not c.response_complete}
             self._cancel_body_timer()
-            if self.transport.is_closing():
+            if self._ending():
                 return
             if len(self.pipeline) < len(queued):  # the next pipelined request started
                 self._arm_body_timer(queued[-1][0])
@@ -403,12 +322,33 @@ if ReceiveStampingProtocol is not None:
                 c
                 for c in self.connections
                 if isinstance(c, GuardedProtocol)
-                and not c.refused
                 and c.transport is not None
                 and not c.transport.is_closing()
-                and c._waiting_for_head()
+                and (c.lingering or (not c.refused and c._waiting_for_head()))
             ]
-            return min(waiting, key=lambda c: c.active_at, default=None)
+            # lingering ones first: they have had their answer
+            return min(waiting, key=lambda c: (not c.lingering, c.active_at), default=None)
+
+        def shutdown(self) -> None:
+            """uvicorn's graceful shutdown, at the signal: a request not yet
+            whole — its head or its body still arriving — is not accepted, so
+            it is answered 503 `shutting_down` (the app refuses one that
+            becomes whole later the same way) instead of being cut without an
+            answer or holding the shutdown until it is cut."""
+            if self.lingering:
+                self.transport.close()
+                return
+            cycle = self.cycle
+            if (cycle is None or cycle.response_complete) and not self.pipeline:
+                if self._head_begun:
+                    self._close_with(503, SHUTTING_DOWN, "shutting_down", SHUTDOWN_LINGER_S)
+                else:
+                    self.transport.close()
+                return
+            if cycle is not None and cycle.more_body and not cycle.response_started:
+                self._abort(cycle, 503, SHUTTING_DOWN, "shutting_down", SHUTDOWN_LINGER_S)
+                return
+            super().shutdown()
 
         # ------------------------------------------------------------ timers
 
@@ -446,7 +386,7 @@ if ReceiveStampingProtocol is not None:
 
         def _header_timeout(self) -> None:
             self._header_timer = None
-            if self.transport.is_closing() or not self._waiting_for_head():
+            if self._ending() or not self._waiting_for_head():
                 return
             if not self._head_begun:  # idle: nothing to answer
                 self.transport.close()
@@ -480,14 +420,21 @@ if ReceiveStampingProtocol is not None:
             else:  # a pipelined head while another request is answered: no room to say so
                 self._abort(self.cycle, 431, message, "headers_too_large")
 
-        def _close_with(self, status: int, message: str, reason: str) -> None:
+        def _close_with(
+            self, status: int, message: str, reason: str, linger_s: float | None = None
+        ) -> None:
             """Answer outside any request cycle and close."""
             default_headers = self.server_state.default_headers
             self.transport.write(error_response(status, message, reason, default_headers))
-            self.transport.close()
+            self._linger(linger_s)
 
         def _abort(
-            self, cycle: RequestResponseCycle, status: int, message: str, reason: str
+            self,
+            cycle: RequestResponseCycle,
+            status: int,
+            message: str,
+            reason: str,
+            linger_s: float | None = None,
         ) -> None:
             """End a request being read: answer it if its answer has not
             started, let its app see a disconnect, close the connection."""
@@ -497,7 +444,29 @@ if ReceiveStampingProtocol is not None:
             if not cycle.response_complete:
                 cycle.disconnected = True  # receive() → http.disconnect; its sends go nowhere
             cycle.message_event.set()
-            self.transport.close()
+            self._linger(linger_s)
+
+        def _ending(self) -> bool:
+            return self.lingering or self.transport.is_closing()
+
+        def _linger(self, linger_s: float | None = None) -> None:
+            """Close after the last answer without resetting a client that is
+            still sending (module docstring): FIN, discard, close."""
+            transport = self.transport
+            if self.lingering or transport.is_closing():
+                return
+            self.lingering = True
+            self._cancel_timers()
+            for held in self._held.values():  # nothing more of this connection is served
+                self.budget.release(held)
+            self._held.clear()
+            if not transport.can_write_eof():
+                transport.close()
+                return
+            transport.write_eof()
+            with contextlib.suppress(RuntimeError):  # uvicorn's flow control may have paused it
+                transport.resume_reading()
+            self.loop.call_later(LINGER_S if linger_s is None else linger_s, transport.close)
 
     def guarded_protocol(limits: ConnectionLimits) -> type[GuardedProtocol]:
         """A `GuardedProtocol` class enforcing `limits` (uvicorn's `http=`)."""
