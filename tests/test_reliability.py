@@ -350,7 +350,10 @@ def _wait_served(url: str, timeout: float = 30.0) -> None:
     """Until the daemon has finished at least one request (in or past its SLO)."""
     t0 = time.monotonic()
     while time.monotonic() - t0 < timeout:
-        served = [_counter(url, f'{name}_total{{model="slow"}} ') for name in ("goodput", "late")]
+        served = [
+            _counter(url, f'deadline_serve_{name}_total{{model="slow"}} ')
+            for name in ("goodput", "late")
+        ]
         if sum(served):
             return
         time.sleep(0.05)
