@@ -30,10 +30,11 @@ one process stay independent.
     executor_failures_total{device}        executors that died or hung
     executor_respawn_seconds{device}       gauge: failure → serving again, last respawn
 
-The compute and pending families are Triton's (`nv_inference_compute_infer_
-duration_us`, `nv_inference_pending_request_count`) in Prometheus's base
-units. The autoscaling gauges (symphony.txt §4.4) and `busy_fraction` are
-set every 5 s from the cores' signals over that period (app/server/live.py).
+The compute and pending families are Triton's (its compute-infer duration
+and pending request count) in Prometheus's base units: seconds, not µs.
+The autoscaling gauges (symphony.txt §4.4) and `busy_fraction` are set every
+5 s from the cores' signals over that period (app/server/live.py). The
+Grafana dashboard and alert rules over these names are in deploy/.
 """
 
 from __future__ import annotations
@@ -142,7 +143,8 @@ class Metrics:
         )
         self.latency = self._histogram(
             "latency_seconds",
-            "End-to-end latency of finished requests in seconds, arrival to answer.",
+            "Seconds from a finished request's arrival to its result (end to end, before the "
+            "reply is written).",
             ["model"],
             LATENCY_BUCKETS_S,
         )
