@@ -29,7 +29,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     warning = exposure_warning(settings.admin_token, settings.host)
     if warning:
         log.warning(warning)
-    metrics = Metrics()
+    metrics = Metrics(settings.metrics_prefix)
     holder: dict[str, LiveService] = {}
 
     @asynccontextmanager

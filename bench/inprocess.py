@@ -116,7 +116,7 @@ def service_settings(
 @contextlib.asynccontextmanager
 async def running_service(settings: Settings) -> AsyncIterator[LiveService]:
     """A started LiveService (executor processes and all), stopped on exit."""
-    service = LiveService(settings, Metrics())
+    service = LiveService(settings, Metrics(settings.metrics_prefix))
     try:
         await service.start()
         yield service

@@ -332,42 +332,60 @@ async def test_metadata_health_index(client, service):
 async def test_metrics(client, metrics):
     metrics.request_received("add_one")
     metrics.request_received("add_one")
+    metrics.request_answered("add_one")
     metrics.request_finished("add_one", 0.012, 0.002, 8, True)
     metrics.request_finished("add_one", 0.080, 0.050, 8, False)
     metrics.request_dropped("add_one", "deadline")
-    metrics.batch_executed("add_one", "cpu:0", 8)
+    metrics.batch_executed("add_one", "cpu:0", 8, 0.004)
+    metrics.batch_executed("add_one", "cpu:0", 2, 0.0015)
     metrics.set_device_busy("cpu:0", 0.75)
-    metrics.set_autoscale(bad_rate=12.5, idle_fraction=0.25, advised_change=2)
+    metrics.set_autoscale(bad_rate=0.125, idle_fraction=0.25, advised_change=2)
     r = await client.get("/metrics")
     assert r.status_code == 200 and r.headers["content-type"].startswith("text/plain")
     text = r.text
     for line in (
-        'requests_total{model="add_one"} 2.0',
-        'goodput_total{model="add_one"} 1.0',
-        'late_total{model="add_one"} 1.0',
-        'dropped_total{model="add_one",reason="deadline"} 1.0',
-        'queue_delay_seconds_count{model="add_one"} 2.0',
-        'latency_seconds_bucket{le="0.015",model="add_one"} 1.0',
-        'batch_size_count{model="add_one"} 1.0',
-        'request_batch_size_sum{model="add_one"} 16.0',
-        'batches_total{device="cpu:0",model="add_one"} 1.0',
-        'busy_fraction{device="cpu:0"} 0.75',
-        "bad_rate 12.5",
-        "idle_fraction 0.25",
-        "advised_device_change 2.0",
+        'deadline_serve_requests_total{model="add_one"} 2.0',
+        'deadline_serve_pending_requests{model="add_one"} 1.0',
+        'deadline_serve_goodput_total{model="add_one"} 1.0',
+        'deadline_serve_late_total{model="add_one"} 1.0',
+        'deadline_serve_dropped_total{model="add_one",reason="deadline"} 1.0',
+        'deadline_serve_queue_delay_seconds_count{model="add_one"} 2.0',
+        'deadline_serve_latency_seconds_bucket{le="0.015",model="add_one"} 1.0',
+        'deadline_serve_batch_size_count{model="add_one"} 2.0',
+        'deadline_serve_batch_size_sum{model="add_one"} 10.0',
+        'deadline_serve_request_batch_size_sum{model="add_one"} 16.0',
+        'deadline_serve_batches_total{device="cpu:0",model="add_one"} 2.0',
+        'deadline_serve_compute_seconds_total{device="cpu:0",model="add_one"} 0.0055',
+        'deadline_serve_batch_compute_seconds_bucket{le="0.0025",model="add_one"} 1.0',
+        'deadline_serve_batch_compute_seconds_count{model="add_one"} 2.0',
+        'deadline_serve_busy_fraction{device="cpu:0"} 0.75',
+        "deadline_serve_bad_rate 0.125",
+        "deadline_serve_idle_fraction 0.25",
+        "deadline_serve_advised_device_change 2.0",
     ):
         assert line in text, line
     om = await client.get("/metrics", headers={"Accept": "application/openmetrics-text"})
     assert om.headers["content-type"].startswith("application/openmetrics-text")
     assert om.text.rstrip().endswith("# EOF")
+    for body in (text, om.text):
+        assert "_created" not in body
 
 
-def test_metrics_namespace_and_isolation():
-    a, b = Metrics(namespace="dserve"), Metrics()
+def test_metrics_prefix_and_isolation():
+    a, b, bare = Metrics("dserve_"), Metrics(), Metrics("")
     a.request_received("m")
-    text_a = a.render()[0].decode()
+    text_a, text_b = a.render()[0].decode(), b.render()[0].decode()
     assert 'dserve_requests_total{model="m"} 1.0' in text_a
-    assert 'requests_total{model="m"}' not in b.render()[0].decode()
+    assert "deadline_serve_" not in text_a
+    assert 'requests_total{model="m"}' not in text_b  # another registry
+    assert "# TYPE deadline_serve_requests_total counter" in text_b
+    assert "# TYPE requests_total counter" in bare.render()[0].decode()
+
+
+@pytest.mark.parametrize("prefix", ["1x_", "dead-line_", "a b"])
+def test_metrics_prefix_must_start_a_metric_name(prefix):
+    with pytest.raises(ValueError, match="cannot start a metric name"):
+        Metrics(prefix)
 
 
 # ------------------------------------------------------------------ OpenAPI

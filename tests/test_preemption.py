@@ -324,14 +324,16 @@ def test_daemon_preempted_request_gets_a_result_from_its_new_batch(daemon):
     assert L4 <= out[1.0][1] < L1 + L4
 
 
+_ANSWERED = tuple(f"deadline_serve_{c}_total{{" for c in ("goodput", "late", "dropped"))
+
+
 def _answers(url: str) -> float:
     """Results plus drops the daemon counted for model slow."""
     metrics = httpx.get(f"{url}/metrics").text
     return sum(
         float(line.rsplit(" ", 1)[1])
         for line in metrics.splitlines()
-        if line.startswith(("goodput_total{", "late_total{", "dropped_total{"))
-        and 'model="slow"' in line
+        if line.startswith(_ANSWERED) and 'model="slow"' in line
     )
 
 

@@ -331,25 +331,29 @@ def test_sigkilled_executor_mid_batch_is_respawned_and_no_request_is_lost(daemon
     assert all(a.status == 200 for a in burst), Counter(a.status for a in burst)
     assert _batches_on(url, "emulated:0") > before
     metrics = httpx.get(f"{url}/metrics").text
-    assert 'executor_failures_total{device="emulated:0"} 1.0' in metrics
+    assert 'deadline_serve_executor_failures_total{device="emulated:0"} 1.0' in metrics
 
 
 def _counter(url: str, series: str) -> float:
-    """The value of one series on /metrics, e.g. `goodput_total{model="slow"}` (0 if absent)."""
+    """The value of one series on /metrics, e.g.
+    `deadline_serve_goodput_total{model="slow"}` (0 if absent)."""
     metrics = httpx.get(f"{url}/metrics").text
     values = [float(line.split()[-1]) for line in metrics.splitlines() if line.startswith(series)]
     return values[0] if values else 0.0
 
 
 def _batches_on(url: str, device: str) -> float:
-    return _counter(url, f'batches_total{{device="{device}",model="slow"}} ')
+    return _counter(url, f'deadline_serve_batches_total{{device="{device}",model="slow"}} ')
 
 
 def _wait_served(url: str, timeout: float = 30.0) -> None:
     """Until the daemon has finished at least one request (in or past its SLO)."""
     t0 = time.monotonic()
     while time.monotonic() - t0 < timeout:
-        served = [_counter(url, f'{name}_total{{model="slow"}} ') for name in ("goodput", "late")]
+        served = [
+            _counter(url, f'deadline_serve_{name}_total{{model="slow"}} ')
+            for name in ("goodput", "late")
+        ]
         if sum(served):
             return
         time.sleep(0.05)

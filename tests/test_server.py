@@ -133,9 +133,10 @@ def test_concurrent_requests_are_batched_and_rows_stay_with_their_request(server
     metrics = httpx.get(f"{server['url']}/metrics").text
     values = {}
     for line in metrics.splitlines():
-        if line.startswith(('batch_size_sum{model="echo"', 'batch_size_count{model="echo"')):
+        if line.startswith(("deadline_serve_batch_size_sum{", "deadline_serve_batch_size_count{")):
             name, value = line.rsplit(" ", 1)
-            values[name.split("{")[0]] = float(value)
+            if 'model="echo"' in name:
+                values[name.split("{")[0].removeprefix("deadline_serve_")] = float(value)
     # Mean executed batch size for the echo model, as /metrics reports it.
     assert values["batch_size_count"] >= 2
     assert values["batch_size_sum"] / values["batch_size_count"] > 1.0

@@ -52,6 +52,7 @@ SAMPLES: dict[str, tuple[str, object]] = {
     "REALTIME_PRIORITY": ("7", 7),
     "MAX_BODY_BYTES": ("1024", 1024),
     "MAX_JSON_BYTES": ("65536", 65536),
+    "METRICS_PREFIX": ("dserve:", "dserve:"),
     "ADMIN_TOKEN": ("s3cret", "s3cret"),
     "PROFILE_BATCH_SIZES": ("1, 3,9", (1, 3, 9)),
 }
@@ -78,6 +79,8 @@ BAD: list[tuple[str, str, str]] = [
     ("SHUTDOWN_GRACE_S", "soon", "='soon' is not a number"),
     ("DEADLINE_MARGIN_MS", "-1", " must be ≥ 0, got -1"),
     ("TIMER_LEAD_MS", "", "='' is not a number"),
+    ("METRICS_PREFIX", "9_", "='9_' cannot start a metric name"),
+    ("METRICS_PREFIX", "deadline-serve_", "='deadline-serve_' cannot start a metric name"),
     ("RESPAWN", "maybe", "='maybe' is not a boolean"),
     ("RESPAWN", "2", "='2' is not a boolean"),
     ("RESPAWN", "", "='' is not a boolean"),
@@ -109,7 +112,7 @@ def test_flag_names_come_from_the_variables():
         "stuck_margin_s", "heartbeat_timeout_s", "respawn", "shutdown_grace_s",
         "header_timeout_s", "body_timeout_s", "keep_alive_timeout_s", "max_header_bytes",
         "max_buffered_bytes", "max_connections", "deadline_margin_ms", "timer_lead_ms",
-        "realtime_priority", "max_body_bytes", "max_json_bytes", "admin_token",
+        "realtime_priority", "max_body_bytes", "max_json_bytes", "metrics_prefix", "admin_token",
         "profile_batch_sizes",
     ]  # fmt: skip
 

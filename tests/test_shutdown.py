@@ -179,7 +179,7 @@ class Shutdown:
 
 def _received(url: str) -> float:
     metrics = httpx.get(f"{url}/metrics", timeout=5).text
-    series = 'requests_total{model="hold"} '
+    series = 'deadline_serve_requests_total{model="hold"} '
     return sum(float(line.split()[-1]) for line in metrics.splitlines() if line.startswith(series))
 
 

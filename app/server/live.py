@@ -331,6 +331,7 @@ class LiveService:
     def _settle(self, model: str, state: ModelState, slot: int) -> None:
         """A request is answered: its slot and its place in the queue are free."""
         self._outstanding[model] -= 1
+        self.metrics.request_answered(model)
         state.arena.release(slot)
 
     # ---------------------------------------------------------------- events
@@ -357,7 +358,9 @@ class LiveService:
 
     def _on_batch(self, batch: Batch, finished: Finished) -> None:
         if finished.error is None:
-            self.metrics.batch_executed(batch.model, self._device(batch.device).name, batch.size)
+            device = self._device(batch.device).name
+            compute_s = finished.finished_at - finished.started_at
+            self.metrics.batch_executed(batch.model, device, batch.size, compute_s)
 
     async def _publish_signals(self, period_s: float = 5.0) -> None:
         """Symphony's autoscaling signals (§4.4) to /metrics, every period."""

@@ -4,32 +4,51 @@ The HTTP layer only serves them (`GET /metrics`); the service (dispatcher)
 records scheduling events through the methods below. Every method is cheap
 and thread-safe (prometheus_client's own locking).
 
-Metric names (with `namespace`, default "", as a `<namespace>_` prefix):
+Every name starts with the prefix (the METRICS_PREFIX setting, default
+`deadline_serve_`), so ours do not collide with other exporters' on one
+Prometheus. No `_created` series are exported: they double the series of
+every counter and histogram and no dashboard or rule here reads them; they
+are left out per registry (`_Registry`), so metrics of several servers in
+one process stay independent.
 
-    requests_total{model}                  requests received
+    requests_total{model}                  requests accepted
     goodput_total{model}                   finished within their SLO
     late_total{model}                      finished after their deadline
     dropped_total{model,reason}            dropped (deadline, queue_full, ...)
+    pending_requests{model}                gauge: accepted and not yet answered
     queue_delay_seconds{model}             histogram: arrival → batch start
     latency_seconds{model}                 histogram: arrival → finish (end to end)
     request_batch_size{model}              histogram: size of the batch each request ran in
     batch_size{model}                      histogram: size of each executed batch
     batches_total{model,device}            batches executed
-    busy_fraction{device}                  gauge: device busy fraction (0..1)
-    bad_rate                               gauge: Symphony's bad rate (requests/s not served)
+    compute_seconds_total{model,device}    device time spent executing batches
+    batch_compute_seconds{model}           histogram: execution time of each batch
+    busy_fraction{device}                  gauge: device busy fraction (0..1), last period
+    bad_rate                               gauge: Symphony's bad rate (fraction, 0..1)
     idle_fraction                          gauge: Symphony's idle fraction of the devices
     advised_device_change                  gauge: devices to add (+) or remove (-)
     executor_failures_total{device}        executors that died or hung
     executor_respawn_seconds{device}       gauge: failure → serving again, last respawn
+
+The compute and pending families are Triton's (its compute-infer duration
+and pending request count) in Prometheus's base units: seconds, not µs.
+The autoscaling gauges (symphony.txt §4.4) and `busy_fraction` are set every
+5 s from the cores' signals over that period (app/server/live.py). The
+Grafana dashboard and alert rules over these names are in deploy/.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.exposition import choose_encoder
+from prometheus_client.metrics_core import Metric
+
+from app.server.setting_parsers import MetricPrefix
+from app.server.settings import DEFAULT_METRICS_PREFIX
 
 LATENCY_BUCKETS_S = (
     0.0005,
@@ -59,6 +78,25 @@ LATENCY_BUCKETS_S = (
 BATCH_BUCKETS = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128, 256, 512, 1024)
 
 
+# Samples prometheus_client adds to these types, each family's start time.
+_HAS_CREATED = ("counter", "histogram", "summary")
+
+
+class _Registry(CollectorRegistry):
+    """A registry whose exposition leaves out the `_created` samples (see
+    the module docstring); `prometheus_client.disable_created_metrics()`
+    would do it for every registry in the process."""
+
+    def collect(self) -> Iterable[Metric]:
+        for metric in super().collect():
+            if metric.type in _HAS_CREATED:
+                created = metric.name + "_created"
+                kept = Metric(metric.name, metric.documentation, metric.type, metric.unit)
+                kept.samples = [s for s in metric.samples if s.name != created]
+                metric = kept
+            yield metric
+
+
 @dataclass(frozen=True)
 class _ModelSeries:
     """One model's labelled children, looked up once: `labels()` per request
@@ -67,105 +105,113 @@ class _ModelSeries:
     requests: Any
     goodput: Any
     late: Any
+    pending: Any
     latency: Any
     queue_delay: Any
     request_batch_size: Any
     batch_size: Any
+    batch_compute: Any
 
 
 class Metrics:
-    """The server's metrics on one `CollectorRegistry` (a fresh one by default)."""
+    """The server's metrics on a registry of their own, every name starting
+    with `prefix` (letters, digits, `_`, `:`; empty for none)."""
 
-    def __init__(self, registry: CollectorRegistry | None = None, namespace: str = "") -> None:
-        self.registry = registry if registry is not None else CollectorRegistry()
-        reg, ns = self.registry, namespace
+    def __init__(self, prefix: str = DEFAULT_METRICS_PREFIX) -> None:
+        self.prefix = MetricPrefix().parse(prefix, "metrics prefix")
+        self.registry: CollectorRegistry = _Registry()
         self._by_model: dict[str, _ModelSeries] = {}
-        self.requests = Counter(
-            "requests", "Requests received.", ["model"], namespace=ns, registry=reg
-        )
-        self.goodput = Counter(
-            "goodput", "Requests finished within their SLO.", ["model"], namespace=ns, registry=reg
-        )
-        self.late = Counter(
-            "late", "Requests finished after their deadline.", ["model"], namespace=ns, registry=reg
-        )
-        self.dropped = Counter(
+        self.requests = self._counter("requests", "Requests accepted.", ["model"])
+        self.goodput = self._counter("goodput", "Requests finished within their SLO.", ["model"])
+        self.late = self._counter("late", "Requests finished after their deadline.", ["model"])
+        self.dropped = self._counter(
             "dropped",
-            "Requests dropped, by reason.",
+            "Requests refused or dropped without a result, by reason (deadline, queue_full, "
+            "overloaded, shutting_down, executor_failed, ...).",
             ["model", "reason"],
-            namespace=ns,
-            registry=reg,
         )
-        self.queue_delay = Histogram(
+        self.pending = self._gauge(
+            "pending_requests",
+            "Requests accepted and not yet answered (queued or running).",
+            ["model"],
+        )
+        self.queue_delay = self._histogram(
             "queue_delay_seconds",
-            "Arrival to batch start.",
+            "Seconds from a finished request's arrival to the start of its batch.",
             ["model"],
-            buckets=LATENCY_BUCKETS_S,
-            namespace=ns,
-            registry=reg,
+            LATENCY_BUCKETS_S,
         )
-        self.latency = Histogram(
+        self.latency = self._histogram(
             "latency_seconds",
-            "End-to-end latency, arrival to finish.",
+            "Seconds from a finished request's arrival to its result (end to end, before the "
+            "reply is written).",
             ["model"],
-            buckets=LATENCY_BUCKETS_S,
-            namespace=ns,
-            registry=reg,
+            LATENCY_BUCKETS_S,
         )
-        self.request_batch_size = Histogram(
+        self.request_batch_size = self._histogram(
             "request_batch_size",
             "Size of the batch each finished request ran in (request-weighted).",
             ["model"],
-            buckets=BATCH_BUCKETS,
-            namespace=ns,
-            registry=reg,
+            BATCH_BUCKETS,
         )
-        self.batch_size = Histogram(
-            "batch_size",
-            "Size of each executed batch.",
+        self.batch_size = self._histogram(
+            "batch_size", "Size of each executed batch.", ["model"], BATCH_BUCKETS
+        )
+        self.batches = self._counter("batches", "Batches executed.", ["model", "device"])
+        self.compute_seconds = self._counter(
+            "compute_seconds",
+            "Seconds devices spent executing the model's batches (start to end of each batch "
+            "on its executor).",
+            ["model", "device"],
+        )
+        self.batch_compute = self._histogram(
+            "batch_compute_seconds",
+            "Execution time of each batch in seconds, on its executor.",
             ["model"],
-            buckets=BATCH_BUCKETS,
-            namespace=ns,
-            registry=reg,
+            LATENCY_BUCKETS_S,
         )
-        self.batches = Counter(
-            "batches", "Batches executed.", ["model", "device"], namespace=ns, registry=reg
+        self.busy_fraction = self._gauge(
+            "busy_fraction",
+            "Fraction of the last signal period (5 s) the device spent executing batches (0..1).",
+            ["device"],
         )
-        self.busy_fraction = Gauge(
-            "busy_fraction", "Fraction of time the device is busy.", ["device"],
-            namespace=ns, registry=reg,
-        )  # fmt: skip
-        self.bad_rate = Gauge(
+        self.bad_rate = self._gauge(
             "bad_rate",
-            "Symphony autoscaling signal: rate of requests not served within SLO (1/s).",
-            namespace=ns,
-            registry=reg,
+            "Symphony autoscaling signal: fraction (0..1) of the requests the scheduler settled "
+            "in the last signal period (5 s) that finished late or were dropped.",
         )
-        self.idle_fraction = Gauge(
+        self.idle_fraction = self._gauge(
             "idle_fraction",
-            "Symphony autoscaling signal: idle fraction of the devices.",
-            namespace=ns,
-            registry=reg,
+            "Symphony autoscaling signal: fraction (0..1) of device time idle in the last "
+            "signal period (5 s), over all devices.",
         )
-        self.advised_device_change = Gauge(
+        self.advised_device_change = self._gauge(
             "advised_device_change",
-            "Symphony autoscaling advice: devices to add (positive) or remove (negative).",
-            namespace=ns,
-            registry=reg,
+            "Symphony autoscaling advice from the last signal period: devices to add "
+            "(positive) or remove (negative).",
         )
-        self.executor_failures = Counter(
+        self.executor_failures = self._counter(
             "executor_failures",
             "Executor processes that died or hung (killed by the watchdog).",
             ["device"],
-            namespace=ns,
-            registry=reg,
         )
-        self.executor_respawn_seconds = Gauge(
+        self.executor_respawn_seconds = self._gauge(
             "executor_respawn_seconds",
             "Seconds from the last executor failure to serving again (respawned).",
             ["device"],
-            namespace=ns,
-            registry=reg,
+        )
+
+    def _counter(self, name: str, doc: str, labels: Iterable[str] = ()) -> Counter:
+        return Counter(self.prefix + name, doc, labels, registry=self.registry)
+
+    def _gauge(self, name: str, doc: str, labels: Iterable[str] = ()) -> Gauge:
+        return Gauge(self.prefix + name, doc, labels, registry=self.registry)
+
+    def _histogram(
+        self, name: str, doc: str, labels: Iterable[str], buckets: Iterable[float]
+    ) -> Histogram:
+        return Histogram(
+            self.prefix + name, doc, labels, buckets=tuple(buckets), registry=self.registry
         )
 
     # -- what the service calls -------------------------------------------------
@@ -177,10 +223,12 @@ class Metrics:
                 self.requests.labels(model),
                 self.goodput.labels(model),
                 self.late.labels(model),
+                self.pending.labels(model),
                 self.latency.labels(model),
                 self.queue_delay.labels(model),
                 self.request_batch_size.labels(model),
                 self.batch_size.labels(model),
+                self.batch_compute.labels(model),
             )
             self._by_model[model] = series
         return series
@@ -192,7 +240,14 @@ class Metrics:
         self.executor_respawn_seconds.labels(device).set(seconds_down)
 
     def request_received(self, model: str) -> None:
-        self._series(model).requests.inc()
+        """A request is accepted: counted, and pending until `request_answered`."""
+        series = self._series(model)
+        series.requests.inc()
+        series.pending.inc()
+
+    def request_answered(self, model: str) -> None:
+        """An accepted request got its answer (a result or an error)."""
+        self._series(model).pending.dec()
 
     def request_finished(
         self,
@@ -211,9 +266,13 @@ class Metrics:
     def request_dropped(self, model: str, reason: str) -> None:
         self.dropped.labels(model, reason).inc()
 
-    def batch_executed(self, model: str, device: str, size: int) -> None:
+    def batch_executed(self, model: str, device: str, size: int, compute_s: float) -> None:
+        """A batch of `size` ran to its end on `device` in `compute_s` seconds."""
         self.batches.labels(model, str(device)).inc()
-        self._series(model).batch_size.observe(size)
+        self.compute_seconds.labels(model, str(device)).inc(max(compute_s, 0.0))
+        series = self._series(model)
+        series.batch_size.observe(size)
+        series.batch_compute.observe(max(compute_s, 0.0))
 
     def set_device_busy(self, device: str, fraction: float) -> None:
         self.busy_fraction.labels(str(device)).set(fraction)

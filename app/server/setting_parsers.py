@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
@@ -228,3 +229,29 @@ class RealtimePriority:
 
     def describe(self) -> str:
         return f"0 (off) to {MAX_PRIORITY}"
+
+
+# What may start a Prometheus metric name, and what may follow.
+_METRIC_PREFIX = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*")
+
+
+@dataclass(frozen=True)
+class MetricPrefix:
+    """The start of every metric name: letters, digits, `_` and `:`, not
+    starting with a digit (Prometheus's metric-name rule); empty for none."""
+
+    metavar: str = "PREFIX"
+
+    def parse(self, text: str, label: str) -> str:
+        if text and not _METRIC_PREFIX.fullmatch(text):
+            raise ValueError(
+                f"{label}={text!r} cannot start a metric name: use letters, digits, '_' "
+                "and ':', not starting with a digit"
+            )
+        return text
+
+    def show(self, value: object) -> str:
+        return str(value) or '""'
+
+    def describe(self) -> str:
+        return "a metric name prefix, e.g. deadline_serve_ (empty: none)"

@@ -31,6 +31,7 @@ from app.server.setting_parsers import (
     Integer,
     IntegerList,
     JsonObject,
+    MetricPrefix,
     Number,
     Parser,
     PolicyName,
@@ -45,6 +46,8 @@ BUNDLED_REPOSITORY = Path(__file__).resolve().parent.parent.parent / "models"
 # (BENCHMARKS.md, "Live (a): in-process, HTTP and the simulator").
 NORMAL_SLACK_MS = (3.0, 2.0)
 REALTIME_SLACK_MS = (1.5, 0.5)
+# Metric names start with it, so ours do not collide with other exporters'.
+DEFAULT_METRICS_PREFIX = "deadline_serve_"
 
 
 @dataclass(frozen=True)
@@ -318,6 +321,14 @@ class Settings:
             "largest JSON text of one request (the whole body, or the JSON header of a "
             "binary-tensor request; 413 above): parsing holds the event loop ~2-3 ms per MB, "
             "so larger tensors go as binary tensor data",
+        ),
+    )
+    metrics_prefix: str = field(
+        default=DEFAULT_METRICS_PREFIX,
+        metadata=_setting(
+            "METRICS_PREFIX",
+            MetricPrefix(),
+            "prefix of every metric name on `/metrics` (empty: none)",
         ),
     )
     admin_token: str | None = field(
