@@ -10,8 +10,8 @@ file changes).
 
 A measured profile's quality is judged by `fit_problems`: a linear fit with
 r² below a threshold, or latency that falls as the batch grows by more than
-measurement noise (MONOTONE_TOLERANCE), means the machine was busy while it
-was measured (start-up measures it again)."""
+measurement noise (MONOTONE_TOLERANCE, NOISE_MS), means the machine was busy
+while it was measured (start-up measures it again)."""
 
 from __future__ import annotations
 
@@ -38,6 +38,9 @@ log = logging.getLogger(__name__)
 CACHE_FORMAT = 1
 # A measured ℓ(b) more than this fraction below a smaller batch's is not noise.
 MONOTONE_TOLERANCE = 0.1
+# Differences smaller than this are timer noise, whatever the fit says: a
+# model this fast has a flat profile, and its r² means nothing.
+NOISE_MS = 0.05
 CACHE_APP_DIR = Path("deadline-serve") / "profiles"
 
 
@@ -111,12 +114,14 @@ def fit_problems(latency_ms: Mapping[int, float], min_r2: float) -> list[str]:
     linear fit's r² is below `min_r2`, or ℓ falls with batch size by more
     than MONOTONE_TOLERANCE."""
     problems: list[str] = []
+    values = [float(ms) for ms in latency_ms.values()]
     _, _, r2 = fit_linear(latency_ms)
-    if r2 < min_r2:
+    spread = max(values) - min(values)
+    if r2 < min_r2 and spread > max(NOISE_MS, MONOTONE_TOLERANCE * max(values)):
         problems.append(f"linear fit r² {r2:.3f} < {min_r2:g}")
     peak_b, peak = 0, 0.0
     for b, ms in sorted((int(b), float(ms)) for b, ms in latency_ms.items()):
-        if ms < peak * (1.0 - MONOTONE_TOLERANCE):
+        if peak - ms > max(NOISE_MS, MONOTONE_TOLERANCE * peak):
             problems.append(f"ℓ({b}) = {ms:.2f} ms below ℓ({peak_b}) = {peak:.2f} ms")
         if ms > peak:
             peak_b, peak = b, ms

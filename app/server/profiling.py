@@ -23,6 +23,7 @@ from app.repository.profiles import (
     fit_linear,
     fit_problems,
     monotone_table,
+    profile_cache_path,
     profile_from_spec,
     read_profile_cache,
     write_profile_cache,
@@ -68,6 +69,11 @@ class MeasuredProfile:
 
 def profile_cache_dir(settings: Settings) -> Path:
     return settings.profile_cache_dir or default_profile_cache_dir()
+
+
+def profile_cache_path_for(settings: Settings, config: ModelConfig, device: ExecutorDevice) -> Path:
+    """Where `config`'s profile on `device` is cached."""
+    return profile_cache_path(config, device_tag(device), profile_cache_dir(settings))
 
 
 def device_tag(device: ExecutorDevice) -> str:
