@@ -1,6 +1,8 @@
 """Triton model repositories (config.pbtxt, version directories), start-up
 checks (nothing loads, EXIT_ON_ERROR, STRICT_READINESS) and the profile cache
-(location, poor fits measured again)."""
+(location, poor fits measured again). At the end (slow): a Triton user's
+repository served by the daemon to the real `tritonclient.http`, and a model
+that fails to load stopping start-up."""
 
 from __future__ import annotations
 
@@ -8,9 +10,12 @@ import logging
 import sys
 from pathlib import Path
 
+import httpx
 import numpy as np
 import onnx
+import onnxruntime
 import pytest
+import tritonclient.http as tritonhttp
 import yaml
 from onnx import TensorProto, helper
 
@@ -440,12 +445,75 @@ async def test_cached_profile_is_used_when_good_and_measured_again_when_poor(
 
 def test_outputs_of_both_versions_differ(tmp_path: Path) -> None:
     """The versions built above are distinct models (×1, ×2)."""
-    import onnxruntime as ort
-
     directory = _triton_model(tmp_path)
     x = np.arange(8, dtype=np.float32).reshape(2, 4)
     results = []
     for version in ("1", "2"):
-        session = ort.InferenceSession(str(directory / version / "model.onnx"))
+        session = onnxruntime.InferenceSession(str(directory / version / "model.onnx"))
         results.append(session.run(None, {"INPUT0": x})[0])
     np.testing.assert_array_equal(results[1], 2 * results[0])
+
+
+# ------------------------------------------------------------------ the daemon
+
+
+@pytest.fixture(scope="module")
+def triton_server(tmp_path_factory, launch_daemon):
+    repo = tmp_path_factory.mktemp("triton-repo")
+    directory = _triton_model(repo)
+    handle = launch_daemon(
+        repo,
+        cpu_slices=1,
+        threads_per_slice=1,
+        emulated_devices=0,
+        extra_env={"PROFILE_BATCH_SIZES": "1,8"},
+    )
+    return {"url": handle.url, "model": directory}
+
+
+@pytest.mark.slow
+def test_tritonclient_infers_on_the_served_version(triton_server):
+    server = triton_server
+    client = tritonhttp.InferenceServerClient(server["url"].removeprefix("http://"))
+    try:
+        assert client.is_server_ready() and client.is_model_ready("simple")
+        metadata = client.get_model_metadata("simple")
+        assert metadata["versions"] == ["2"]
+        x = np.arange(4, dtype=np.float32).reshape(1, 4)
+        expected = onnxruntime.InferenceSession(str(server["model"] / "2" / "model.onnx")).run(
+            None, {"INPUT0": x}
+        )[0]
+        for version in ("", "2"):
+            tensor = tritonhttp.InferInput("INPUT0", [1, 4], "FP32")
+            tensor.set_data_from_numpy(x, binary_data=True)
+            result = client.infer("simple", [tensor], model_version=version)
+            np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), expected)
+        np.testing.assert_array_equal(expected, 2 * x)
+    finally:
+        client.close()
+    index = httpx.post(f"{server['url']}/v2/repository/index").json()
+    assert {(e["version"], e["state"]) for e in index if e["name"] == "simple"} == {("2", "READY")}
+    r = httpx.get(f"{server['url']}/v2/models/simple/versions/1/ready")
+    assert r.status_code == 404, r.text
+
+
+@pytest.mark.slow
+def test_a_model_that_fails_to_load_stops_start_up(tmp_path: Path, run_module):
+    _triton_model(tmp_path / "repo")
+    _triton_model(
+        tmp_path / "repo",
+        SIMPLE_PBTXT.replace("dims: [ 4 ] } ]\noutput", "dims: [ 5 ] } ]\noutput").replace(
+            'name: "simple"', ""
+        ),
+        name="broken",
+    )
+    env = {"EMULATED_DEVICES": "0", "CPU_SLICES": "1", "THREADS_PER_SLICE": "1"}
+    done = run_module(
+        "app", "serve", "--port", "0", "--repository", str(tmp_path / "repo"), env=env, timeout=120
+    )
+    assert done.returncode != 0
+    assert (
+        "start-up stopped: failed to load 1 model(s) (broken: failed to load on cpu:0"
+        in done.stderr
+    )
+    assert "INPUT0" in done.stderr.split("start-up stopped:", 1)[1].splitlines()[0]
