@@ -339,6 +339,9 @@ class RepositoryIndex:
     errors: dict[str, str] = field(default_factory=dict)  # model name → error message
     # model name (or skipped directory) → fields without effect, as logged
     warnings: dict[str, list[str]] = field(default_factory=dict)
+    # Failed models that are optional: the bundled models an uninstalled
+    # extra would build (not failures for EXIT_ON_ERROR or readiness).
+    optional: set[str] = field(default_factory=set)
 
     def index(self) -> list[dict[str, str]]:
         """KServe v2 repository index entries, sorted by name; UNAVAILABLE

@@ -65,6 +65,9 @@ class LiveService:
         self.metrics = metrics
         self.models: dict[str, ModelState] = {}
         self.unavailable: dict[str, str] = {}
+        # Unavailable bundled models whose optional extra is not installed:
+        # listed, but no failure (EXIT_ON_ERROR, STRICT_READINESS).
+        self.optional: set[str] = set()
         self.devices: list[ExecutorDevice] = []
         self.pool: ExecutorPool | None = None
         self.dispatcher: Dispatcher | None = None
@@ -83,6 +86,7 @@ class LiveService:
         settings = self.settings
         index = await startup.load_models(settings)
         self.unavailable.update(index.errors)
+        self.optional = set(index.optional)
         self._check_loaded(index.models)
         self.devices = startup.device_layout(settings)
         if settings.realtime_priority:
@@ -117,10 +121,14 @@ class LiveService:
 
     def _check_loaded(self, models: dict[str, object]) -> None:
         try:
-            startup.check_loaded(self.settings, models, self.unavailable)
+            startup.check_loaded(self.settings, models, self.failed())
         except startup.StartupFailed as exc:
             log.error("start-up stopped: %s", exc)
             raise
+
+    def failed(self) -> dict[str, str]:
+        """The models that should be served and are not, with the reason."""
+        return {n: r for n, r in self.unavailable.items() if n not in self.optional}
 
     def begin_shutdown(self, why: str = "shutdown") -> None:
         """Refuse new requests from now on; those accepted get the grace
@@ -213,7 +221,7 @@ class LiveService:
         STRICT_READINESS also no model of the repository failed to load."""
         if not self.ready or self.closing or not self.models:
             return False
-        if self.settings.strict_readiness and self.unavailable:
+        if self.settings.strict_readiness and self.failed():
             return False
         return all(self.model_ready(name) for name in self.models)
 
@@ -226,7 +234,7 @@ class LiveService:
             "devices_alive": len(alive),
             "devices_total": len(self.devices),
             "models_unavailable": sorted(n for n in self.models if not self.model_ready(n)),
-            "models_failed": sorted(self.unavailable) if self.settings.strict_readiness else [],
+            "models_failed": sorted(self.failed()) if self.settings.strict_readiness else [],
         }
 
     def repository_index(self) -> list[dict[str, str]]:

@@ -67,8 +67,17 @@ async def load_models(settings: Settings) -> RepositoryIndex:
         for name in built:
             log.info("built bundled model file %s", name)
     index = load_repository(root)
+    if root.resolve() == BUNDLED_REPOSITORY.resolve():
+        from app.repository.bundled import GENERATED
+
+        index.optional = {
+            gen.model for gen in GENERATED if gen.model in index.errors and not gen.available()
+        }
     for name, error in index.errors.items():
-        log.error("model %s unavailable: %s", name, error)
+        if name in index.optional:
+            log.warning("model %s not served: its optional extra is not installed", name)
+        else:
+            log.error("model %s unavailable: %s", name, error)
     return index
 
 
@@ -142,7 +151,8 @@ def check_loaded(
     settings: Settings, models: Mapping[str, object], unavailable: Mapping[str, str]
 ) -> None:
     """Raise StartupFailed when no model loaded, or when one failed under
-    EXIT_ON_ERROR; the message names each model and its reason."""
+    EXIT_ON_ERROR; the message names each model and its reason.
+    `unavailable` holds the failures (not the optional bundled models)."""
     failed = "; ".join(f"{name}: {reason}" for name, reason in sorted(unavailable.items()))
     if not models:
         where = settings.repository
