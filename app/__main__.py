@@ -1,4 +1,6 @@
-"""`python -m app serve …` — start the inference server (uvicorn).
+"""`python -m app serve …` — start the inference server (uvicorn);
+`python -m app profile MODEL [--force]` — measure a model's latency profile
+and store it in the profile cache (app/server/profile_command.py).
 
 Every setting has a flag (`--help` lists them, the README's settings table
 too); a flag wins over its environment variable. The flags are passed to
@@ -46,6 +48,18 @@ def build_parser() -> argparse.ArgumentParser:
     )
     serve.add_argument("--log-level", default="info", choices=LOG_LEVELS)
     add_setting_flags(serve)
+    profile = commands.add_parser(
+        "profile",
+        help="measure a model's latency profile and cache it",
+        description="Print a model's latency profile and fit: the cached one when its fit is "
+        "good, else measured now and stored in the profile cache (PROFILE_CACHE_DIR).",
+    )
+    profile.add_argument("model", help="the model's name (its directory in the repository)")
+    profile.add_argument(
+        "--force", action="store_true", help="measure even when a good one is cached"
+    )
+    profile.add_argument("--log-level", default="warning", choices=LOG_LEVELS)
+    add_setting_flags(profile)
     return parser
 
 
@@ -58,9 +72,35 @@ def parse_command(argv: Sequence[str], env: Mapping[str, str]) -> ServeCommand:
     return ServeCommand(read_settings(env, flags), args.log_level, frozenset(flags))
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def profile_main(argv: Sequence[str]) -> int:
+    """`python -m app profile MODEL [--force]`."""
+    import asyncio
+
+    from app.server.profile_command import ProfileCommandError, profile_model
+
+    args = build_parser().parse_args(list(argv))
     try:
-        command = parse_command(sys.argv[1:] if argv is None else argv, os.environ)
+        settings = read_settings(os.environ, flag_values(args))
+    except ValueError as exc:
+        print(f"python -m app profile: error: {exc}", file=sys.stderr)
+        return 2
+    logging.basicConfig(
+        level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    try:
+        asyncio.run(profile_model(settings, args.model, args.force, sys.stdout))
+    except ProfileCommandError as exc:
+        print(f"python -m app profile: error: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["profile"]:
+        return profile_main(argv)
+    try:
+        command = parse_command(argv, os.environ)
     except ValueError as exc:
         print(f"python -m app serve: error: {exc}", file=sys.stderr)
         return 2

@@ -31,6 +31,21 @@ from tests.fakes import FakeService, our_segments, segments_of
 ROOT = Path(__file__).resolve().parents[1]
 
 
+@pytest.fixture(scope="session", autouse=True)
+def private_cache_home(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """XDG_CACHE_HOME in a temporary directory for the whole run (the
+    daemons started inherit it): measured profiles are cached there, never
+    in the user's cache."""
+    path = tmp_path_factory.mktemp("cache-home")
+    before = os.environ.get("XDG_CACHE_HOME")
+    os.environ["XDG_CACHE_HOME"] = str(path)
+    yield path
+    if before is None:
+        os.environ.pop("XDG_CACHE_HOME", None)
+    else:
+        os.environ["XDG_CACHE_HOME"] = before
+
+
 @pytest.fixture(scope="session")
 def anyio_backend() -> str:
     """Async tests (`pytest.mark.anyio`) run on asyncio only, the daemon's loop."""

@@ -135,7 +135,12 @@ def test_schemathesis_cli_against_a_daemon_without_torch(launch_daemon, tmp_path
         shutil.copytree(BUNDLED_REPOSITORY / name, repository / name, ignore=skip)
     (tmp_path / "hidden" / "torch").mkdir(parents=True)
     (tmp_path / "hidden" / "torch" / "__init__.py").write_text("raise ImportError('hidden')\n")
-    hidden = {"PYTHONPATH": str(tmp_path / "hidden")}
+    # A failed model is served around (not an exit, still ready).
+    hidden = {
+        "PYTHONPATH": str(tmp_path / "hidden"),
+        "EXIT_ON_ERROR": "0",
+        "STRICT_READINESS": "0",
+    }
     daemon = launch_daemon(repository, emulated_devices=1, cpu_slices=0, extra_env=hidden)
     index = {e["name"]: e for e in httpx.post(f"{daemon.url}/v2/repository/index").json()}
     assert index["torchcnn"]["state"] == "UNAVAILABLE"

@@ -13,6 +13,7 @@ import yaml
 
 from app.repository import bundled
 from app.repository.config import ModelConfig, ProfileSpec
+from app.repository.files import file_sha256
 from app.repository.loader import load_model_config, load_repository, validate_model_name
 from app.repository.profiles import (
     fit_linear,
@@ -474,47 +475,56 @@ def test_sanitize_device() -> None:
 def test_profile_cache_round_trip_and_staleness(tmp_path: Path, small_mlp: bytes) -> None:
     d = _write_model(tmp_path, "m", _onnx_doc(), small_mlp)
     cfg = load_model_config(d)
-    assert read_profile_cache(cfg, "cpu-2t") is None
-    assert latency_profile(cfg, "cpu-2t") is None
+    cache = tmp_path / "cache"
+    assert read_profile_cache(cfg, "cpu-2t", cache) is None
+    assert latency_profile(cfg, "cpu-2t", cache) is None
     table = {1: 11.5, 8: 15.0, 16: 20.0}
     alpha, beta, r2 = fit_linear(table)
     path = write_profile_cache(
-        cfg, "cpu-2t", table, fit={"alpha_ms": alpha, "beta_ms": beta, "r2": r2}
+        cfg, "cpu-2t", table, fit={"alpha_ms": alpha, "beta_ms": beta, "r2": r2}, cache_dir=cache
     )
-    assert path == d / "profile.cpu-2t.json" == profile_cache_path(cfg, "cpu-2t")
+    # Named after the model, its file's content and the device; not in the repository.
+    key = file_sha256(d / "model.onnx")[:16]
+    assert path == cache / f"m.{key}.cpu-2t.json" == profile_cache_path(cfg, "cpu-2t", cache)
+    assert not list(d.glob("*.json"))
     doc = json.loads(path.read_text())
     assert doc["device"] == "cpu-2t" and doc["model"] == "m"
     assert doc["onnxruntime_version"] == ort.__version__
     assert len(doc["model_sha256"]) == 64 and doc["measured_at"] and doc["device_description"]
     assert doc["fit"]["r2"] == pytest.approx(r2)
 
-    spec = read_profile_cache(cfg, "cpu-2t")
+    spec = read_profile_cache(cfg, "cpu-2t", cache)
     assert spec == ProfileSpec(alpha_ms=alpha, beta_ms=beta, latency_ms=table, device="cpu-2t")
-    assert read_profile_cache(cfg, "cuda-0") is None  # other device: nothing cached
-    prof = latency_profile(cfg, "cpu-2t")
+    assert read_profile_cache(cfg, "cuda-0", cache) is None  # other device: nothing cached
+    prof = latency_profile(cfg, "cpu-2t", cache)
     assert prof is not None and prof.latency(8) == pytest.approx(0.015)
     assert prof.max_batch == cfg.max_batch_size
 
     # A device name with odd characters lands in a sanitised file name.
-    p2 = write_profile_cache(cfg, "cuda:0", {1: 1.0}, fit={"alpha_ms": 1.0, "beta_ms": 0.0})
-    assert p2.name == "profile.cuda-0.json"
-    assert read_profile_cache(cfg, "cuda:0").latency_ms == {1: 1.0}
+    p2 = write_profile_cache(
+        cfg, "cuda:0", {1: 1.0}, fit={"alpha_ms": 1.0, "beta_ms": 0.0}, cache_dir=cache
+    )
+    assert p2.name == f"m.{key}.cuda-0.json"
+    assert read_profile_cache(cfg, "cuda:0", cache).latency_ms == {1: 1.0}
 
-    # The model file changes: the cache is stale.
+    # The model file changes: another key, nothing cached for it.
     (d / "model.onnx").write_bytes(bundled.serialize(bundled.build_mlp(width=9, seed=1)))
-    assert read_profile_cache(cfg, "cpu-2t") is None
-    assert latency_profile(cfg, "cpu-2t") is None
+    assert profile_cache_path(cfg, "cpu-2t", cache) != path
+    assert read_profile_cache(cfg, "cpu-2t", cache) is None
+    assert latency_profile(cfg, "cpu-2t", cache) is None
 
     # A corrupt cache file is ignored, not fatal.
+    path = profile_cache_path(cfg, "cpu-2t", cache)
     path.write_text("{not json")
-    assert read_profile_cache(cfg, "cpu-2t") is None
+    assert read_profile_cache(cfg, "cpu-2t", cache) is None
 
 
 def test_config_profile_wins_over_cache(tmp_path: Path, small_mlp: bytes) -> None:
     doc = _onnx_doc(profile={"alpha_ms": 1.0, "beta_ms": 10.0})
     cfg = load_model_config(_write_model(tmp_path, "m", doc, small_mlp))
-    write_profile_cache(cfg, "cpu", {1: 100.0}, fit={"alpha_ms": 100.0, "beta_ms": 0.0})
-    prof = latency_profile(cfg, "cpu")
+    fit = {"alpha_ms": 100.0, "beta_ms": 0.0}
+    write_profile_cache(cfg, "cpu", {1: 100.0}, fit=fit, cache_dir=tmp_path)
+    prof = latency_profile(cfg, "cpu", tmp_path)
     assert prof is not None and prof.latency(1) == pytest.approx(0.011)
 
 
@@ -522,6 +532,7 @@ def test_noisy_cached_table_is_made_monotone(tmp_path: Path, small_mlp: bytes) -
     cfg = load_model_config(_write_model(tmp_path, "m", _onnx_doc(), small_mlp))
     noisy = {1: 10.0, 8: 14.0, 12: 13.5, 16: 18.0}
     assert monotone_table(noisy) == {1: 10.0, 8: 14.0, 12: 14.0, 16: 18.0}
-    write_profile_cache(cfg, "cpu", noisy, fit={"alpha_ms": 0.5, "beta_ms": 10.0})
-    prof = latency_profile(cfg, "cpu")
+    fit = {"alpha_ms": 0.5, "beta_ms": 10.0}
+    write_profile_cache(cfg, "cpu", noisy, fit=fit, cache_dir=tmp_path / "cache")
+    prof = latency_profile(cfg, "cpu", tmp_path / "cache")
     assert prof is not None and prof.latency(12) == pytest.approx(0.014)

@@ -41,6 +41,8 @@ SAMPLES: dict[str, tuple[str, object]] = {
     "HEARTBEAT_TIMEOUT_S": ("0.5", 0.5),
     "RESPAWN": ("off", False),
     "SHUTDOWN_GRACE_S": ("0.5", 0.5),
+    "EXIT_ON_ERROR": ("0", False),
+    "STRICT_READINESS": ("no", False),
     "HEADER_TIMEOUT_S": ("2.5", 2.5),
     "BODY_TIMEOUT_S": ("0", 0.0),
     "KEEP_ALIVE_TIMEOUT_S": ("1", 1.0),
@@ -55,6 +57,8 @@ SAMPLES: dict[str, tuple[str, object]] = {
     "METRICS_PREFIX": ("dserve:", "dserve:"),
     "ADMIN_TOKEN": ("s3cret", "s3cret"),
     "PROFILE_BATCH_SIZES": ("1, 3,9", (1, 3, 9)),
+    "PROFILE_CACHE_DIR": ("/var/cache/ds", Path("/var/cache/ds")),
+    "PROFILE_MIN_R2": ("0.5", 0.5),
 }
 
 # (variable, bad text, the error after the variable's or flag's name)
@@ -110,10 +114,11 @@ def test_flag_names_come_from_the_variables():
         "repository", "policy", "policy_options", "host", "port", "cpu_slices",
         "threads_per_slice", "emulated_devices", "arena_slots", "max_queue", "stuck_factor",
         "stuck_margin_s", "heartbeat_timeout_s", "respawn", "shutdown_grace_s",
-        "header_timeout_s", "body_timeout_s", "keep_alive_timeout_s", "max_header_bytes",
+        "exit_on_error", "strict_readiness", "header_timeout_s", "body_timeout_s",
+        "keep_alive_timeout_s", "max_header_bytes",
         "max_buffered_bytes", "max_connections", "deadline_margin_ms", "timer_lead_ms",
         "realtime_priority", "max_body_bytes", "max_json_bytes", "metrics_prefix", "admin_token",
-        "profile_batch_sizes",
+        "profile_batch_sizes", "profile_cache_dir", "profile_min_r2",
     ]  # fmt: skip
 
 

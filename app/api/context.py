@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from app.api.errors import hide_paths
 from app.api.limits import DEFAULT_MAX_JSON_BYTES, RequestLimits
 from app.api.security import check_model_name, short_repr
 from app.errors import ModelNotFound, ModelNotReady
@@ -56,18 +57,16 @@ def lookup_model(service: InferenceService, name: str, version: str | None = Non
     the service is never asked about `../x`, absolute paths or NUL bytes.
 
     The answers name only the model asked for: not the other models (a 404
-    is no directory listing), nor why a model failed to load (its error names
-    files; the log has it, the repository index a repository-relative form)."""
+    is no directory listing). Why a model failed to load is told as the
+    service words it (files relative to the repository), with any absolute
+    path left cut to its last component; the log has the whole text."""
     check_model_name(name)
     try:
         config = service.model_config(name)
     except (KeyError, ModelNotFound):
         raise ModelNotFound(f"unknown model {short_repr(name)}") from None
-    except ModelNotReady:
-        raise ModelNotReady(
-            f"model {short_repr(name)} is unavailable: it did not load, or no device can run it "
-            "(the repository index gives the reason)"
-        ) from None
+    except ModelNotReady as exc:
+        raise ModelNotReady(hide_paths(exc.message)) from None
     if version is not None and version != config.version:
         raise ModelNotFound(
             f"model {short_repr(name)} has no version {short_repr(version)} "

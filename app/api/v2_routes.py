@@ -56,6 +56,12 @@ def health_ready(ctx: ApiContext) -> m.ReadyResponse:
     capacity_of = getattr(service, "capacity", None)
     capacity = capacity_of() if callable(capacity_of) else {}
     if not ready:
+        failed = capacity.get("models_failed")
+        if failed:
+            raise NotReady(
+                f"server not ready: {', '.join(failed)} failed to load "
+                "(the repository index gives the reason)"
+            )
         missing = capacity.get("models_unavailable")
         if missing:
             raise NotReady(

@@ -1,4 +1,5 @@
-"""A model's configuration as the server uses it (parsed from config.yaml).
+"""A model's configuration as the server uses it (parsed from config.yaml,
+or from a Triton config.pbtxt by app/repository/triton_config.py).
 
 Datatypes are the KServe v2 names (FP32, INT64, ...). Shapes include the batch
 dimension first as -1, as in Triton's config for models with batching.
@@ -59,6 +60,30 @@ class ProfileSpec:
 
 
 @dataclass(frozen=True)
+class BatchingSpec:
+    """A model's own dynamic-batching settings (Triton's `dynamic_batching`),
+    the `triton` policy's per-model options; None: the policy's default."""
+
+    max_queue_delay_ms: float | None = None
+    preferred_batch_sizes: tuple[int, ...] = ()
+    queue_timeout_ms: float | None = None
+    max_queue_size: int | None = None
+
+    def policy_options(self) -> dict[str, object]:
+        """The options of app.scheduling.triton.TritonScheduler it sets."""
+        options: dict[str, object] = {}
+        if self.max_queue_delay_ms is not None:
+            options["max_queue_delay_ms"] = self.max_queue_delay_ms
+        if self.preferred_batch_sizes:
+            options["preferred_batch_sizes"] = self.preferred_batch_sizes
+        if self.queue_timeout_ms is not None:
+            options["queue_timeout_ms"] = self.queue_timeout_ms
+        if self.max_queue_size is not None:
+            options["max_queue_size"] = self.max_queue_size
+        return options
+
+
+@dataclass(frozen=True)
 class ModelConfig:
     name: str
     backend: str  # "onnx" | "emulated"
@@ -76,3 +101,7 @@ class ModelConfig:
     version: str = "1"
     description: str = ""
     extra: dict[str, object] = field(default_factory=dict)
+    batching: BatchingSpec | None = None  # dynamic_batching, when the config has one
+    # Versions the version policy selected beyond the one served (a model
+    # serves one version: the highest selected).
+    unserved_versions: tuple[str, ...] = ()

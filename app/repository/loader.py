@@ -1,4 +1,6 @@
-"""Load the model repository: `<root>/<name>/config.yaml` plus the model file.
+"""Load the model repository: `<root>/<name>/config.yaml` plus the model file,
+or a Triton model directory (`config.pbtxt` and version directories, see
+app/repository/triton_config.py), which is read into the same document.
 
 A model's directory name is its name. `config.yaml` keys (defaults in brackets)::
 
@@ -17,6 +19,10 @@ A model's directory name is its name. `config.yaml` keys (defaults in brackets):
     parameters:          free-form mapping, kept as ModelConfig.extra; backend
                          options: torch `exit_points` (pin the number of exit
                          points), emulated `preemption_delay_ms`
+    dynamic_batching:    Triton's keys (max_queue_delay_microseconds, ...), the
+                         `triton` policy's options for this model
+    instance_group:      Triton's [{kind, count, gpus}, ...] → devices (not
+                         with `devices`); app/repository/triton_fields.py
 
 `datatype` is a KServe v2 name (FP32, INT64, ... see config.DATATYPES). A
 `shape` may be written with or without the leading batch dimension -1 (`[4096]`
@@ -24,20 +30,26 @@ and `[-1, 4096]` mean the same); every other dimension must be a positive
 integer. Every error names the file and the field.
 
 A model without a `profile` is measured by the profiler at load; the measured
-table is cached next to the model (app/repository/profiles.py).
+table is cached in the profile cache directory (app/repository/profiles.py).
+
+A field that has no effect here (a Triton field we do not support) is a
+warning naming the model and the field, logged at load and kept in
+RepositoryIndex.warnings; a subdirectory with neither config file is one too.
 """
 
 from __future__ import annotations
 
 import logging
 import re
-from collections.abc import Mapping
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from app.config_fields import FieldReader, read_yaml
 from app.repository.config import DATATYPES, ModelConfig, ProfileSpec, TensorSpec
+from app.repository.triton_config import TRITON_CONFIG_FILE, triton_document
+from app.repository.triton_fields import parse_dynamic_batching, parse_instance_groups
 from app.scheduling.profile import LatencyProfile
 
 log = logging.getLogger(__name__)
@@ -60,6 +72,8 @@ _CONFIG_KEYS = frozenset(
         "version",
         "description",
         "parameters",
+        "dynamic_batching",
+        "instance_group",
     }
 )
 _REQUIRED_KEYS = ("backend", "inputs", "outputs", "max_batch_size", "slo_ms")
@@ -84,24 +98,45 @@ def validate_model_name(name: str) -> str:
 # --------------------------------------------------------------------------- config
 
 
-def load_model_config(directory: Path) -> ModelConfig:
-    """Parse and validate `<directory>/config.yaml`; the model's name is the
-    directory's name. Raises ValueError naming the file and the field."""
+Warn = Callable[[str], None]
+
+
+def load_model_config(directory: Path, warn: Warn | None = None) -> ModelConfig:
+    """Parse and validate `<directory>/config.yaml` or `<directory>/config.pbtxt`
+    (one of them); the model's name is the directory's name. Fields without
+    effect go to `warn` (default: logged). Raises ValueError naming the file
+    and the field."""
     directory = Path(directory)
-    path = directory / CONFIG_FILE
+    yaml_path, pbtxt_path = directory / CONFIG_FILE, directory / TRITON_CONFIG_FILE
+    path = pbtxt_path if pbtxt_path.is_file() and not yaml_path.is_file() else yaml_path
     try:
         validate_model_name(directory.name)
     except ValueError as exc:
         raise ValueError(f"{path}: {exc}") from None
+    if warn is None:
+        warn = _log_warning(directory.name)
+    if yaml_path.is_file() and pbtxt_path.is_file():
+        raise ValueError(f"{directory}: has both {CONFIG_FILE} and {TRITON_CONFIG_FILE}; keep one")
+    if path == pbtxt_path:
+        doc, unserved = triton_document(directory, warn)
+        config = parse_model_config(doc, directory, source=str(path), warn=warn)
+        return replace(config, unserved_versions=unserved)
     doc = read_yaml(path, "model config")
-    return parse_model_config(doc, directory, source=str(path))
+    return parse_model_config(doc, directory, source=str(path), warn=warn)
 
 
-def parse_model_config(doc: Any, directory: Path, source: str | None = None) -> ModelConfig:
+def _log_warning(model: str) -> Warn:
+    return lambda message: log.warning("model %s: %s", model, message)
+
+
+def parse_model_config(
+    doc: Any, directory: Path, source: str | None = None, warn: Warn | None = None
+) -> ModelConfig:
     """Validate a parsed config document for the model in `directory`."""
     directory = Path(directory)
     ctx = FieldReader(source or str(directory / CONFIG_FILE))
     name = directory.name
+    warn = warn or _log_warning(name)
     if doc is None:
         ctx.fail("top level", "the file is empty")
     ctx.keys(doc, "top level", _CONFIG_KEYS, required=_REQUIRED_KEYS)
@@ -137,6 +172,19 @@ def parse_model_config(doc: Any, directory: Path, source: str | None = None) -> 
         devices = tuple(d.strip() for d in raw)
         if len(set(devices)) != len(devices):
             ctx.fail("devices", f"duplicate entries in {list(devices)}")
+    if doc.get("instance_group") is not None:
+        if devices is not None:
+            ctx.fail("instance_group", "give either devices or instance_group, not both")
+        devices = parse_instance_groups(ctx, doc["instance_group"], warn)
+    batching = None
+    if "dynamic_batching" in doc:
+        batching = parse_dynamic_batching(ctx, doc["dynamic_batching"], warn)
+        too_big = [p for p in batching.preferred_batch_sizes if p > max_batch]
+        if too_big:
+            ctx.fail(
+                "dynamic_batching.preferred_batch_size",
+                f"{too_big} exceed max_batch_size {max_batch}",
+            )
 
     version = doc.get("version", "1")
     if isinstance(version, bool) or not isinstance(version, (str, int)) or str(version) == "":
@@ -170,6 +218,7 @@ def parse_model_config(doc: Any, directory: Path, source: str | None = None) -> 
         version=version,
         description=description.strip(),
         extra=dict(extra),
+        batching=batching,
     )
 
 
@@ -288,6 +337,11 @@ class RepositoryIndex:
     root: Path
     models: dict[str, ModelConfig] = field(default_factory=dict)
     errors: dict[str, str] = field(default_factory=dict)  # model name → error message
+    # model name (or skipped directory) → fields without effect, as logged
+    warnings: dict[str, list[str]] = field(default_factory=dict)
+    # Failed models that are optional: the bundled models an uninstalled
+    # extra would build (not failures for EXIT_ON_ERROR or readiness).
+    optional: set[str] = field(default_factory=set)
 
     def index(self) -> list[dict[str, str]]:
         """KServe v2 repository index entries, sorted by name; UNAVAILABLE
@@ -304,21 +358,32 @@ class RepositoryIndex:
 
 
 def load_repository(root: Path) -> RepositoryIndex:
-    """Load every subdirectory of `root` that holds a config.yaml. A model that
-    fails to load is recorded in `.errors` (and logged); the others load.
-    Raises ValueError only when `root` itself is not a directory."""
+    """Load every subdirectory of `root` that holds a config.yaml or a
+    config.pbtxt. A model that fails to load is recorded in `.errors` (and
+    logged); the others load. Raises ValueError only when `root` itself is
+    not a directory."""
     root = Path(root)
     if not root.is_dir():
         raise ValueError(f"model repository {root} is not a directory")
     index = RepositoryIndex(root.resolve())
     for sub in sorted(root.iterdir(), key=lambda p: p.name):
-        if not sub.is_dir() or not (sub / CONFIG_FILE).is_file():
+        if not sub.is_dir() or sub.name.startswith("."):
+            continue
+        notes = index.warnings.setdefault(sub.name, [])
+
+        def warn(message: str, model: str = sub.name, notes: list[str] = notes) -> None:
+            notes.append(message)
+            log.warning("model %s: %s", model, message)
+
+        if not (sub / CONFIG_FILE).is_file() and not (sub / TRITON_CONFIG_FILE).is_file():
+            warn(f"skipped: the directory has no {CONFIG_FILE} or {TRITON_CONFIG_FILE}")
             continue
         try:
-            index.models[sub.name] = load_model_config(sub)
+            index.models[sub.name] = load_model_config(sub, warn)
         except ValueError as exc:
             index.errors[sub.name] = str(exc)
             log.warning("model %s is unavailable: %s", sub.name, exc)
+    index.warnings = {name: notes for name, notes in index.warnings.items() if notes}
     return index
 
 

@@ -1,12 +1,23 @@
 """Latency profiles of a repository's models: from the config, or measured
-and cached next to the model as `profile.<device>.json` together with the
-device, the ONNX Runtime version and the model file's SHA-256 (ignored once
-the model file changes)."""
+and cached in a cache directory (PROFILE_CACHE_DIR, by default
+`$XDG_CACHE_HOME/deadline-serve/profiles`), never in the model repository,
+which may be read-only or shared. A cache file is named after the model, a
+content hash of its model file and the device
+(`<model>.<hash>.<device>.json`), so two repositories, two versions of a
+model file and two devices never share an entry; it records the device, the
+ONNX Runtime version and the model file's SHA-256 (ignored once the model
+file changes).
+
+A measured profile's quality is judged by `fit_problems`: a linear fit with
+r² below a threshold, or latency that falls as the batch grows by more than
+measurement noise (MONOTONE_TOLERANCE, NOISE_MS), means the machine was busy
+while it was measured (start-up measures it again)."""
 
 from __future__ import annotations
 
 import contextlib
 import datetime as _dt
+import hashlib
 import json
 import logging
 import os
@@ -25,15 +36,31 @@ from app.scheduling.profile import LatencyProfile
 log = logging.getLogger(__name__)
 
 CACHE_FORMAT = 1
+# A measured ℓ(b) more than this fraction below a smaller batch's is not noise.
+MONOTONE_TOLERANCE = 0.1
+# Differences smaller than this are timer noise, whatever the fit says: a
+# model this fast has a flat profile, and its r² means nothing.
+NOISE_MS = 0.05
+CACHE_APP_DIR = Path("deadline-serve") / "profiles"
 
 
-def latency_profile(config: ModelConfig, device_kind: str) -> LatencyProfile | None:
+def default_profile_cache_dir(env: Mapping[str, str] | None = None) -> Path:
+    """`$XDG_CACHE_HOME/deadline-serve/profiles`, else `~/.cache/deadline-serve/profiles`."""
+    env = os.environ if env is None else env
+    base = env.get("XDG_CACHE_HOME") or ""
+    root = Path(base) if base.strip() and Path(base).is_absolute() else Path.home() / ".cache"
+    return root / CACHE_APP_DIR
+
+
+def latency_profile(
+    config: ModelConfig, device_kind: str, cache_dir: Path | None = None
+) -> LatencyProfile | None:
     """ℓ(b) for b ≤ max_batch_size on `device_kind`: the config's own profile,
     else the measured profile cached for that device (same key as given to
     write_profile_cache), else None (the model must be profiled)."""
     if config.profile is not None:
         return profile_from_spec(config.profile, config.max_batch_size)
-    spec = read_profile_cache(config, device_kind)
+    spec = read_profile_cache(config, device_kind, cache_dir)
     if spec is None:
         return None
     # Measured tables may dip by noise (ℓ(24) < ℓ(16)); from_table rejects that.
@@ -82,6 +109,25 @@ def fit_linear(latency_ms: Mapping[int, float]) -> tuple[float, float, float]:
     return float(alpha), float(beta), float(r2)
 
 
+def fit_problems(latency_ms: Mapping[int, float], min_r2: float) -> list[str]:
+    """Why a measured table is not to be trusted (empty when it is): its
+    linear fit's r² is below `min_r2`, or ℓ falls with batch size by more
+    than MONOTONE_TOLERANCE."""
+    problems: list[str] = []
+    values = [float(ms) for ms in latency_ms.values()]
+    _, _, r2 = fit_linear(latency_ms)
+    spread = max(values) - min(values)
+    if r2 < min_r2 and spread > max(NOISE_MS, MONOTONE_TOLERANCE * max(values)):
+        problems.append(f"linear fit r² {r2:.3f} < {min_r2:g}")
+    peak_b, peak = 0, 0.0
+    for b, ms in sorted((int(b), float(ms)) for b, ms in latency_ms.items()):
+        if peak - ms > max(NOISE_MS, MONOTONE_TOLERANCE * peak):
+            problems.append(f"ℓ({b}) = {ms:.2f} ms below ℓ({peak_b}) = {peak:.2f} ms")
+        if ms > peak:
+            peak_b, peak = b, ms
+    return problems
+
+
 def sanitize_device(device: str) -> str:
     """A device key as a file-name part: `cuda:0` → `cuda-0`, `cpu 2t` → `cpu-2t`."""
     cleaned = re.sub(r"[^A-Za-z0-9_.-]+", "-", str(device)).strip(".-")
@@ -90,8 +136,20 @@ def sanitize_device(device: str) -> str:
     return cleaned
 
 
-def profile_cache_path(config: ModelConfig, device: str) -> Path:
-    return config.directory / f"profile.{sanitize_device(device)}.json"
+def profile_cache_path(config: ModelConfig, device: str, cache_dir: Path | None = None) -> Path:
+    """`<cache dir>/<model>.<content hash>.<device>.json`."""
+    root = default_profile_cache_dir() if cache_dir is None else Path(cache_dir)
+    return root / f"{config.name}.{_content_key(config)}.{sanitize_device(device)}.json"
+
+
+def _content_key(config: ModelConfig) -> str:
+    """16 hex digits of the model file's SHA-256; for a model without a file
+    (emulated), of what defines it."""
+    digest = _model_hash(config)
+    if digest is None:
+        what = repr((config.backend, config.inputs, config.outputs, sorted(config.extra.items())))
+        digest = hashlib.sha256(what.encode()).hexdigest()
+    return digest[:16]
 
 
 def write_profile_cache(
@@ -102,10 +160,11 @@ def write_profile_cache(
     fit: Mapping[str, float],
     device_description: str | None = None,
     extra: Mapping[str, Any] | None = None,
+    cache_dir: Path | None = None,
 ) -> Path:
-    """Write `<model dir>/profile.<device>.json` (atomically) with the measured
-    table, the fit {alpha_ms, beta_ms, r2}, where it was measured and the model
-    file's SHA-256; returns the path."""
+    """Write the cache file (profile_cache_path, atomically; the directory
+    is made if missing) with the measured table, the fit {alpha_ms, beta_ms,
+    r2}, where it was measured and the model file's SHA-256; returns the path."""
     if not latency_ms:
         raise ValueError("refusing to cache an empty latency table")
     for key in ("alpha_ms", "beta_ms"):
@@ -125,15 +184,18 @@ def write_profile_cache(
     }
     if extra:
         doc["extra"] = dict(extra)
-    path = profile_cache_path(config, device)
+    path = profile_cache_path(config, device, cache_dir)
+    path.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_bytes(path, (json.dumps(doc, indent=2) + "\n").encode())
     return path
 
 
-def read_profile_cache(config: ModelConfig, device: str) -> ProfileSpec | None:
+def read_profile_cache(
+    config: ModelConfig, device: str, cache_dir: Path | None = None
+) -> ProfileSpec | None:
     """The cached measured profile of `config` on `device`; None when there is
     none, it cannot be read, or it is stale (the model file changed)."""
-    path = profile_cache_path(config, device)
+    path = profile_cache_path(config, device, cache_dir)
     if not path.is_file():
         return None
     try:

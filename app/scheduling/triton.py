@@ -51,6 +51,10 @@ knows each model's SLO would configure:
   models). Sizes above a model's ``max_batch`` are ignored for that model
   (Triton would refuse such a config).
 * ``max_queue_size`` — default ``None`` (unbounded, Triton's default of 0).
+* ``model_options`` — ``{model: {option: value}}``: a model's own
+  ``max_queue_delay_ms``, ``queue_timeout_ms``, ``preferred_batch_sizes``
+  or ``max_queue_size`` over the values above (a model config's
+  ``dynamic_batching``: Triton's batcher settings are per model).
 
 Not modelled: priority levels, ``timeout_action: DELAY``, per-request
 timeout overrides, ``preserve_ordering`` (responses are per request
@@ -84,6 +88,51 @@ class BatcherConfig:
     max_queue_size: int | None
 
 
+def batcher_config(
+    model: ModelInfo,
+    max_batch: int | None,
+    *,
+    max_queue_delay_ms: float,
+    queue_timeout_ms: float | str | None,
+    preferred_batch_sizes: Iterable[int],
+    max_queue_size: int | None,
+) -> BatcherConfig:
+    """One model's batcher settings from the options (checked here)."""
+    name = model.name
+    if max_queue_delay_ms < 0:
+        raise ValueError(f"max_queue_delay_ms must be ≥ 0, got {max_queue_delay_ms} for {name!r}")
+    if isinstance(queue_timeout_ms, str) and queue_timeout_ms != SLO:
+        raise ValueError(
+            f"queue_timeout_ms must be a number, None or 'slo', got {queue_timeout_ms!r}"
+        )
+    if isinstance(queue_timeout_ms, (int, float)) and queue_timeout_ms <= 0:
+        raise ValueError(f"queue_timeout_ms must be > 0 (None: no timeout), got {queue_timeout_ms}")
+    if max_queue_size is not None and max_queue_size < 1:
+        raise ValueError(f"max_queue_size must be ≥ 1 (None: unbounded), got {max_queue_size}")
+    preferred = sorted({int(p) for p in preferred_batch_sizes}, reverse=True)
+    if any(p < 1 for p in preferred):
+        raise ValueError(f"preferred_batch_sizes must be ≥ 1, got {preferred}")
+    if max_batch is None:
+        cap = max(1, model.slo_batch)
+    elif max_batch < 1:
+        raise ValueError(f"max_batch must be ≥ 1, got {max_batch} for {name!r}")
+    else:
+        cap = min(int(max_batch), model.max_batch)
+    if queue_timeout_ms is None:
+        timeout = None
+    elif queue_timeout_ms == SLO:
+        timeout = model.slo
+    else:
+        timeout = float(queue_timeout_ms) / 1000.0
+    return BatcherConfig(
+        max_batch=cap,
+        preferred=tuple(p for p in preferred if p <= cap),
+        max_queue_delay=max_queue_delay_ms / 1000.0,
+        queue_timeout=timeout,
+        max_queue_size=max_queue_size,
+    )
+
+
 class TritonScheduler(ReplanningScheduler):
     """Triton dynamic batcher: max/preferred batch, queue delay, queue timeout."""
 
@@ -99,51 +148,34 @@ class TritonScheduler(ReplanningScheduler):
         queue_timeout_ms: float | str | None = SLO,
         preferred_batch_sizes: Iterable[int] = (),
         max_queue_size: int | None = None,
+        model_options: Mapping[str, Mapping[str, object]] | None = None,
         **options: float,
     ) -> None:
         super().__init__(models, devices, **options)
-        if max_queue_delay_ms < 0:
-            raise ValueError(f"max_queue_delay_ms must be ≥ 0, got {max_queue_delay_ms}")
-        if isinstance(queue_timeout_ms, str) and queue_timeout_ms != SLO:
-            raise ValueError(
-                f"queue_timeout_ms must be a number, None or 'slo', got {queue_timeout_ms!r}"
-            )
-        if isinstance(queue_timeout_ms, (int, float)) and queue_timeout_ms <= 0:
-            raise ValueError(
-                f"queue_timeout_ms must be > 0 (None: no timeout), got {queue_timeout_ms}"
-            )
-        if max_queue_size is not None and max_queue_size < 1:
-            raise ValueError(f"max_queue_size must be ≥ 1 (None: unbounded), got {max_queue_size}")
-        preferred = sorted({int(p) for p in preferred_batch_sizes}, reverse=True)
-        if any(p < 1 for p in preferred):
-            raise ValueError(f"preferred_batch_sizes must be ≥ 1, got {preferred}")
         if isinstance(max_batch, Mapping):
             unknown = set(max_batch) - set(self.models)
             if unknown:
                 raise ValueError(f"max_batch names unknown models: {sorted(unknown)}")
-
+        per_model = dict(model_options or {})
+        unknown = set(per_model) - set(self.models)
+        if unknown:
+            raise ValueError(f"model_options names unknown models: {sorted(unknown)}")
+        shared = {
+            "max_queue_delay_ms": max_queue_delay_ms,
+            "queue_timeout_ms": queue_timeout_ms,
+            "preferred_batch_sizes": preferred_batch_sizes,
+            "max_queue_size": max_queue_size,
+        }
         self.config: dict[str, BatcherConfig] = {}
         for name, model in self.models.items():
+            own = dict(per_model.get(name, {}))
+            if set(own) - set(shared):
+                raise ValueError(
+                    f"model_options[{name!r}]: no option {sorted(set(own) - set(shared))}; "
+                    f"per model: {sorted(shared)}"
+                )
             wanted = max_batch.get(name) if isinstance(max_batch, Mapping) else max_batch
-            if wanted is None:
-                cap = max(1, model.slo_batch)
-            elif wanted < 1:
-                raise ValueError(f"max_batch must be ≥ 1, got {wanted} for {name!r}")
-            else:
-                cap = min(int(wanted), model.max_batch)
-            if queue_timeout_ms is None:
-                timeout = None
-            elif queue_timeout_ms == SLO:
-                timeout = model.slo
-            else:
-                timeout = float(queue_timeout_ms) / 1000.0
-            self.config[name] = BatcherConfig(
-                max_batch=cap,
-                preferred=tuple(p for p in preferred if p <= cap),
-                max_queue_delay=max_queue_delay_ms / 1000.0,
-                queue_timeout=timeout,
-                max_queue_size=max_queue_size,
-            )
+            self.config[name] = batcher_config(model, wanted, **{**shared, **own})  # type: ignore[arg-type]
 
         # FIFO per model, ordered by (arrival, id).
         self.fifo: dict[str, SortedList] = {name: SortedList() for name in self.models}

@@ -65,6 +65,9 @@ class LiveService:
         self.metrics = metrics
         self.models: dict[str, ModelState] = {}
         self.unavailable: dict[str, str] = {}
+        # Unavailable bundled models whose optional extra is not installed:
+        # listed, but no failure (EXIT_ON_ERROR, STRICT_READINESS).
+        self.optional: set[str] = set()
         self.devices: list[ExecutorDevice] = []
         self.pool: ExecutorPool | None = None
         self.dispatcher: Dispatcher | None = None
@@ -83,6 +86,8 @@ class LiveService:
         settings = self.settings
         index = await startup.load_models(settings)
         self.unavailable.update(index.errors)
+        self.optional = set(index.optional)
+        self._check_loaded(index.models)
         self.devices = startup.device_layout(settings)
         if settings.realtime_priority:
             # Before the executors start: they inherit it, then step one below.
@@ -92,6 +97,7 @@ class LiveService:
             settings, self.devices, index, self._on_event
         )
         self.unavailable.update(unavailable)
+        self._check_loaded(self.models)
         for state in self.models.values():
             device = self._device(state.devices[0])
             state.profile = await startup.measure_profile(settings, self.pool, device, state.config)
@@ -112,6 +118,17 @@ class LiveService:
             settings.policy,
             ", ".join(f"{n} on devices {list(s.devices)}" for n, s in self.models.items()),
         )
+
+    def _check_loaded(self, models: dict[str, object]) -> None:
+        try:
+            startup.check_loaded(self.settings, models, self.failed())
+        except startup.StartupFailed as exc:
+            log.error("start-up stopped: %s", exc)
+            raise
+
+    def failed(self) -> dict[str, str]:
+        """The models that should be served and are not, with the reason."""
+        return {n: r for n, r in self.unavailable.items() if n not in self.optional}
 
     def begin_shutdown(self, why: str = "shutdown") -> None:
         """Refuse new requests from now on; those accepted get the grace
@@ -187,7 +204,8 @@ class LiveService:
         state = self.models.get(name)
         if state is None:
             if name in self.unavailable:
-                raise ModelNotReady(f"model {name!r} is unavailable: {self.unavailable[name]}")
+                reason = self._relative(self.unavailable[name])
+                raise ModelNotReady(f"model {name!r} is unavailable: {reason}")
             raise ModelNotFound(f"unknown model {name!r}; models: {', '.join(self.model_names())}")
         return state.config
 
@@ -199,8 +217,11 @@ class LiveService:
 
     def server_ready(self) -> bool:
         """Serving, and every model has at least one live device (while an
-        executor restarts, a model with another device stays ready)."""
-        if not self.ready or self.closing:
+        executor restarts, a model with another device stays ready); under
+        STRICT_READINESS also no model of the repository failed to load."""
+        if not self.ready or self.closing or not self.models:
+            return False
+        if self.settings.strict_readiness and self.failed():
             return False
         return all(self.model_ready(name) for name in self.models)
 
@@ -213,6 +234,7 @@ class LiveService:
             "devices_alive": len(alive),
             "devices_total": len(self.devices),
             "models_unavailable": sorted(n for n in self.models if not self.model_ready(n)),
+            "models_failed": sorted(self.failed()) if self.settings.strict_readiness else [],
         }
 
     def repository_index(self) -> list[dict[str, str]]:
@@ -225,14 +247,35 @@ class LiveService:
             }
             for name, state in self.models.items()
         ]
-        # A load error names its files: relative to the repository in an answer.
+        # Versions the version policy selected but not served (one is per model).
+        index += [
+            {
+                "name": name,
+                "version": version,
+                "state": "UNAVAILABLE",
+                "reason": f"not served: one version per model is, {state.config.version}",
+            }
+            for name, state in self.models.items()
+            for version in state.config.unserved_versions
+        ]
+        for name, reason in self.unavailable.items():
+            index.append(
+                {
+                    "name": name,
+                    "version": "1",
+                    "state": "UNAVAILABLE",
+                    "reason": self._relative(reason),
+                }
+            )
+        return sorted(index, key=lambda entry: (entry["name"], entry["version"]))
+
+    def _relative(self, reason: str) -> str:
+        """A load error names its files: relative to the repository in an answer."""
         repository = self.settings.repository
         roots = {str(repository.resolve()).rstrip("/") + "/", str(repository).rstrip("/") + "/"}
-        for name, reason in self.unavailable.items():
-            for root in sorted(roots, key=len, reverse=True):
-                reason = reason.replace(root, "")
-            index.append({"name": name, "version": "1", "state": "UNAVAILABLE", "reason": reason})
-        return sorted(index, key=lambda entry: entry["name"])
+        for root in sorted(roots, key=len, reverse=True):
+            reason = reason.replace(root, "")
+        return reason
 
     async def infer(
         self,

@@ -220,6 +220,24 @@ class Settings:
             "on SIGTERM, how long in-flight requests may take to finish",
         ),
     )
+    exit_on_error: bool = field(
+        default=True,
+        metadata=_setting(
+            "EXIT_ON_ERROR",
+            Boolean(),
+            "stop at start-up (non-zero exit) when a model fails to load, naming the model "
+            "and the reason (0: serve the others)",
+        ),
+    )
+    strict_readiness: bool = field(
+        default=True,
+        metadata=_setting(
+            "STRICT_READINESS",
+            Boolean(),
+            "`/v2/health/ready` is not ready while a model of the repository failed to load "
+            "(0: ready once the loaded models are)",
+        ),
+    )
     # Connections (app/api/connection.py; enforced under `python -m app serve`).
     header_timeout_s: float = field(
         default=10.0,
@@ -348,6 +366,26 @@ class Settings:
             IntegerList(),
             "batch sizes the profiler measures at load (those ≤ the model's max batch, "
             "with 1 and the max)",
+        ),
+    )
+
+    profile_cache_dir: Path | None = field(
+        default=None,
+        metadata=_setting(
+            "PROFILE_CACHE_DIR",
+            FilePath(),
+            "where measured latency profiles are cached, per model name, model-file hash and "
+            "device (never in the model repository)",
+            shown="`$XDG_CACHE_HOME/deadline-serve/profiles` (`~/.cache/…`)",
+        ),
+    )
+    profile_min_r2: float = field(
+        default=0.9,
+        metadata=_setting(
+            "PROFILE_MIN_R2",
+            Number(),
+            "a measured profile whose linear fit has a lower r², or whose latency falls "
+            "with batch size, is measured again at start-up, then reported as a warning",
         ),
     )
 

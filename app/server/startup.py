@@ -2,22 +2,29 @@
 
 In order: load the model repository (building the bundled models' files on
 first start), lay out one executor per device, create each model's
-shared-memory arena, start the executors, measure a latency profile for
-every model that has none (cached next to the model), and build one
-scheduling core per group of devices that host the same models
-(symphony.txt §4.1's sub-clusters), with the serving path's slack as the
-core's own options.
+shared-memory arena, start the executors, check what loaded, measure a
+latency profile for every model that has none (app/server/profiling.py,
+cached outside the repository), and build one scheduling core per group of
+devices that host the same models (symphony.txt §4.1's sub-clusters), with
+the serving path's slack as the core's own options.
+
+What loaded is checked as Triton does: a repository in which no model loads
+is an error, and so, under EXIT_ON_ERROR (the default), is any model that
+failed to load or that no device could load; start-up stops with
+StartupFailed naming each model and its reason (uvicorn then exits
+non-zero). A model's reason is the real one: its config error, or each
+device's load error, not just "no device".
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from app.repository.config import ModelConfig
 from app.repository.loader import RepositoryIndex, load_repository
-from app.repository.profiles import fit_linear, latency_profile, monotone_table, write_profile_cache
 from app.runtime.arena import Arena
 from app.runtime.devices import ExecutorDevice, detect_devices
 from app.runtime.events import EventSink
@@ -27,9 +34,19 @@ from app.scheduling.profile import LatencyProfile
 from app.scheduling.registry import make_scheduler
 from app.scheduling.types import DeviceInfo
 from app.server.dispatcher import CoreGroup
+from app.server.profiling import device_tag, measure_profile
 from app.server.settings import BUNDLED_REPOSITORY, Settings
 
 log = logging.getLogger("app.server")
+
+__all__ = ["StartupFailed", "check_loaded", "device_tag", "measure_profile"]
+
+# The policy whose options a model's dynamic_batching sets (per model).
+BATCHING_POLICY = "triton"
+
+
+class StartupFailed(RuntimeError):
+    """Start-up stops: no model loaded, or (EXIT_ON_ERROR) one failed."""
 
 
 @dataclass
@@ -50,8 +67,17 @@ async def load_models(settings: Settings) -> RepositoryIndex:
         for name in built:
             log.info("built bundled model file %s", name)
     index = load_repository(root)
+    if root.resolve() == BUNDLED_REPOSITORY.resolve():
+        from app.repository.bundled import GENERATED
+
+        index.optional = {
+            gen.model for gen in GENERATED if gen.model in index.errors and not gen.available()
+        }
     for name, error in index.errors.items():
-        log.error("model %s unavailable: %s", name, error)
+        if name in index.optional:
+            log.warning("model %s not served: its optional extra is not installed", name)
+        else:
+            log.error("model %s unavailable: %s", name, error)
     return index
 
 
@@ -94,43 +120,51 @@ async def start_executors(
     for name, config in index.models.items():
         hosts = tuple(d.id for d in devices if name in pool.models_on(d.id))
         if not hosts:
-            unavailable[name] = "no device can run it (check `devices:` and backend)"
-            log.error("model %s: no device can run it", name)
+            unavailable[name] = why_not_loaded(pool, devices, config)
+            log.error("model %s unavailable: %s", name, unavailable[name])
             arenas[name].close_and_unlink()
             continue
         models[name] = ModelState(config, arenas[name], hosts)
     return pool, models, unavailable
 
 
-async def measure_profile(
-    settings: Settings, pool: ExecutorPool, device: ExecutorDevice, config: ModelConfig
-) -> LatencyProfile:
-    """The model's latency profile: from its config or cache, else measured
-    on `device` and cached."""
-    known = latency_profile(config, device_tag(device))
-    if known is not None:
-        log.info("model %s: latency profile from config/cache", config.name)
-        return known
-    sizes = sorted(
-        {b for b in settings.profile_batch_sizes if b <= config.max_batch_size}
-        | {1, config.max_batch_size}
+def why_not_loaded(pool: ExecutorPool, devices: list[ExecutorDevice], config: ModelConfig) -> str:
+    """The reason a model is on no device: each device's load error, or that
+    none may run it."""
+    errors: dict[str, list[str]] = {}
+    for device in devices:
+        error = pool.load_errors(device.id).get(config.name)
+        if error is not None:
+            errors.setdefault(error, []).append(device.name)
+    if errors:
+        return "; ".join(
+            f"failed to load on {', '.join(names)}: {error}" for error, names in errors.items()
+        )
+    allowed = "any device" if config.devices is None else f"devices {list(config.devices)}"
+    return (
+        f"no device can run it: backend {config.backend} on {allowed}, and this server has "
+        f"{', '.join(d.name for d in devices) or 'no devices'}"
     )
-    measured = await pool.profile(device.id, config.name, sizes)
-    alpha, beta, r2 = fit_linear(measured)
-    write_profile_cache(
-        config, device_tag(device), measured, fit={"alpha_ms": alpha, "beta_ms": beta, "r2": r2}
-    )
-    log.info(
-        "model %s profiled on %s: %s; fit ℓ(b) = %.3f·b + %.3f ms (r² %.3f)",
-        config.name,
-        device.name,
-        ", ".join(f"ℓ({b})={ms:.2f}ms" for b, ms in sorted(measured.items())),
-        alpha,
-        beta,
-        r2,
-    )
-    # Measurements are noisy: a larger batch may time slightly faster.
-    return LatencyProfile.from_table(monotone_table(measured), config.max_batch_size)
+
+
+def check_loaded(
+    settings: Settings, models: Mapping[str, object], unavailable: Mapping[str, str]
+) -> None:
+    """Raise StartupFailed when no model loaded, or when one failed under
+    EXIT_ON_ERROR; the message names each model and its reason.
+    `unavailable` holds the failures (not the optional bundled models)."""
+    failed = "; ".join(f"{name}: {reason}" for name, reason in sorted(unavailable.items()))
+    if not models:
+        where = settings.repository
+        raise StartupFailed(
+            f"no model loaded from the repository {where}"
+            + (f" ({failed})" if failed else " (it holds no model directory)")
+        )
+    if unavailable and settings.exit_on_error:
+        raise StartupFailed(
+            f"failed to load {len(unavailable)} model(s) ({failed}); "
+            "EXIT_ON_ERROR=0 (--exit-on-error 0) serves the others"
+        )
 
 
 def build_groups(
@@ -154,9 +188,38 @@ def build_groups(
                 )
             )
         device_infos = [DeviceInfo(d, name=by_id[d].name, kind=by_id[d].kind) for d in hosts]
-        scheduler = make_scheduler(settings.policy, infos, device_infos, **options)
+        group_options = {
+            **options,
+            **batching_options(settings, {n: models[n].config for n in names}),
+        }
+        scheduler = make_scheduler(settings.policy, infos, device_infos, **group_options)
         groups.append(CoreGroup(scheduler, frozenset(names), hosts))
     return groups
+
+
+def batching_options(settings: Settings, configs: Mapping[str, ModelConfig]) -> dict[str, object]:
+    """The models' own dynamic_batching as the `triton` policy's per-model
+    options (`model_options`, over POLICY_OPTIONS); under another policy
+    they have no effect, which is said once per model."""
+    per_model = {
+        name: config.batching.policy_options()
+        for name, config in configs.items()
+        if config.batching is not None and config.batching.policy_options()
+    }
+    if not per_model:
+        return {}
+    if settings.policy != BATCHING_POLICY:
+        for name, options in per_model.items():
+            log.warning(
+                "model %s: dynamic_batching (%s) applies under POLICY=%s only; policy %s "
+                "forms batches by deadlines",
+                name,
+                ", ".join(sorted(options)),
+                BATCHING_POLICY,
+                settings.policy,
+            )
+        return {}
+    return {"model_options": per_model}
 
 
 def core_options(settings: Settings) -> dict[str, object]:
@@ -167,9 +230,3 @@ def core_options(settings: Settings) -> dict[str, object]:
         "deadline_margin": settings.deadline_margin_ms / 1000.0,
         "timer_lead": settings.timer_lead_ms / 1000.0,
     }
-
-
-def device_tag(device: ExecutorDevice) -> str:
-    if device.kind == "cpu":
-        return f"cpu-{device.threads}t"
-    return f"{device.kind}-{device.index}"

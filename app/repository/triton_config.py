@@ -1,0 +1,315 @@
+"""A Triton model directory: `config.pbtxt` and version directories.
+
+    <repository>/<model>/config.pbtxt
+    <repository>/<model>/<version>/model.onnx      (or default_model_filename)
+
+`config.pbtxt` is parsed with protobuf's text format against Triton's own
+ModelConfig message (`tritonclient.grpc.model_config_pb2`, the `triton`
+extra) and turned into a config.yaml document, so both formats go through
+the same checks (app/repository/loader.py). What maps:
+
+* `platform: onnxruntime_onnx` / `backend: onnxruntime` → backend onnx
+  (`model.onnx`); `pytorch_libtorch` / `pytorch` → backend torch
+  (`model.pt`, a TorchScript file; one input, one output). Neither given:
+  whichever default file the version directory holds.
+* `version_policy`: `latest {num_versions}` (Triton's default, 1), `all`,
+  `specific {versions}` over the numeric subdirectories. One version is
+  served per model, the highest selected; others selected are a warning and
+  appear in the repository index as not served.
+* `max_batch_size` (≥ 1: requests are batched along an implicit first
+  dimension that `dims` leave out), `input`/`output` with `data_type`
+  (TYPE_FP32 → FP32 …) and `dims`. For ONNX both may be left out: they are
+  filled from the model file as Triton's auto-complete does (and
+  `max_batch_size` 4, Triton's default, when the model batches).
+* `dynamic_batching` and `instance_group`: app/repository/triton_fields.py.
+* Ours through `parameters` (string values): `slo_ms` (default
+  DEFAULT_SLO_MS, with a warning), `allow_slo_loosening`, `profile` (YAML,
+  e.g. `"{alpha_ms: 0.5, beta_ms: 2}"`), `description`, and the backend
+  options `exit_points` (torch) and `preemption_delay_ms` (emulated).
+
+Every other field the file sets (ListFields) is a warning naming it, except
+sequence batching and ensembles, whose requests cannot be served one by one
+as independent requests: those are errors.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from app.config_fields import FieldReader
+from app.repository.signatures import onnx_signature
+
+TRITON_CONFIG_FILE = "config.pbtxt"
+TRITON_EXTRA = "pip install 'deadline-serve[triton]'"
+DEFAULT_SLO_MS = 1000.0
+DEFAULT_MAX_BATCH_SIZE = 4  # Triton's default-max-batch-size for auto-complete
+
+# (platform, backend) names → (our backend, Triton's default model file name)
+_ONNX = ("onnx", "model.onnx")
+_TORCH = ("torch", "model.pt")
+_PLATFORMS = {"onnxruntime_onnx": _ONNX, "pytorch_libtorch": _TORCH}
+_BACKENDS = {"onnxruntime": _ONNX, "pytorch": _TORCH}
+
+_SUPPORTED = frozenset(
+    {
+        "name",
+        "platform",
+        "backend",
+        "version_policy",
+        "max_batch_size",
+        "input",
+        "output",
+        "dynamic_batching",
+        "instance_group",
+        "default_model_filename",
+        "parameters",
+    }
+)
+_REFUSED = {
+    "sequence_batching": "sequence batching (stateful models) is not supported",
+    "ensemble_scheduling": "ensembles are not supported",
+}
+_INPUT_SUPPORTED = frozenset({"name", "data_type", "dims"})
+_OUTPUT_SUPPORTED = frozenset({"name", "data_type", "dims"})
+_OUR_PARAMETERS = ("slo_ms", "allow_slo_loosening", "profile", "description")
+_BACKEND_PARAMETERS = ("exit_points", "preemption_delay_ms")
+
+
+def model_config_pb2() -> Any:
+    """Triton's model-config protobuf module (the `triton` extra)."""
+    try:
+        from tritonclient.grpc import model_config_pb2
+    except ImportError as exc:
+        raise ValueError(
+            f"Triton model configs ({TRITON_CONFIG_FILE}) need the triton extra: {TRITON_EXTRA}"
+        ) from exc
+    return model_config_pb2
+
+
+def triton_document(
+    directory: Path, warn: Callable[[str], None]
+) -> tuple[dict[str, Any], tuple[str, ...]]:
+    """`<directory>/config.pbtxt` as a config.yaml document (what
+    app.repository.loader.parse_model_config takes) and the versions the
+    policy selects that are not served; unsupported fields go to `warn`.
+    Raises ValueError naming the file and the field."""
+    from google.protobuf import json_format, text_format
+
+    pb2 = model_config_pb2()
+    path = directory / TRITON_CONFIG_FILE
+    ctx = FieldReader(str(path))
+    try:
+        msg = text_format.Parse(path.read_text(), pb2.ModelConfig())
+    except OSError as exc:
+        raise ValueError(f"{path}: cannot read the model config: {exc}") from exc
+    except text_format.ParseError as exc:
+        raise ValueError(f"{path}: not a valid Triton model config: {exc}") from None
+    set_fields = [f.name for f, _ in msg.ListFields()]
+    for name in set_fields:
+        if name in _REFUSED:
+            ctx.fail(name, _REFUSED[name])
+        if name not in _SUPPORTED:
+            warn(f"{name} is not supported and has no effect")
+    if msg.name and msg.name != directory.name:
+        ctx.fail("name", f"{msg.name!r} differs from the model directory's name {directory.name!r}")
+
+    backend, default_file = _backend(ctx, msg, directory)
+    filename = msg.default_model_filename or default_file
+    served, unserved = _select_versions(ctx, msg, directory, filename)
+    if unserved:
+        warn(
+            f"version_policy selects versions {sorted(int(v) for v in [served, *unserved])}; "
+            f"one version is served per model: {served} (not served: {', '.join(unserved)})"
+        )
+    model_file = f"{served}/{filename}"
+    max_batch = msg.max_batch_size
+    inputs = [
+        _tensor(ctx, t, f"input[{i}]", _INPUT_SUPPORTED, warn) for i, t in enumerate(msg.input)
+    ]
+    outputs = [
+        _tensor(ctx, t, f"output[{i}]", _OUTPUT_SUPPORTED, warn) for i, t in enumerate(msg.output)
+    ]
+    if not inputs or not outputs:
+        if backend != "onnx":
+            ctx.fail("input", f"backend {backend} models must declare input and output")
+        max_batch, found_in, found_out = _autocomplete(ctx, directory / model_file, max_batch)
+        inputs, outputs = inputs or found_in, outputs or found_out
+    if max_batch < 1:
+        ctx.fail(
+            "max_batch_size",
+            f"{max_batch}: requests are batched here; set max_batch_size ≥ 1 "
+            "and leave the batch dimension out of dims",
+        )
+    doc: dict[str, Any] = {
+        "backend": backend,
+        "model_file": model_file,
+        "version": served,
+        "max_batch_size": max_batch,
+        "inputs": inputs,
+        "outputs": outputs,
+    }
+    if msg.HasField("dynamic_batching"):
+        doc["dynamic_batching"] = _as_dict(json_format, msg.dynamic_batching)
+    if msg.instance_group:
+        doc["instance_group"] = [_as_dict(json_format, g) for g in msg.instance_group]
+    _parameters(ctx, {k: v.string_value for k, v in msg.parameters.items()}, doc, warn)
+    return doc, unserved
+
+
+def _as_dict(json_format: Any, message: Any) -> dict[str, Any]:
+    return json_format.MessageToDict(message, preserving_proto_field_name=True)
+
+
+def _backend(ctx: FieldReader, msg: Any, directory: Path) -> tuple[str, str]:
+    if msg.platform and msg.platform not in _PLATFORMS:
+        ctx.fail("platform", f"{msg.platform!r} is not supported; use {sorted(_PLATFORMS)}")
+    if msg.backend and msg.backend not in _BACKENDS:
+        ctx.fail("backend", f"{msg.backend!r} is not supported; use {sorted(_BACKENDS)}")
+    chosen = [_PLATFORMS[msg.platform]] if msg.platform else []
+    chosen += [_BACKENDS[msg.backend]] if msg.backend else []
+    if len(set(chosen)) > 1:
+        ctx.fail("backend", f"backend {msg.backend!r} contradicts platform {msg.platform!r}")
+    if chosen:
+        return chosen[0]
+    # Neither given: as Triton, go by the model file's name.
+    filename = msg.default_model_filename
+    if filename:
+        for backend, default_file in (_ONNX, _TORCH):
+            if Path(filename).suffix == Path(default_file).suffix:
+                return backend, default_file
+    else:
+        for backend, default_file in (_ONNX, _TORCH):
+            if any((v / default_file).is_file() for v in _version_dirs(directory)):
+                return backend, default_file
+    ctx.fail("platform", "not given, and no version directory holds model.onnx or model.pt")
+
+
+def _version_dirs(directory: Path) -> list[Path]:
+    return sorted(
+        (p for p in directory.iterdir() if p.is_dir() and p.name.isdigit()),
+        key=lambda p: int(p.name),
+    )
+
+
+def _select_versions(
+    ctx: FieldReader, msg: Any, directory: Path, filename: str
+) -> tuple[str, tuple[str, ...]]:
+    """The version served and the other versions the policy selects."""
+    available = [int(p.name) for p in _version_dirs(directory)]
+    if not available:
+        ctx.fail("version_policy", f"no version directory (e.g. {directory.name}/1/{filename})")
+    policy = msg.version_policy
+    choice = policy.WhichOneof("policy_choice") if msg.HasField("version_policy") else None
+    if choice == "all":
+        selected = available
+    elif choice == "specific":
+        wanted = sorted(set(policy.specific.versions))
+        if not wanted:
+            ctx.fail("version_policy.specific", "lists no versions")
+        missing = [v for v in wanted if v not in available]
+        if missing:
+            ctx.fail(
+                "version_policy.specific",
+                f"versions {missing} have no directory; the model has {available}",
+            )
+        selected = wanted
+    else:
+        n = policy.latest.num_versions if choice == "latest" else 1
+        selected = available[-max(1, n) :]
+    for version in selected:
+        if not (directory / str(version) / filename).is_file():
+            ctx.fail("version_policy", f"version {version} has no {version}/{filename}")
+    served = str(max(selected))
+    return served, tuple(str(v) for v in sorted(selected) if str(v) != served)
+
+
+def _tensor(
+    ctx: FieldReader,
+    tensor: Any,
+    where: str,
+    supported: frozenset[str],
+    warn: Callable[[str], None],
+) -> dict[str, Any]:
+    where = f"{where} ({tensor.name})"
+    for field_desc, _ in tensor.ListFields():
+        if field_desc.name not in supported:
+            warn(f"{where}.{field_desc.name} is not supported and has no effect")
+    type_name = (
+        tensor.DESCRIPTOR.fields_by_name["data_type"]
+        .enum_type.values_by_number[tensor.data_type]
+        .name
+    )
+    if type_name == "TYPE_INVALID":
+        ctx.fail(f"{where}.data_type", "missing")
+    datatype = "BYTES" if type_name == "TYPE_STRING" else type_name.removeprefix("TYPE_")
+    # The batch dimension is implicit in Triton's dims; ours is written first.
+    return {"name": tensor.name, "datatype": datatype, "shape": [-1, *tensor.dims]}
+
+
+def _autocomplete(
+    ctx: FieldReader, model_file: Path, max_batch: int
+) -> tuple[int, list[dict[str, Any]], list[dict[str, Any]]]:
+    """Inputs and outputs read from the ONNX file (Triton's auto-complete)."""
+    try:
+        inputs, outputs = onnx_signature(model_file)
+    except Exception as exc:  # onnx raises its own errors for a bad file
+        ctx.fail("input", f"inputs not given and the model file cannot be read: {exc}")
+    batched = all(dims and dims[0] is None for _, _, dims in [*inputs, *outputs])
+    if max_batch == 0 and batched:
+        max_batch = DEFAULT_MAX_BATCH_SIZE
+    if max_batch > 0 and not batched:
+        ctx.fail("max_batch_size", "the model's first dimensions are fixed: it cannot batch")
+
+    def specs(signature: Any, kind: str) -> list[dict[str, Any]]:
+        out = []
+        for name, datatype, dims in signature:
+            if datatype is None:
+                ctx.fail(kind, f"{name!r} has a datatype this server does not support")
+            shape = [-1 if d is None else d for d in dims[1:]]
+            out.append({"name": name, "datatype": datatype, "shape": [-1, *shape]})
+        return out
+
+    return max_batch, specs(inputs, "input"), specs(outputs, "output")
+
+
+def _parameters(
+    ctx: FieldReader,
+    params: dict[str, str],
+    doc: dict[str, Any],
+    warn: Callable[[str], None],
+) -> None:
+    backend_options: dict[str, Any] = {}
+    for key, text in sorted(params.items()):
+        where = f"parameters[{key}]"
+        if key in ("slo_ms", "description"):
+            doc[key] = text
+        elif key == "allow_slo_loosening":
+            if text.strip().lower() not in ("true", "false"):
+                ctx.fail(where, f'must be "true" or "false", got {text!r}')
+            doc[key] = text.strip().lower() == "true"
+        elif key == "profile" or key in _BACKEND_PARAMETERS:
+            try:
+                value = yaml.safe_load(text)
+            except yaml.YAMLError as exc:
+                ctx.fail(where, f"not valid YAML: {exc}")
+            if key == "profile":
+                doc["profile"] = value
+            else:
+                backend_options[key] = value
+        else:
+            warn(
+                f"{where} is not used by this server (ours: "
+                f"{', '.join(_OUR_PARAMETERS + _BACKEND_PARAMETERS)})"
+            )
+    if "slo_ms" not in doc:
+        warn(
+            f"no slo_ms: using {DEFAULT_SLO_MS:g} ms; set it with "
+            'parameters { key: "slo_ms" value { string_value: "50" } }'
+        )
+        doc["slo_ms"] = DEFAULT_SLO_MS
+    if backend_options:
+        doc["parameters"] = backend_options

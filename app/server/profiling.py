@@ -1,0 +1,178 @@
+"""Measuring a model's latency profile on a device, and judging it.
+
+A model without a profile in its config is measured at start-up on the
+first device that hosts it, and the table cached (app/repository/profiles.py)
+for the next start. A measurement taken while the machine is busy can be
+nonsense (ℓ(1) = 296 ms, ℓ(2) = 32 ms, ℓ(4) = 650 ms, r² 0.03): a poor table,
+cached or new, is measured once more; if it is still poor, the server runs
+with it and says so in a WARNING with the numbers and the command that
+measures it again on a quiet machine (`python -m app profile MODEL --force`).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+from app.repository.config import ModelConfig
+from app.repository.profiles import (
+    default_profile_cache_dir,
+    fit_linear,
+    fit_problems,
+    monotone_table,
+    profile_cache_path,
+    profile_from_spec,
+    read_profile_cache,
+    write_profile_cache,
+)
+from app.runtime.devices import ExecutorDevice
+from app.scheduling.profile import LatencyProfile
+from app.server.settings import Settings
+
+log = logging.getLogger("app.server")
+
+
+class Profiler(Protocol):
+    """What measuring needs of the executor pool."""
+
+    async def profile(
+        self, device_id: int, model: str, batch_sizes: list[int]
+    ) -> dict[int, float]: ...
+
+
+@dataclass(frozen=True)
+class MeasuredProfile:
+    """A latency table with its linear fit and what is wrong with it."""
+
+    latency_ms: dict[int, float]
+    alpha_ms: float
+    beta_ms: float
+    r2: float
+    problems: tuple[str, ...]
+    source: str  # "cache" | "measured"
+
+    @classmethod
+    def of(cls, table: Mapping[int, float], min_r2: float, source: str) -> MeasuredProfile:
+        alpha, beta, r2 = fit_linear(table)
+        problems = tuple(fit_problems(table, min_r2))
+        return cls(dict(sorted(table.items())), alpha, beta, r2, problems, source)
+
+    def table_text(self) -> str:
+        return ", ".join(f"ℓ({b})={ms:.2f}ms" for b, ms in self.latency_ms.items())
+
+    def fit_text(self) -> str:
+        return f"ℓ(b) = {self.alpha_ms:.3f}·b + {self.beta_ms:.3f} ms (r² {self.r2:.3f})"
+
+
+def profile_cache_dir(settings: Settings) -> Path:
+    return settings.profile_cache_dir or default_profile_cache_dir()
+
+
+def profile_cache_path_for(settings: Settings, config: ModelConfig, device: ExecutorDevice) -> Path:
+    """Where `config`'s profile on `device` is cached."""
+    return profile_cache_path(config, device_tag(device), profile_cache_dir(settings))
+
+
+def device_tag(device: ExecutorDevice) -> str:
+    """The device part of a profile's cache key."""
+    if device.kind == "cpu":
+        return f"cpu-{device.threads}t"
+    return f"{device.kind}-{device.index}"
+
+
+async def measure_profile(
+    settings: Settings, pool: Profiler, device: ExecutorDevice, config: ModelConfig
+) -> LatencyProfile:
+    """The model's latency profile: from its config, else from the cache when
+    its fit is good, else measured on `device` (twice when the first is
+    poor) and cached."""
+    if config.profile is not None:
+        log.info("model %s: latency profile from its config", config.name)
+        return profile_from_spec(config.profile, config.max_batch_size)
+    found = await find_or_measure(settings, pool, device, config)
+    return LatencyProfile.from_table(monotone_table(found.latency_ms), config.max_batch_size)
+
+
+async def find_or_measure(
+    settings: Settings,
+    pool: Profiler,
+    device: ExecutorDevice,
+    config: ModelConfig,
+    *,
+    force: bool = False,
+) -> MeasuredProfile:
+    """The cached table when its fit is good (and not `force`), else a
+    measured one: measured again once when poor, then a WARNING if still."""
+    tag, cache_dir, min_r2 = (
+        device_tag(device),
+        profile_cache_dir(settings),
+        settings.profile_min_r2,
+    )
+    cached = None if force else read_profile_cache(config, tag, cache_dir)
+    if cached is not None and cached.latency_ms:
+        found = MeasuredProfile.of(cached.latency_ms, min_r2, "cache")
+        if not found.problems:
+            log.info("model %s: latency profile on %s from the cache", config.name, device.name)
+            return found
+        log.warning(
+            "model %s: cached profile on %s is poor (%s: %s); measuring it again",
+            config.name,
+            device.name,
+            "; ".join(found.problems),
+            found.table_text(),
+        )
+    else:
+        found = await _measure(settings, pool, device, config)
+        if not found.problems:
+            return found
+        log.info(
+            "model %s: profile on %s is poor (%s); measuring it again",
+            config.name,
+            device.name,
+            "; ".join(found.problems),
+        )
+    found = await _measure(settings, pool, device, config)
+    if found.problems:
+        log.warning(
+            "model %s: latency profile on %s is still poor after measuring it again (%s): %s; "
+            "fit %s. Deadlines are planned with it (made non-decreasing); measure it again on "
+            "a quiet machine: python -m app profile %s --force",
+            config.name,
+            device.name,
+            "; ".join(found.problems),
+            found.table_text(),
+            found.fit_text(),
+            config.name,
+        )
+    return found
+
+
+async def _measure(
+    settings: Settings, pool: Profiler, device: ExecutorDevice, config: ModelConfig
+) -> MeasuredProfile:
+    """Measure on `device`, cache it, log it."""
+    sizes = sorted(
+        {b for b in settings.profile_batch_sizes if b <= config.max_batch_size}
+        | {1, config.max_batch_size}
+    )
+    measured = await pool.profile(device.id, config.name, sizes)
+    found = MeasuredProfile.of(measured, settings.profile_min_r2, "measured")
+    path = write_profile_cache(
+        config,
+        device_tag(device),
+        measured,
+        fit={"alpha_ms": found.alpha_ms, "beta_ms": found.beta_ms, "r2": found.r2},
+        cache_dir=profile_cache_dir(settings),
+    )
+    log.info(
+        "model %s profiled on %s: %s; fit %s; cached in %s",
+        config.name,
+        device.name,
+        found.table_text(),
+        found.fit_text(),
+        path,
+    )
+    return found

@@ -1,0 +1,519 @@
+"""Triton model repositories (config.pbtxt, version directories), start-up
+checks (nothing loads, EXIT_ON_ERROR, STRICT_READINESS) and the profile cache
+(location, poor fits measured again). At the end (slow): a Triton user's
+repository served by the daemon to the real `tritonclient.http`, and a model
+that fails to load stopping start-up."""
+
+from __future__ import annotations
+
+import logging
+import sys
+from pathlib import Path
+
+import httpx
+import numpy as np
+import onnx
+import onnxruntime
+import pytest
+import tritonclient.http as tritonhttp
+import yaml
+from onnx import TensorProto, helper
+
+from app.repository.loader import load_model_config, load_repository
+from app.repository.profiles import default_profile_cache_dir, fit_problems, read_profile_cache
+from app.runtime.devices import ExecutorDevice
+from app.scheduling.model import ModelInfo
+from app.scheduling.profile import LatencyProfile
+from app.scheduling.triton import TritonScheduler
+from app.scheduling.types import DeviceInfo
+from app.server import startup
+from app.server.live import LiveService
+from app.server.metrics import Metrics
+from app.server.profiling import device_tag, find_or_measure
+from app.server.settings import Settings
+from app.server.startup import ModelState, StartupFailed
+
+SIMPLE_PBTXT = """
+name: "simple"
+platform: "onnxruntime_onnx"
+max_batch_size: 8
+input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ 4 ] } ]
+output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ 4 ] } ]
+dynamic_batching {
+  preferred_batch_size: [ 4, 8 ]
+  max_queue_delay_microseconds: 500
+  default_queue_policy { default_timeout_microseconds: 20000 max_queue_size: 64 }
+}
+instance_group [ { kind: KIND_CPU count: 1 } ]
+parameters { key: "slo_ms" value { string_value: "50" } }
+parameters { key: "allow_slo_loosening" value { string_value: "true" } }
+"""
+
+
+def _scale_model(path: Path, scale: float) -> None:
+    """OUTPUT0 = INPUT0 · scale, a batch of [n, 4] FP32 (deterministic)."""
+    graph = helper.make_graph(
+        [helper.make_node("Mul", ["INPUT0", "S"], ["OUTPUT0"])],
+        "scale",
+        [helper.make_tensor_value_info("INPUT0", TensorProto.FLOAT, ["batch", 4])],
+        [helper.make_tensor_value_info("OUTPUT0", TensorProto.FLOAT, ["batch", 4])],
+        [helper.make_tensor("S", TensorProto.FLOAT, [1], [scale])],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    path.parent.mkdir(parents=True, exist_ok=True)
+    onnx.save(model, path)
+
+
+def _triton_model(root: Path, pbtxt: str = SIMPLE_PBTXT, name: str = "simple") -> Path:
+    """`<root>/<name>/config.pbtxt` with versions 1 (×1) and 2 (×2)."""
+    directory = root / name
+    _scale_model(directory / "1" / "model.onnx", 1.0)
+    _scale_model(directory / "2" / "model.onnx", 2.0)
+    (directory / "config.pbtxt").write_text(pbtxt)
+    return directory
+
+
+# ------------------------------------------------------------------ config.pbtxt
+
+
+def test_a_triton_users_repository_loads_unchanged(tmp_path: Path) -> None:
+    _triton_model(tmp_path)
+    index = load_repository(tmp_path)
+    assert index.errors == {} and index.warnings == {}
+    config = index.models["simple"]
+    assert config.backend == "onnx" and config.version == "2"
+    assert config.model_file == (tmp_path / "simple" / "2" / "model.onnx").resolve()
+    assert [(t.name, t.datatype, t.shape) for t in config.inputs] == [("INPUT0", "FP32", (-1, 4))]
+    assert [(t.name, t.datatype, t.shape) for t in config.outputs] == [("OUTPUT0", "FP32", (-1, 4))]
+    assert config.max_batch_size == 8 and config.slo_ms == 50.0 and config.allow_slo_loosening
+    assert config.devices == ("cpu",)
+    assert config.batching is not None
+    assert config.batching.policy_options() == {
+        "max_queue_delay_ms": 0.5,
+        "preferred_batch_sizes": (4, 8),
+        "queue_timeout_ms": 20.0,
+        "max_queue_size": 64,
+    }
+    assert config.unserved_versions == ()
+
+
+@pytest.mark.parametrize(
+    ("policy", "served", "unserved"),
+    [
+        ("", "2", ()),
+        ("version_policy: { latest { num_versions: 1 } }", "2", ()),
+        ("version_policy: { latest { num_versions: 2 } }", "2", ("1",)),
+        ("version_policy: { all { } }", "2", ("1",)),
+        ("version_policy: { specific { versions: [ 1 ] } }", "1", ()),
+    ],
+)
+def test_version_policy_selects_the_served_version(
+    tmp_path: Path, policy: str, served: str, unserved: tuple[str, ...]
+) -> None:
+    _triton_model(tmp_path, SIMPLE_PBTXT + policy)
+    index = load_repository(tmp_path)
+    config = index.models["simple"]
+    assert config.version == served and config.unserved_versions == unserved
+    assert config.model_file is not None and config.model_file.parent.name == served
+    notes = index.warnings.get("simple", [])
+    assert len(notes) == (1 if unserved else 0)
+    if unserved:
+        assert "version_policy selects versions [1, 2]" in notes[0]
+
+
+def test_specific_version_without_directory_is_an_error(tmp_path: Path) -> None:
+    _triton_model(tmp_path, SIMPLE_PBTXT + "version_policy: { specific { versions: [ 3 ] } }")
+    index = load_repository(tmp_path)
+    assert index.models == {}
+    assert "version_policy.specific: versions [3] have no directory" in index.errors["simple"]
+
+
+def test_unsupported_fields_warn_by_name(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    pbtxt = (
+        SIMPLE_PBTXT.replace(
+            "dims: [ 4 ] } ]\noutput", "dims: [ 4 ] reshape: { shape: [ 2, 2 ] } } ]\noutput"
+        )
+        .replace("count: 1", "count: 2")
+        .replace("dynamic_batching {", "dynamic_batching {\n  priority_levels: 2")
+    )
+    pbtxt += """
+model_warmup [ { name: "w" batch_size: 1 } ]
+response_cache { enable: true }
+parameters { key: "intra_op_thread_count" value { string_value: "1" } }
+"""
+    _triton_model(tmp_path, pbtxt)
+    with caplog.at_level(logging.WARNING):
+        index = load_repository(tmp_path)
+    assert "simple" in index.models
+    notes = index.warnings["simple"]
+    for field_name in (
+        "model_warmup",
+        "response_cache",
+        "input[0] (INPUT0).reshape",
+        "dynamic_batching.priority_levels",
+        "instance_group[0].count 2",
+        "parameters[intra_op_thread_count]",
+    ):
+        assert sum(field_name in note for note in notes) == 1, (field_name, notes)
+    logged = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(logged) == len(notes) == 6
+    assert all(message.startswith("model simple: ") for message in logged)
+
+
+def test_inputs_and_outputs_are_filled_from_the_onnx_file(tmp_path: Path) -> None:
+    _triton_model(tmp_path, 'backend: "onnxruntime"\n')
+    index = load_repository(tmp_path)
+    config = index.models["simple"]
+    assert [(t.name, t.shape) for t in config.inputs] == [("INPUT0", (-1, 4))]
+    assert [(t.name, t.shape) for t in config.outputs] == [("OUTPUT0", (-1, 4))]
+    assert config.max_batch_size == 4  # Triton's default for a model that batches
+    assert config.slo_ms == 1000.0
+    assert any("no slo_ms" in note for note in index.warnings["simple"])
+
+
+@pytest.mark.parametrize(
+    ("pbtxt", "error"),
+    [
+        ('platform: "tensorrt_plan"', "platform: 'tensorrt_plan' is not supported"),
+        ('name: "other"\nbackend: "onnxruntime"', "name: 'other' differs"),
+        ("sequence_batching { }", "sequence_batching: sequence batching"),
+        ("max_batch_size: [", "not a valid Triton model config"),
+    ],
+)
+def test_bad_triton_configs_name_the_field(tmp_path: Path, pbtxt: str, error: str) -> None:
+    _triton_model(tmp_path, pbtxt)
+    index = load_repository(tmp_path)
+    assert index.models == {} and error in index.errors["simple"], index.errors
+
+
+def test_pbtxt_without_the_triton_extra_names_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _triton_model(tmp_path)
+    monkeypatch.setitem(sys.modules, "tritonclient.grpc", None)  # import fails
+    index = load_repository(tmp_path)
+    assert "pip install 'deadline-serve[triton]'" in index.errors["simple"]
+
+
+def test_directory_without_a_config_is_a_warning(tmp_path: Path) -> None:
+    _scale_model(tmp_path / "bare" / "1" / "model.onnx", 1.0)
+    index = load_repository(tmp_path)
+    assert index.models == {} and index.errors == {}
+    assert index.warnings == {"bare": ["skipped: the directory has no config.yaml or config.pbtxt"]}
+
+
+def test_config_yaml_takes_tritons_batching_keys(tmp_path: Path) -> None:
+    directory = tmp_path / "y"
+    _scale_model(directory / "model.onnx", 1.0)
+    doc = {
+        "backend": "onnx",
+        "model_file": "model.onnx",
+        "inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": [4]}],
+        "outputs": [{"name": "OUTPUT0", "datatype": "FP32", "shape": [4]}],
+        "max_batch_size": 8,
+        "slo_ms": 40,
+        "dynamic_batching": {"max_queue_delay_microseconds": 2000, "preferred_batch_size": [8]},
+        "instance_group": [{"kind": "KIND_GPU", "gpus": [0, 1]}],
+    }
+    (directory / "config.yaml").write_text(yaml.safe_dump(doc))
+    config = load_model_config(directory)
+    assert config.devices == ("cuda:0", "cuda:1")
+    assert config.batching is not None
+    assert config.batching.policy_options() == {
+        "max_queue_delay_ms": 2.0,
+        "preferred_batch_sizes": (8,),
+    }
+    doc["dynamic_batching"] = {"max_queue_delay": 5}  # not Triton's either: an error
+    (directory / "config.yaml").write_text(yaml.safe_dump(doc))
+    with pytest.raises(
+        ValueError, match=r"dynamic_batching: unknown key\(s\) \['max_queue_delay'\]"
+    ):
+        load_model_config(directory)
+    doc["dynamic_batching"] = {}
+    doc["devices"] = ["cpu"]
+    (directory / "config.yaml").write_text(yaml.safe_dump(doc))
+    with pytest.raises(ValueError, match="either devices or instance_group"):
+        load_model_config(directory)
+
+
+def test_model_batching_reaches_the_triton_policy_per_model() -> None:
+    profile = LatencyProfile.linear(1.0, 2.0, 8)
+    models = [ModelInfo("a", profile, 0.05, 8), ModelInfo("b", profile, 0.08, 8)]
+    scheduler = TritonScheduler(
+        models,
+        [DeviceInfo(0)],
+        max_queue_delay_ms=1.0,
+        model_options={"a": {"max_queue_delay_ms": 0.5, "queue_timeout_ms": 20.0}},
+    )
+    assert scheduler.config["a"].max_queue_delay == pytest.approx(0.0005)
+    assert scheduler.config["a"].queue_timeout == pytest.approx(0.020)
+    assert scheduler.config["b"].max_queue_delay == pytest.approx(0.001)
+    assert scheduler.config["b"].queue_timeout == pytest.approx(0.08)  # its SLO
+    with pytest.raises(ValueError, match="unknown models"):
+        TritonScheduler(models, [DeviceInfo(0)], model_options={"c": {}})
+
+
+def test_batching_options_only_under_the_triton_policy(tmp_path: Path) -> None:
+    _triton_model(tmp_path)
+    config = load_repository(tmp_path).models["simple"]
+    options = startup.batching_options(Settings(policy="triton"), {"simple": config})
+    assert options == {"model_options": {"simple": config.batching.policy_options()}}  # type: ignore[union-attr]
+    assert startup.batching_options(Settings(policy="symphony"), {"simple": config}) == {}
+
+
+# ------------------------------------------------------------------ start-up checks
+
+
+def test_nothing_loaded_is_an_error_even_without_exit_on_error() -> None:
+    settings = Settings(exit_on_error=False)
+    with pytest.raises(StartupFailed, match=r"no model loaded .*\(simple: bad dims\)"):
+        startup.check_loaded(settings, {}, {"simple": "bad dims"})
+    with pytest.raises(StartupFailed, match="holds no model directory"):
+        startup.check_loaded(settings, {}, {})
+
+
+def test_exit_on_error_stops_naming_the_model_and_reason() -> None:
+    with pytest.raises(StartupFailed, match=r"failed to load 1 model\(s\) \(b: no device"):
+        startup.check_loaded(Settings(), {"a": object()}, {"b": "no device can run it"})
+    startup.check_loaded(Settings(exit_on_error=False), {"a": object()}, {"b": "x"})
+
+
+def test_a_load_error_is_the_reason_not_no_device(tmp_path: Path) -> None:
+    _triton_model(tmp_path)
+    config = load_repository(tmp_path).models["simple"]
+    devices = [ExecutorDevice(0, "cpu", "cpu:0"), ExecutorDevice(1, "cpu", "cpu:1", index=1)]
+
+    class Pool:
+        def load_errors(self, device_id: int) -> dict[str, str]:
+            return {"simple": "input 'INPUT0': config says FP32, model has INT64"}
+
+    reason = startup.why_not_loaded(Pool(), devices, config)  # type: ignore[arg-type]
+    assert reason == (
+        "failed to load on cpu:0, cpu:1: input 'INPUT0': config says FP32, model has INT64"
+    )
+
+
+class _AlivePool:
+    def alive(self, device_id: int) -> bool:
+        return True
+
+
+def _started(tmp_path: Path, settings: Settings) -> LiveService:
+    """A LiveService as start-up leaves it: `simple` served, `broken` failed."""
+    _triton_model(tmp_path / "models", SIMPLE_PBTXT + "version_policy: { all { } }")
+    config = load_repository(tmp_path / "models").models["simple"]
+    service = LiveService(settings, Metrics())
+    service.models["simple"] = ModelState(config, arena=None, devices=(0,))  # type: ignore[arg-type]
+    service.unavailable["broken"] = f"{tmp_path}/models/broken/config.pbtxt: max_batch_size: bad"
+    service.pool = _AlivePool()  # type: ignore[assignment]
+    service.ready = True
+    return service
+
+
+def test_strict_readiness(tmp_path: Path) -> None:
+    strict = _started(tmp_path, Settings(repository=tmp_path / "models"))
+    assert strict.model_ready("simple") and not strict.server_ready()
+    assert strict.capacity()["models_failed"] == ["broken"]
+    relaxed = _started(tmp_path, Settings(repository=tmp_path / "models", strict_readiness=False))
+    assert relaxed.server_ready()
+    relaxed.models.clear()
+    assert not relaxed.server_ready()  # none loaded: never ready
+
+
+def test_index_gives_the_reason_and_the_versions_not_served(tmp_path: Path) -> None:
+    service = _started(tmp_path, Settings(repository=tmp_path / "models"))
+    assert service.repository_index() == [
+        {
+            "name": "broken",
+            "version": "1",
+            "state": "UNAVAILABLE",
+            "reason": "broken/config.pbtxt: max_batch_size: bad",
+        },
+        {
+            "name": "simple",
+            "version": "1",
+            "state": "UNAVAILABLE",
+            "reason": "not served: one version per model is, 2",
+        },
+        {"name": "simple", "version": "2", "state": "READY", "reason": ""},
+    ]
+
+
+# ------------------------------------------------------------------ profiles
+
+
+def test_profile_cache_directory_default(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert default_profile_cache_dir({"XDG_CACHE_HOME": "/var/c"}) == Path(
+        "/var/c/deadline-serve/profiles"
+    )
+    monkeypatch.setenv("HOME", "/home/u")
+    assert default_profile_cache_dir({}) == Path("/home/u/.cache/deadline-serve/profiles")
+    assert default_profile_cache_dir({"XDG_CACHE_HOME": "relative"}) == Path(
+        "/home/u/.cache/deadline-serve/profiles"
+    )
+
+
+def test_fit_problems() -> None:
+    assert fit_problems({1: 10.0, 2: 12.0, 4: 16.0, 8: 24.0}, 0.9) == []
+    nonsense = {1: 296.0, 2: 32.0, 4: 650.0}
+    problems = fit_problems(nonsense, 0.9)
+    assert len(problems) == 2
+    assert problems[0].startswith("linear fit r² ") and problems[0].endswith(" < 0.9")
+    assert problems[1] == "ℓ(2) = 32.00 ms below ℓ(1) = 296.00 ms"
+    # A model this fast is flat within timer noise: nothing to say.
+    assert fit_problems({1: 0.010, 2: 0.004, 4: 0.012}, 0.9) == []
+
+
+GOOD = {1: 10.0, 2: 12.0, 4: 16.0, 8: 24.0}
+POOR = {1: 296.0, 2: 32.0, 4: 650.0, 8: 100.0}
+
+
+class FakeProfiler:
+    """Answers profile requests with the given tables, in order."""
+
+    def __init__(self, *tables: dict[int, float]) -> None:
+        self.tables = list(tables)
+        self.calls: list[list[int]] = []
+
+    async def profile(self, device_id: int, model: str, batch_sizes: list[int]) -> dict[int, float]:
+        self.calls.append(list(batch_sizes))
+        return dict(self.tables.pop(0))
+
+
+def _measure_setup(tmp_path: Path) -> tuple[Settings, ExecutorDevice, object]:
+    _triton_model(tmp_path / "models")
+    config = load_repository(tmp_path / "models").models["simple"]
+    settings = Settings(
+        repository=tmp_path / "models",
+        profile_cache_dir=tmp_path / "cache",
+        profile_batch_sizes=(1, 2, 4, 8),
+    )
+    return settings, ExecutorDevice(0, "cpu", "cpu:0", threads=2), config
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize(
+    ("tables", "calls", "warned"),
+    [((GOOD,), 1, False), ((POOR, GOOD), 2, False), ((POOR, POOR), 2, True)],
+)
+async def test_poor_profile_is_measured_again_once(
+    tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
+    tables: tuple[dict[int, float], ...],
+    calls: int,
+    warned: bool,
+) -> None:
+    settings, device, config = _measure_setup(tmp_path)
+    profiler = FakeProfiler(*tables)
+    with caplog.at_level(logging.INFO):
+        found = await find_or_measure(settings, profiler, device, config)  # type: ignore[arg-type]
+    assert len(profiler.calls) == calls and profiler.calls[0] == [1, 2, 4, 8]
+    assert found.latency_ms == tables[-1] and bool(found.problems) == warned
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    if warned:
+        assert len(warnings) == 1
+        assert "ℓ(1)=296.00ms, ℓ(2)=32.00ms" in warnings[0]
+        assert "python -m app profile simple --force" in warnings[0]
+    else:
+        assert warnings == []
+    # Cached outside the repository, the last measurement.
+    cached = read_profile_cache(config, device_tag(device), tmp_path / "cache")  # type: ignore[arg-type]
+    assert cached is not None and cached.latency_ms == tables[-1]
+    assert not list((tmp_path / "models").rglob("*.json"))
+
+
+@pytest.mark.anyio
+async def test_cached_profile_is_used_when_good_and_measured_again_when_poor(
+    tmp_path: Path,
+) -> None:
+    settings, device, config = _measure_setup(tmp_path)
+    await find_or_measure(settings, FakeProfiler(GOOD), device, config)  # type: ignore[arg-type]
+    untouched = FakeProfiler()
+    found = await find_or_measure(settings, untouched, device, config)  # type: ignore[arg-type]
+    assert untouched.calls == [] and found.source == "cache" and found.latency_ms == GOOD
+    forced = FakeProfiler(GOOD)
+    await find_or_measure(settings, forced, device, config, force=True)  # type: ignore[arg-type]
+    assert len(forced.calls) == 1
+
+    poor = FakeProfiler(POOR, POOR)
+    await find_or_measure(settings, poor, device, config, force=True)  # type: ignore[arg-type]
+    again = FakeProfiler(GOOD)  # the poor cached table is measured again, once
+    found = await find_or_measure(settings, again, device, config)  # type: ignore[arg-type]
+    assert len(again.calls) == 1 and found.source == "measured" and not found.problems
+
+
+def test_outputs_of_both_versions_differ(tmp_path: Path) -> None:
+    """The versions built above are distinct models (×1, ×2)."""
+    directory = _triton_model(tmp_path)
+    x = np.arange(8, dtype=np.float32).reshape(2, 4)
+    results = []
+    for version in ("1", "2"):
+        session = onnxruntime.InferenceSession(str(directory / version / "model.onnx"))
+        results.append(session.run(None, {"INPUT0": x})[0])
+    np.testing.assert_array_equal(results[1], 2 * results[0])
+
+
+# ------------------------------------------------------------------ the daemon
+
+
+@pytest.fixture(scope="module")
+def triton_server(tmp_path_factory, launch_daemon):
+    repo = tmp_path_factory.mktemp("triton-repo")
+    directory = _triton_model(repo)
+    handle = launch_daemon(
+        repo,
+        cpu_slices=1,
+        threads_per_slice=1,
+        emulated_devices=0,
+        extra_env={"PROFILE_BATCH_SIZES": "1,8"},
+    )
+    return {"url": handle.url, "model": directory}
+
+
+@pytest.mark.slow
+def test_tritonclient_infers_on_the_served_version(triton_server):
+    server = triton_server
+    client = tritonhttp.InferenceServerClient(server["url"].removeprefix("http://"))
+    try:
+        assert client.is_server_ready() and client.is_model_ready("simple")
+        metadata = client.get_model_metadata("simple")
+        assert metadata["versions"] == ["2"]
+        x = np.arange(4, dtype=np.float32).reshape(1, 4)
+        expected = onnxruntime.InferenceSession(str(server["model"] / "2" / "model.onnx")).run(
+            None, {"INPUT0": x}
+        )[0]
+        for version in ("", "2"):
+            tensor = tritonhttp.InferInput("INPUT0", [1, 4], "FP32")
+            tensor.set_data_from_numpy(x, binary_data=True)
+            result = client.infer("simple", [tensor], model_version=version)
+            np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), expected)
+        np.testing.assert_array_equal(expected, 2 * x)
+    finally:
+        client.close()
+    index = httpx.post(f"{server['url']}/v2/repository/index").json()
+    assert {(e["version"], e["state"]) for e in index if e["name"] == "simple"} == {("2", "READY")}
+    r = httpx.get(f"{server['url']}/v2/models/simple/versions/1/ready")
+    assert r.status_code == 404, r.text
+
+
+@pytest.mark.slow
+def test_a_model_that_fails_to_load_stops_start_up(tmp_path: Path, run_module):
+    _triton_model(tmp_path / "repo")
+    _triton_model(
+        tmp_path / "repo",
+        SIMPLE_PBTXT.replace("dims: [ 4 ] } ]\noutput", "dims: [ 5 ] } ]\noutput").replace(
+            'name: "simple"', ""
+        ),
+        name="broken",
+    )
+    env = {"EMULATED_DEVICES": "0", "CPU_SLICES": "1", "THREADS_PER_SLICE": "1"}
+    done = run_module(
+        "app", "serve", "--port", "0", "--repository", str(tmp_path / "repo"), env=env, timeout=120
+    )
+    assert done.returncode != 0
+    assert (
+        "start-up stopped: failed to load 1 model(s) (broken: failed to load on cpu:0"
+        in done.stderr
+    )
+    assert "INPUT0" in done.stderr.split("start-up stopped:", 1)[1].splitlines()[0]
