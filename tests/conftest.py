@@ -154,9 +154,12 @@ def launch_daemon() -> Iterator[Callable[..., DaemonHandle]]:
 def cli_env() -> dict[str, str]:
     """The environment for a command a test runs: this process's, less the
     daemon's settings variables, so that a POLICY or EMULATED_DEVICES in the
-    developer's shell does not change what the test sees."""
+    developer's shell does not change what the test sees; and GRPC_PORT 0,
+    so that daemons started side by side do not all bind the fixed default
+    gRPC port (a test of gRPC gives a free port)."""
     ours = {setting.env for setting in SETTINGS}
-    return {name: value for name, value in os.environ.items() if name not in ours}
+    env = {name: value for name, value in os.environ.items() if name not in ours}
+    return {**env, "GRPC_PORT": "0"}
 
 
 @pytest.fixture
