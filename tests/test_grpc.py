@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
+import signal
 import socket
 import sys
 from collections.abc import AsyncIterator, Callable, Iterator
@@ -549,3 +551,82 @@ def test_http_and_grpc_requests_for_one_model_are_batched_together(served):
     over_grpc, over_http = asyncio.run(burst())
     assert max(over_grpc) > k, (over_grpc, over_http)
     assert max(over_http) > k, (over_grpc, over_http)
+
+
+def _received(url: str, model: str) -> float:
+    """Requests the daemon has received for `model` (its /metrics)."""
+    text = httpx.get(f"{url}/metrics", timeout=5).text
+    pattern = re.compile(rf'requests_total\{{model="{re.escape(model)}"\}} (\S+)$', re.MULTILINE)
+    return sum(float(value) for value in pattern.findall(text))
+
+
+@pytest.mark.slow
+def test_sigterm_answers_every_grpc_call_and_refuses_new_ones(tmp_path, launch_daemon):
+    """`python -m app serve` with gRPC on: batches of one that hold the one
+    device 0.8 s, five calls in flight, SIGTERM with a 1 s grace. The running
+    call finishes, the queued ones are answered UNAVAILABLE shutting_down at
+    the grace's end, a call arriving during the drain is refused the same way
+    at once, and the daemon exits 0."""
+    import tritonclient.grpc.aio as tga
+    from tritonclient.grpc import InferInput
+    from tritonclient.utils import InferenceServerException
+
+    _write_config(
+        tmp_path / "hold",
+        {
+            "backend": "emulated",
+            "max_batch_size": 1,
+            "slo_ms": 600000,
+            "profile": {"alpha_ms": 0.0, "beta_ms": 800.0},
+            "devices": ["emulated"],
+            "inputs": [{"name": "x", "datatype": "FP32", "shape": [-1, 4]}],
+            "outputs": [{"name": "x", "datatype": "FP32", "shape": [-1, 4]}],
+        },
+    )
+    grpc_port = free_port()
+    daemon = launch_daemon(
+        tmp_path,
+        policy="clockwork",
+        emulated_devices=1,
+        extra_env={"GRPC_PORT": str(grpc_port), "CPU_SLICES": "0", "SHUTDOWN_GRACE_S": "1"},
+        log_level="info",
+    )
+    row = np.array([[1.0, 2.0, 3.0, 4.0]], np.float32)
+
+    async def scenario() -> tuple[list[Any], Any]:
+        client = tga.InferenceServerClient(f"127.0.0.1:{grpc_port}")
+
+        async def one() -> Any:
+            tensor = InferInput("x", [1, 4], "FP32")
+            tensor.set_data_from_numpy(row)
+            try:
+                return (await client.infer("hold", [tensor], client_timeout=30)).as_numpy("x")
+            except InferenceServerException as exc:
+                return exc
+
+        try:
+            calls = [asyncio.create_task(one()) for _ in range(5)]
+            while await asyncio.to_thread(_received, daemon.url, "hold") < 5:
+                await asyncio.sleep(0.02)
+            daemon.process.send_signal(signal.SIGTERM)
+            await asyncio.sleep(0.1)
+            late = await one()
+            return list(await asyncio.gather(*calls)), late
+        finally:
+            await client.close()
+
+    answers, late = asyncio.run(scenario())
+    code = daemon.process.wait(timeout=30)
+    log = daemon.log_path.read_text()
+    assert code == 0, log[-3000:]
+    served = [a for a in answers if isinstance(a, np.ndarray)]
+    refused = [a for a in answers if not isinstance(a, np.ndarray)]
+    assert len(served) >= 1 and len(refused) >= 3, answers
+    for result in served:
+        np.testing.assert_array_equal(result, row)
+    for error in [*refused, late]:
+        assert isinstance(error, InferenceServerException), error
+        assert error.status() == "StatusCode.UNAVAILABLE", error
+        assert "(reason: shutting_down)" in error.message(), error
+    assert f"gRPC endpoint on 127.0.0.1:{grpc_port} stopped" in log, log[-3000:]
+    assert "Traceback" not in log, log[-3000:]
