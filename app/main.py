@@ -1,7 +1,8 @@
 """The ASGI app: `uvicorn app.main:app` (settings from the environment) or
-`python -m app serve …`. Its lifespan starts the service and, while it
-serves, hooks SIGTERM and SIGINT so that the shutdown's grace period starts
-at the signal under either (app/server/stop_signals.py)."""
+`python -m app serve …`. Its lifespan starts the service, then the KServe v2
+gRPC endpoint on GRPC_PORT (app/grpc/), and, while it serves, hooks SIGTERM
+and SIGINT so that the shutdown's grace period starts at the signal under
+either (app/server/stop_signals.py)."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from fastapi import FastAPI
 from app.api import create_api
 from app.api.security import exposure_warning
 from app.errors import ModelNotReady
+from app.grpc.lifecycle import start_grpc_endpoint
 from app.server.live import LiveService
 from app.server.metrics import Metrics
 from app.server.settings import Settings
@@ -38,6 +40,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         holder["service"] = service
         try:
             await service.start()
+            grpc_endpoint = await start_grpc_endpoint(settings, lambda: service)
         except BaseException:
             await service.stop()
             raise
@@ -55,6 +58,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             try:
                 await service.stop()
             finally:
+                await grpc_endpoint.stop()  # after the drain (app/grpc/lifecycle.py)
                 signals.restore()
 
     def get_service() -> LiveService:

@@ -83,25 +83,25 @@ async def client(app: Any) -> AsyncIterator[httpx.AsyncClient]:
 
 @pytest.fixture(scope="module")
 def uvicorn_in_thread() -> Iterator[Callable[..., str]]:
-    """`serve(app, **config)` runs `app` under a real uvicorn server in a
-    thread on an ephemeral loopback port and returns its "host:port"; every
-    server started stops at the end of the module. uvicorn binds the port
-    itself: a socket made with socket.socket() (proto 0) would miss
-    asyncio's TCP_NODELAY and add ~40 ms per response."""
+    """`serve(app, start_timeout_s=10, **config)` runs `app` under a real
+    uvicorn server in a thread on an ephemeral loopback port and returns its
+    "host:port"; every server started stops at the end of the module.
+    uvicorn binds the port itself: a socket made with socket.socket()
+    (proto 0) would miss asyncio's TCP_NODELAY and add ~40 ms per response."""
     import uvicorn
 
     running: list[tuple[Any, threading.Thread]] = []
 
-    def serve(app: Any, **config: Any) -> str:
+    def serve(app: Any, start_timeout_s: float = 10.0, **config: Any) -> str:
         options = {"host": "127.0.0.1", "port": 0, "log_level": "warning", "lifespan": "off"}
         server = uvicorn.Server(uvicorn.Config(app, **{**options, **config}))
         thread = threading.Thread(target=server.run, daemon=True)
         thread.start()
         running.append((server, thread))
-        give_up = time.monotonic() + 10.0
+        give_up = time.monotonic() + start_timeout_s
         while not server.started:
             assert thread.is_alive(), "uvicorn exited while starting"
-            assert time.monotonic() < give_up, "uvicorn did not start in 10 s"
+            assert time.monotonic() < give_up, f"uvicorn did not start in {start_timeout_s} s"
             time.sleep(0.01)
         host, port = server.servers[0].sockets[0].getsockname()[:2]
         return f"{host}:{port}"
@@ -169,9 +169,12 @@ def launch_daemon() -> Iterator[Callable[..., DaemonHandle]]:
 def cli_env() -> dict[str, str]:
     """The environment for a command a test runs: this process's, less the
     daemon's settings variables, so that a POLICY or EMULATED_DEVICES in the
-    developer's shell does not change what the test sees."""
+    developer's shell does not change what the test sees; and GRPC_PORT 0,
+    so that daemons started side by side do not all bind the fixed default
+    gRPC port (a test of gRPC gives a free port)."""
     ours = {setting.env for setting in SETTINGS}
-    return {name: value for name, value in os.environ.items() if name not in ours}
+    env = {name: value for name, value in os.environ.items() if name not in ours}
+    return {**env, "GRPC_PORT": "0"}
 
 
 @pytest.fixture

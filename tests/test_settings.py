@@ -31,6 +31,7 @@ SAMPLES: dict[str, tuple[str, object]] = {
     "POLICY_OPTIONS": ('{"rate_window_s": 2}', {"rate_window_s": 2}),
     "HOST": ("0.0.0.0", "0.0.0.0"),
     "PORT": ("9000", 9000),
+    "GRPC_PORT": ("9001", 9001),
     "CPU_SLICES": ("3", 3),
     "THREADS_PER_SLICE": ("2", 2),
     "EMULATED_DEVICES": ("0", 0),
@@ -66,6 +67,7 @@ BAD: list[tuple[str, str, str]] = [
     ("MAX_QUEUE", "-1", " must be ≥ 0, got -1"),
     ("MAX_QUEUE", "many", "='many' is not an integer"),
     ("PORT", "70000", " must be 0 to 65535, got 70000"),
+    ("GRPC_PORT", "-1", " must be 0 to 65535, got -1"),
     ("ARENA_SLOTS", "0", " must be ≥ 1, got 0"),
     ("THREADS_PER_SLICE", "0", " must be ≥ 1, got 0"),
     ("CPU_SLICES", "-1", " must be ≥ 0, got -1"),
@@ -111,7 +113,7 @@ def test_flag_names_come_from_the_variables():
     assert FLAG["MODEL_REPOSITORY"] == "--model-repository"
     assert FLAG["SHUTDOWN_GRACE_S"] == "--shutdown-grace-s"
     assert [setting.name for setting in SETTINGS] == [
-        "repository", "policy", "policy_options", "host", "port", "cpu_slices",
+        "repository", "policy", "policy_options", "host", "port", "grpc_port", "cpu_slices",
         "threads_per_slice", "emulated_devices", "arena_slots", "max_queue", "stuck_factor",
         "stuck_margin_s", "heartbeat_timeout_s", "respawn", "shutdown_grace_s",
         "exit_on_error", "strict_readiness", "header_timeout_s", "body_timeout_s",

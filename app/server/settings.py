@@ -143,6 +143,14 @@ class Settings:
     port: int = field(
         default=8000, metadata=_setting("PORT", Integer(0, 65535), "port uvicorn binds")
     )
+    grpc_port: int = field(
+        default=8001,
+        metadata=_setting(
+            "GRPC_PORT",
+            Integer(0, 65535),
+            "port of the KServe v2 gRPC endpoint, on `HOST` (0: off; needs the `triton` extra)",
+        ),
+    )
     cpu_slices: int | None = field(
         default=None,
         metadata=_setting(

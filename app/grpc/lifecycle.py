@@ -1,0 +1,128 @@
+"""Starting and stopping the gRPC endpoint in the app's lifespan.
+
+The app's lifespan (app/main.py) starts the endpoint once the service has
+started, on the running event loop — uvicorn's, so HTTP and gRPC share one
+loop, one process and one service — and stops it after the service:
+
+- `GRPC_PORT` 0: nothing is started. Without the `triton` extra (grpcio and
+  tritonclient's protos), `GRPC_PORT` > 0 logs a warning naming the extra
+  and the server serves HTTP only;
+- the port is bound on `HOST`, as HTTP's is, without SO_REUSEPORT (grpcio's
+  default on Linux would let a second server share the port and take half
+  its connections silently): a port that cannot be bound stops the start-up
+  with an error naming `GRPC_PORT`, as a busy HTTP port does;
+- the largest message the server receives is the largest of the models'
+  request limits (app.api.limits, computed at start from the models then
+  served); each request is then held to its own model's limit;
+- at shutdown the endpoint keeps accepting while the service drains, so a
+  call that arrives then is answered UNAVAILABLE `shutting_down` by the
+  service (LiveService.begin_shutdown), like an HTTP request; those
+  accepted are answered by the drain. Only after the service has stopped
+  does the server stop, giving its last answers `STOP_GRACE_S` to go out.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from app.server.service import InferenceService
+from app.server.settings import Settings
+
+log = logging.getLogger("app.server")
+
+EXTRA = "pip install 'deadline-serve[triton]'"
+# After the service's drain every accepted call has its answer: this only
+# lets the last ones be sent before the connections close.
+STOP_GRACE_S = 1.0
+
+
+class GrpcEndpoint:
+    """A started gRPC server (or none: `server` None), stopped by `stop`."""
+
+    def __init__(self, server: Any = None, address: str = "") -> None:
+        self.server = server
+        self.address = address
+
+    @property
+    def running(self) -> bool:
+        return self.server is not None
+
+    async def stop(self) -> None:
+        """Stop accepting calls; answers already being sent get STOP_GRACE_S.
+        Never raises: shutdown goes on whatever happens here."""
+        server, self.server = self.server, None
+        if server is None:
+            return
+        try:
+            await server.stop(STOP_GRACE_S)
+            log.info("gRPC endpoint on %s stopped", self.address)
+        except Exception:
+            log.exception("stopping the gRPC endpoint on %s", self.address)
+
+
+def grpc_address(host: str, port: int) -> str:
+    """`host:port` as grpcio binds it (an IPv6 address in brackets)."""
+    host = host.strip()
+    if ":" in host and not host.startswith("["):
+        host = f"[{host}]"
+    return f"{host}:{port}"
+
+
+async def start_grpc_endpoint(
+    settings: Settings, get_service: Callable[[], InferenceService]
+) -> GrpcEndpoint:
+    """Serve `inference.GRPCInferenceService` on GRPC_PORT (see the module
+    docstring); raises RuntimeError when the port cannot be bound."""
+    if settings.grpc_port == 0:
+        return GrpcEndpoint()
+    try:
+        import grpc
+
+        from app.grpc.servicer import InferenceServicer
+    except ImportError as exc:  # the optional extra
+        log.warning(
+            "GRPC_PORT is %d but the gRPC endpoint needs the triton extra (%s; missing: %s): "
+            "serving HTTP only (GRPC_PORT=0 turns gRPC off without this warning)",
+            settings.grpc_port,
+            EXTRA,
+            exc.name or exc,
+        )
+        return GrpcEndpoint()
+    from tritonclient.grpc import service_pb2_grpc
+
+    from app.api.context import server_version
+    from app.api.limits import RequestLimits
+
+    limits = RequestLimits(settings.max_body_bytes, settings.max_json_bytes)
+    largest = limits.any_model(get_service())
+    server = grpc.aio.server(
+        options=[
+            ("grpc.so_reuseport", 0),
+            ("grpc.max_receive_message_length", largest.bytes),
+            ("grpc.max_send_message_length", -1),
+        ]
+    )
+    servicer = InferenceServicer(get_service, limits, server_version())
+    service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(servicer, server)
+    address = grpc_address(settings.host, settings.grpc_port)
+    try:
+        bound = server.add_insecure_port(address)
+    except RuntimeError as exc:
+        bound, why = 0, str(exc)
+    else:
+        why = "bind failed"
+    if not bound:
+        await server.stop(None)
+        raise RuntimeError(
+            f"gRPC endpoint: cannot listen on {address} ({why}; in use?): set GRPC_PORT "
+            "(--grpc-port) to a free port, or 0 to turn gRPC off"
+        )
+    await server.start()
+    log.info(
+        "gRPC endpoint (KServe v2, inference.GRPCInferenceService) on %s; messages up to %d bytes",
+        address,
+        largest.bytes,
+    )
+    return GrpcEndpoint(server, address)

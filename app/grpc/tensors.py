@@ -1,0 +1,218 @@
+"""ModelInferRequest → tensors, and an inference result → ModelInferResponse.
+
+Every check is the HTTP API's (app.api.tensors: input names, datatypes,
+shapes against the model config and the request's element budget, the
+numeric range of each datatype), so a request is accepted or refused alike
+over both protocols, with the same message naming the tensor. The shape is
+passed through as the client sent it, batch dimension included.
+
+An input's elements come either in `raw_input_contents` (for every input or
+for none, in input order, as Triton requires: little-endian, row-major, BOOL
+one byte of 0 or 1) or in the typed `contents` field for its datatype —
+`int_contents` for INT8/16/32, `uint_contents` for UINT8/16/32, `int64_contents`,
+`uint64_contents`, `fp32_contents`, `fp64_contents`, `bool_contents`; FP16 has
+no typed field and goes raw. Typed values are range-checked like JSON numbers
+(300 in an INT8 tensor is refused, never wrapped).
+
+Outputs are returned in `raw_output_contents`, in the order of
+`outputs`; the answer's `parameters` carry where the request's time went
+(queue_ms, exec_ms, batch_size, device, ...), as an HTTP v2 answer's do.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+from tritonclient.grpc import service_pb2 as pb
+
+from app.api.bodies import result_output
+from app.api.tensors import (
+    check_datatype,
+    check_input_names,
+    check_shape,
+    datatype_name,
+    decode_binary_tensor,
+    decode_json_tensor,
+    output_bytes,
+    spec_map,
+)
+from app.errors import InvalidInput
+from app.repository.config import ModelConfig, TensorSpec
+from app.server.service import InferResult
+
+# The typed-contents field of each datatype, and the dtype its values have
+# on the wire (the range check narrows them to the tensor's datatype).
+TYPED_FIELDS: dict[str, tuple[str, np.dtype]] = {
+    "BOOL": ("bool_contents", np.dtype(np.bool_)),
+    "INT8": ("int_contents", np.dtype(np.int32)),
+    "INT16": ("int_contents", np.dtype(np.int32)),
+    "INT32": ("int_contents", np.dtype(np.int32)),
+    "INT64": ("int64_contents", np.dtype(np.int64)),
+    "UINT8": ("uint_contents", np.dtype(np.uint32)),
+    "UINT16": ("uint_contents", np.dtype(np.uint32)),
+    "UINT32": ("uint_contents", np.dtype(np.uint32)),
+    "UINT64": ("uint64_contents", np.dtype(np.uint64)),
+    "FP32": ("fp32_contents", np.dtype(np.float32)),
+    "FP64": ("fp64_contents", np.dtype(np.float64)),
+}
+
+# Request parameters this server takes (the SLO, as over HTTP).
+REQUEST_PARAMETERS = ("slo_ms",)
+
+
+def decode_inputs(
+    config: ModelConfig, request: pb.ModelInferRequest, max_elements: int
+) -> dict[str, np.ndarray]:
+    """The request's tensors, checked against the model; each shape is
+    checked (against the config and `max_elements`) before its tensor is built."""
+    check_input_names(config, [tensor.name for tensor in request.inputs])
+    specs = spec_map(config.inputs)
+    raw = request.raw_input_contents
+    if raw and len(raw) != len(request.inputs):
+        raise InvalidInput(
+            f"raw_input_contents has {len(raw)} entries for {len(request.inputs)} inputs: "
+            "give every input's data there, in input order, or none"
+        )
+    inputs: dict[str, np.ndarray] = {}
+    for index, tensor in enumerate(request.inputs):
+        name = tensor.name
+        spec = specs[name]
+        check_datatype(name, spec, tensor.datatype)
+        shape = check_shape(name, spec, list(tensor.shape), max_elements=max_elements)
+        _check_input_parameters(name, tensor.parameters)
+        if raw:
+            if tensor.HasField("contents"):
+                raise InvalidInput(
+                    f"input '{name}' has both contents and raw_input_contents[{index}]; give one"
+                )
+            inputs[name] = _decode_raw(name, spec, raw[index], index, shape)
+        else:
+            inputs[name] = _decode_typed(name, spec, tensor.contents, shape)
+    return inputs
+
+
+def _check_input_parameters(name: str, parameters: Mapping[str, pb.InferParameter]) -> None:
+    if "shared_memory_region" in parameters:
+        raise InvalidInput(f"input '{name}': the shared-memory extension is not supported")
+    if parameters:
+        raise InvalidInput(
+            f"input '{name}': unsupported parameter {', '.join(map(repr, sorted(parameters)))} "
+            "(inputs take none)"
+        )
+
+
+def _decode_raw(
+    name: str, spec: TensorSpec, data: bytes, index: int, shape: tuple[int, ...]
+) -> np.ndarray:
+    want = math.prod(shape) * spec.dtype.itemsize
+    if len(data) != want:
+        raise InvalidInput(
+            f"input '{name}': raw_input_contents[{index}] has {len(data)} bytes but shape "
+            f"{list(shape)} of {spec.datatype} needs {want} bytes"
+        )
+    return decode_binary_tensor(name, spec, memoryview(data), shape)
+
+
+def _decode_typed(
+    name: str, spec: TensorSpec, contents: pb.InferTensorContents, shape: tuple[int, ...]
+) -> np.ndarray:
+    given = [field.name for field, _ in contents.ListFields()]
+    typed = TYPED_FIELDS.get(spec.datatype)
+    if typed is None:
+        raise InvalidInput(
+            f"input '{name}': {spec.datatype} data goes in raw_input_contents "
+            "(InferTensorContents has no field for it)"
+        )
+    field, wire_dtype = typed
+    others = [g for g in given if g != field]
+    if others:
+        raise InvalidInput(
+            f"input '{name}': contents.{others[0]} is given, but a {spec.datatype} tensor takes "
+            f"its elements in contents.{field} (or raw_input_contents)"
+        )
+    if not given and math.prod(shape) > 0:
+        raise InvalidInput(
+            f"input '{name}' has no data: give raw_input_contents or contents.{field}"
+        )
+    values = np.array(getattr(contents, field), dtype=wire_dtype)
+    # the HTTP API's check of JSON numbers: element count and datatype range
+    return decode_json_tensor(name, spec, values, shape)  # type: ignore[arg-type]
+
+
+def request_slo_ms(request: pb.ModelInferRequest) -> float | None:
+    """The request's `slo_ms` parameter (a number), None when not given; any
+    other request parameter is refused, never ignored."""
+    unknown = sorted(set(request.parameters) - set(REQUEST_PARAMETERS))
+    if unknown:
+        raise InvalidInput(
+            f"unsupported request parameter {', '.join(map(repr, unknown))} "
+            f"(supported: {', '.join(REQUEST_PARAMETERS)})"
+        )
+    if "slo_ms" not in request.parameters:
+        return None
+    param = request.parameters["slo_ms"]
+    kind = param.WhichOneof("parameter_choice")
+    if kind not in ("double_param", "int64_param", "uint64_param"):
+        raise InvalidInput(f"parameter slo_ms must be a number of milliseconds, got {kind}")
+    return float(getattr(param, kind))
+
+
+def requested_outputs(config: ModelConfig, request: pb.ModelInferRequest) -> list[str]:
+    """The outputs to return, in the order asked (every output when none is)."""
+    known = [spec.name for spec in config.outputs]
+    if not request.outputs:
+        return known
+    chosen: list[str] = []
+    for output in request.outputs:
+        if output.name not in known:
+            raise InvalidInput(
+                f"unknown output '{output.name}': model '{config.name}' has outputs "
+                f"{', '.join(known)}"
+            )
+        if output.name in chosen:
+            raise InvalidInput(f"output '{output.name}' is requested more than once")
+        if "classification" in output.parameters:
+            raise InvalidInput(
+                f"output '{output.name}': the classification extension is not supported"
+            )
+        if output.parameters:
+            raise InvalidInput(
+                f"output '{output.name}': unsupported parameter "
+                f"{', '.join(map(repr, sorted(output.parameters)))}"
+            )
+        chosen.append(output.name)
+    return chosen
+
+
+def build_response(
+    config: ModelConfig,
+    request: pb.ModelInferRequest,
+    result: InferResult,
+    chosen: Sequence[str],
+) -> pb.ModelInferResponse:
+    response = pb.ModelInferResponse(model_name=config.name, model_version=config.version)
+    request_id = request.id or result.request_id
+    if request_id:
+        response.id = request_id
+    for key, value in result.timing().items():
+        set_parameter(response.parameters[key], value)
+    for name in chosen:
+        arr = result_output(result, name)
+        response.outputs.add(name=name, datatype=datatype_name(arr.dtype), shape=arr.shape)
+        response.raw_output_contents.append(output_bytes(arr))
+    return response
+
+
+def set_parameter(param: pb.InferParameter, value: Any) -> None:
+    """An InferParameter holding `value` (bool, int, float or text)."""
+    if isinstance(value, bool):
+        param.bool_param = value
+    elif isinstance(value, int):
+        param.int64_param = value
+    elif isinstance(value, float):
+        param.double_param = value
+    else:
+        param.string_param = str(value)
