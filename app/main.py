@@ -19,6 +19,7 @@ from app.errors import ModelNotReady
 from app.grpc.lifecycle import start_grpc_endpoint
 from app.server.live import LiveService
 from app.server.metrics import Metrics
+from app.server.one_process import refuse_several_workers
 from app.server.settings import Settings
 from app.server.stop_signals import StopSignals
 
@@ -26,6 +27,7 @@ log = logging.getLogger("app.server")
 
 
 def create_app(settings: Settings | None = None) -> FastAPI:
+    refuse_several_workers()  # one scheduler per box (app/server/one_process.py)
     settings = settings or Settings.from_env()
     _ensure_logging()
     warning = exposure_warning(settings.admin_token, settings.host)

@@ -34,6 +34,7 @@ from typing import Any
 
 import numpy as np
 
+from app.repository import BUNDLED_REPOSITORY
 from app.repository.loader import load_repository
 from app.runtime.realtime import RealtimeUnavailable, check_permitted, fifo_while
 from app.workloads.spec import Workload, load_workload
@@ -74,7 +75,7 @@ WORKLOADS = REPO_ROOT / "bench" / "workloads"
 SETUPS = {
     "a": Setup("a", WORKLOADS / "live-a-resnet50-emulated.yaml", LIVE, emulated_devices=2),
     "b": Setup(
-        "b", WORKLOADS / "live-b-mlp.yaml", REPO_ROOT / "models", emulated_devices=0, cpu_slices=1
+        "b", WORKLOADS / "live-b-mlp.yaml", BUNDLED_REPOSITORY, emulated_devices=0, cpu_slices=1
     ),
     "c": Setup("c", WORKLOADS / "live-c-bursty-mix.yaml", LIVE, emulated_devices=4),
     # The daemon's own ceiling: a model of ℓ(b) ≈ 0 (run with --cdf-fraction 0.5).
@@ -243,7 +244,7 @@ def run_ray(
     from bench.peers.ray_serve_launcher import start_ray_serve
     from bench.peers.ray_serve_launcher import stop as stop_ray
 
-    if setup.repository == REPO_ROOT / "models":
+    if setup.repository == BUNDLED_REPOSITORY:
         from app.repository.bundled import ensure_bundled_models
 
         ensure_bundled_models(setup.repository)  # the ONNX files are built on first use

@@ -50,6 +50,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from app.repository import BUNDLED_REPOSITORY
 from app.repository.config import ModelConfig
 from app.repository.loader import load_repository
 from app.runtime.arena import Arena
@@ -365,7 +366,7 @@ def machine() -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.preemption", description=__doc__)
-    parser.add_argument("--repository", type=Path, default=ROOT / "models")
+    parser.add_argument("--repository", type=Path, default=BUNDLED_REPOSITORY)
     parser.add_argument("--models", default=",".join(DEFAULT_MODELS))
     parser.add_argument("--sizes", default=",".join(map(str, DEFAULT_SIZES)))
     parser.add_argument("--trials", type=int, default=9, help="runs and stops per size")
@@ -379,7 +380,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     names = [n for n in args.models.split(",") if n]
     sizes = sorted({int(s) for s in args.sizes.split(",") if s})
-    bundled = args.repository.resolve() == (ROOT / "models").resolve()
+    bundled = args.repository.resolve() == BUNDLED_REPOSITORY
     if bundled:
         from app.repository.bundled import ensure_bundled_models
 

@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from rich import box
 from rich.console import Console
 from rich.table import Table
 
@@ -62,8 +63,18 @@ def _num(x: float | None, digits: int = 1) -> str:
     return "-" if x is None else f"{x:,.{digits}f}"
 
 
-def print_table(doc: dict[str, Any], workload: Workload, capacity: bool) -> None:
-    out = Console(width=None if sys.stdout.isatty() else 240)
+TABLE_WIDTH = 100  # the tables fit a console this wide (tests/test_bench_simulate.py)
+
+
+def print_table(
+    doc: dict[str, Any], workload: Workload, capacity: bool, console: Console | None = None
+) -> None:
+    """Two tables of one row per policy, each within TABLE_WIDTH columns:
+    the requests' fate (goodput, SLO attainment, latency, batch size, and
+    capacity with --capacity), then the devices and the run (offered load,
+    busy, Symphony's autoscaling signals, simulation cost). Per-model rows
+    follow each policy in the first table for workloads of a few models."""
+    out = console or Console(width=None if sys.stdout.isatty() else 240)
     w = doc["workload"]
     title = (
         f"{w['name']}: {w['devices']} devices, {len(w['models'])} model(s), "
@@ -77,56 +88,46 @@ def print_table(doc: dict[str, Any], workload: Workload, capacity: bool) -> None
             f"timer lead {serving['timer_lead_ms']:g} ms, "
             f"intake delay {serving['intake_delay_ms']:g} ms (mean)"
         )
-    table = Table(title=title, title_justify="left")
-    table.add_column("policy", no_wrap=True)
-    for col in (
-        "offered",
-        "goodput",
-        "attain",
-        "drop",
-        "late",
-        "p50 ms",
-        "p99 ms",
-        "mean batch",
-        "busy",
-        "bad rate",
-        "idle",
-        "advised Δdev",
-        "wall s",
-        "sim req/s",
-    ):
-        table.add_column(col, justify="right")
+    fate = _table(None, ["goodput", "attain", "drop", "late", "p50 ms", "p99 ms", "batch"])
     if capacity:
-        table.add_column("capacity", justify="right")
+        fate.add_column("capacity", justify="right")
+    devices = _table(
+        "devices, autoscaling signals and simulation cost",
+        ["offered", "busy", "bad rate", "idle", "advised Δdev", "wall s", "sim req/s"],
+    )
     per_model = len(workload.models) <= MAX_MODEL_ROWS and len(workload.models) > 1
     target = doc.get("capacity_target", 0.99)
     for label, entry in doc["policies"].items():
         o, a = entry["overall"], entry["autoscale"]
         style = "green" if o["slo_attainment"] >= target else None
         rate = entry.get("simulated_requests_per_wall_s")
-        row = [
-            label,
-            *_metric_cells(o),
-            _pct(a["bad_rate"]),
-            _pct(a["idle_fraction"]),
-            f"{a['advised_device_change']:+d}",
-            f"{entry['wall_s']:.2f}",
-            "-" if rate is None else f"{rate:,.0f}",
-        ]
+        row = [label, *_fate_cells(o)]
         if capacity:
             cap = entry.get("capacity_rps")
             row.append(
                 "-"
                 if cap is None
-                else f"{cap:,.1f} (×{entry['capacity_rate_scale'] or 0:.3g})"
+                else f"{cap:,.1f} ×{entry['capacity_rate_scale'] or 0:.3g}"
                 + ("" if entry["capacity_status"] == "converged" else "*")
             )
-        table.add_row(*row, style=style)
+        fate.add_row(*row, style=style)
         if per_model:
             for model, m in entry["models"].items():
-                cells = ["", "", "", "", ""] + ([""] if capacity else [])
-                table.add_row(f"  └ {model}", *_metric_cells(m), *cells, style="dim")
-    out.print(table)
+                cells = [""] if capacity else []
+                fate.add_row(f"└─{model}", *_fate_cells(m), *cells, style="dim")
+        devices.add_row(
+            label,
+            _num(o["offered_rps"]),
+            _pct(o["device_busy_fraction"]),
+            _pct(a["bad_rate"]),
+            _pct(a["idle_fraction"]),
+            f"{a['advised_device_change']:+d}",
+            f"{entry['wall_s']:.2f}",
+            "-" if rate is None else f"{rate:,.0f}",
+        )
+    out.print(title, highlight=False)  # at the console's width, not the table's
+    out.print(fate)
+    out.print(devices)
     if capacity and any(
         e.get("capacity_status", "converged") != "converged" for e in doc["policies"].values()
     ):
@@ -135,9 +136,21 @@ def print_table(doc: dict[str, Any], workload: Workload, capacity: bool) -> None
         out.print(f"[red]{label}[/]: {msg}", highlight=False)
 
 
-def _metric_cells(m: dict[str, Any]) -> list[str]:
+def _table(title: str | None, columns: list[str]) -> Table:
+    """A table with a `policy` column (long labels with options fold onto
+    further lines) and right-aligned number columns that never wrap; light
+    borders, so that the numbers get the width."""
+    table = Table(
+        title=title, title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False, padding=(0, 1, 0, 0)
+    )
+    table.add_column("policy", overflow="fold", min_width=11)
+    for name in columns:
+        table.add_column(name, justify="right", no_wrap=True)
+    return table
+
+
+def _fate_cells(m: dict[str, Any]) -> list[str]:
     return [
-        _num(m["offered_rps"]),
         _num(m["goodput_rps"]),
         _pct(m["slo_attainment"]),
         _pct(m["drop_fraction"]),
@@ -145,7 +158,6 @@ def _metric_cells(m: dict[str, Any]) -> list[str]:
         _num(m["latency_p50_ms"], 2),
         _num(m["latency_p99_ms"], 2),
         _num(m["mean_batch_size"], 2),
-        _pct(m["device_busy_fraction"]),
     ]
 
 
@@ -190,7 +202,10 @@ def plot_curves(doc: dict[str, Any], out: Path, *, target: float = 0.99) -> None
     right.grid(alpha=0.3)
     right.legend(fontsize="small")
     w = doc["workload"]
-    fig.suptitle(f"{w['name']} ({w['devices']} devices)")
+    title = f"{w['name']} ({w['devices']} devices)"
+    if doc.get("sweep_requests"):
+        title += f"; each point ≈{doc['sweep_requests']:,} requests, the main run's in full"
+    fig.suptitle(title)
     fig.tight_layout()
     out.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out, dpi=120)

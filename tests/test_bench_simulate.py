@@ -18,6 +18,8 @@ from app.simulation.capacity_search import (
     find_capacity,
 )
 from app.simulation.run import SimResult
+from app.workloads.spec import load_workload
+from bench.simulate_report import TABLE_WIDTH, print_table
 
 ROOT = Path(__file__).resolve().parents[1]
 SCHEMA = json.loads((ROOT / "bench" / "simulate_schema.json").read_text())
@@ -178,6 +180,8 @@ def test_plot_and_curves(tiny: Path, tmp_path: Path, run_cli) -> None:
         offered = [p["offered_rps"] for p in points]
         assert offered == sorted(offered)
         assert all(p["goodput_rps"] <= p["offered_rps"] for p in points)
+        # 900 requests at most per point, fewer than --sweep-requests: in full.
+        assert [p["duration_s"] for p in points] == [1.5, 1.5, 1.5]
 
 
 @pytest.mark.slow
@@ -327,3 +331,111 @@ def test_find_capacity_target_and_bounds() -> None:
         find_capacity(fake_run(1.0), lo=2.0, hi=1.0)
     with pytest.raises(ValueError):
         find_capacity(fake_run(1.0), target=1.5)
+
+
+# --------------------------------------------------------------------------- the sweep
+
+
+def test_sweep_points_simulate_about_sweep_requests_each(tiny: Path, capsys) -> None:
+    """Each point other than the main run's simulates the workload's first
+    seconds, as many as --sweep-requests take at its rate; the main scale's
+    point is the main run, in full."""
+    args = ["--workload", str(tiny), "--policy", "symphony", "--scales", "0.5,1,2"]
+    assert cli.main([*args, "--sweep-requests", "300", "--json", "--quiet"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    jsonschema.validate(doc, SCHEMA)
+    assert doc["sweep_requests"] == 300
+    points = doc["curves"]["symphony"]
+    # 600 req/s: 300 requests take 1 s at ×0.5, 0.25 s at ×2; ×1 is the main run.
+    assert [p["duration_s"] for p in points] == [1.0, 1.5, 0.25]
+    assert points[1]["offered_rps"] == doc["policies"]["symphony"]["overall"]["offered_rps"]
+    for p in (points[0], points[2]):
+        requests = p["offered_rps"] * p["duration_s"]
+        assert 300 * 0.75 < requests < 300 * 1.25  # Poisson: ~300 ± 3 sigma
+
+
+def test_sweep_workload_shortens_only_what_needs_it(tiny: Path, capsys) -> None:
+    workload = load_workload(tiny)  # 1.5 s at 600 req/s
+    assert cli.sweep_workload(workload, 1.0, 2.0, 600).duration_s == pytest.approx(0.5)
+    assert cli.sweep_workload(workload, 1.0, 2.0, 0) is workload  # 0: in full
+    assert cli.sweep_workload(workload, 2.0, 2.0, 600) is workload  # the main run
+    assert cli.sweep_workload(workload, 1.0, 0.5, 600) is workload  # needs > 1.5 s
+    assert cli.main(["--workload", str(tiny), "--sweep-requests", "-1", "--quiet"]) == 2
+    assert "--sweep-requests must be ≥ 0, got -1" in capsys.readouterr().err
+
+
+# --------------------------------------------------------------------------- the table
+
+
+def _metrics(goodput: float, p99_ms: float) -> dict:
+    return {
+        "offered_rps": 99_999.9,
+        "goodput_rps": goodput,
+        "slo_attainment": 0.99991,
+        "drop_fraction": 0.00004,
+        "late_fraction": 0.00005,
+        "latency_p50_ms": 1_234.56,
+        "latency_p99_ms": p99_ms,
+        "mean_batch_size": 64.0,
+        "device_busy_fraction": 1.0,
+    }
+
+
+def test_the_table_fits_100_columns_with_nothing_cut() -> None:
+    """The widest figures the table can show (five-digit rates and latencies,
+    a capacity that did not converge, a policy with options, per-model rows)
+    at a 100-column console: no line is longer, no cell is cut (rich's
+    ellipsis), every figure is there whole."""
+    from rich.console import Console
+
+    workload = load_workload(ROOT / "bench" / "workloads" / "live-c-bursty-mix.yaml")
+    assert 1 < len(workload.models) <= 8  # per-model rows
+    models = {m.name: _metrics(12_345.6, 23_456.78) for m in workload.models}
+    policies = {}
+    for label in ("symphony", "symphony-wc", "triton:max_queue_delay_ms=2"):
+        policies[label] = {
+            "overall": _metrics(98_765.4, 12_345.67),
+            "models": models,
+            "autoscale": {"bad_rate": 0.25, "idle_fraction": 0.5, "advised_device_change": -12},
+            "wall_s": 123.45,
+            "simulated_requests_per_wall_s": 1_234_567,
+            "capacity_rps": 99_999.9,
+            "capacity_rate_scale": 2.05,
+            "capacity_status": "max_runs",
+        }
+    doc = {
+        "workload": {"name": workload.name, "devices": 8, "models": [], "duration_s": 20.0},
+        "rate_scale": 1.0,
+        "policies": policies,
+        "serving_path": {"deadline_margin_ms": 3, "timer_lead_ms": 2, "intake_delay_ms": 0.5},
+    }
+    doc["workload"]["models"] = [m.name for m in workload.models]
+    doc["workload"]["offered_rps"] = 99_999.9
+    console = Console(width=TABLE_WIDTH, record=True)
+    print_table(doc, workload, capacity=True, console=console)
+    text = console.export_text()
+    assert TABLE_WIDTH == 100
+    assert max(len(line) for line in text.splitlines()) <= 100
+    assert "…" not in text
+    figures = [
+        "98,765.4",
+        "99.99%",
+        "0.00%",
+        "1,234.56",
+        "12,345.67",
+        "23,456.78",
+        "64.00",
+        "99,999.9 ×2.05*",
+        "100.00%",
+        "25.00%",
+        "50.00%",
+        "-12",
+        "123.45",
+        "1,234,567",
+        "symphony-wc",
+    ]
+    for figure in figures:
+        assert figure in text, figure
+    for model in workload.models:
+        assert f"└─{model.name}" in text, model.name
+    assert "capacity search did not converge" in text

@@ -8,6 +8,7 @@ import json
 import numpy as np
 import pytest
 
+from app.repository import BUNDLED_REPOSITORY
 from app.repository.loader import load_repository
 from app.workloads.spec import load_workload
 from bench import compare
@@ -18,7 +19,7 @@ from bench.compare import SETUPS, SystemResult, markdown_table, write_outputs
 def test_every_setup_serves_every_model_its_workload_names(key):
     setup = SETUPS[key]
     workload = load_workload(setup.workload)
-    if setup.repository == compare.REPO_ROOT / "models":
+    if setup.repository == BUNDLED_REPOSITORY:
         names = {"mlp", "cnn"}  # bundled ONNX models are built on first start
     else:
         index = load_repository(setup.repository)

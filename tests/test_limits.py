@@ -26,6 +26,7 @@ import yaml
 
 from app.api import bodies, create_api
 from app.api.limits import HEADER_ALLOWANCE, RequestLimits, element_bytes, model_body_limit
+from app.repository import BUNDLED_REPOSITORY
 from app.repository.config import ModelConfig
 from app.server.metrics import Metrics
 from app.server.service import InferResult
@@ -41,7 +42,7 @@ ADD_ONE_LIMIT = HEADER_ALLOWANCE + 4 * (24 + 24)  # FP32 [-1, 4]: 65,728 bytes
 def bundled_configs() -> dict[str, ModelConfig]:
     """The bundled models' configs (their inputs and outputs; no model files needed)."""
     configs = {}
-    for path in sorted((ROOT / "models").glob("*/config.yaml")):
+    for path in sorted(BUNDLED_REPOSITORY.glob("*/config.yaml")):
         doc = yaml.safe_load(path.read_text())
 
         def specs(key: str, doc: dict = doc) -> list[tuple[str, str, tuple[int, ...]]]:

@@ -11,7 +11,7 @@ import onnxruntime as ort
 import pytest
 import yaml
 
-from app.repository import bundled
+from app.repository import BUNDLED_REPOSITORY, bundled
 from app.repository.config import ModelConfig, ProfileSpec
 from app.repository.files import file_sha256
 from app.repository.loader import load_model_config, load_repository, validate_model_name
@@ -26,7 +26,7 @@ from app.repository.profiles import (
 )
 from app.repository.signatures import onnx_signature, ort_signature, signature_problems
 
-REPO_MODELS = Path(__file__).resolve().parents[1] / "models"
+REPO_MODELS = BUNDLED_REPOSITORY
 EMULATED = ["bert-emulated", "densenet121-emulated", "efficientnetb3-emulated", "resnet50-emulated"]
 
 

@@ -1,8 +1,16 @@
-"""The bundled model repository (`models/` at the repository root).
+"""The bundled model repository (`app/models/`, package data of `app`).
 
 Nothing is downloaded: the ONNX files are generated deterministically with
 `onnx.helper` from a seed (numpy's default_rng) the first time they are
 needed, and are git-ignored; only the `config.yaml` files are committed.
+The configs are package data (pyproject's package-data), so an installed
+`app` (`pip install .`, not only an editable one) carries the bundled
+repository: the server builds the missing files next to them in the
+installed package on first start. A read-only install cannot: start-up then
+fails saying how to build them once or to serve a copy (`_unwritable`).
+Writing into the installed package rather than a cache directory keeps one
+bundled repository per install, the same layout as a checkout's; pip
+uninstall leaves the generated files behind (delete `app/models/`).
 
 Generated models (tensor names `input` → `output`, both FP32):
 
@@ -45,7 +53,7 @@ Generated models (tensor names `input` → `output`, both FP32):
 Emulated models (`backend: emulated`, profile from symphony.txt Table 5,
 NVIDIA 1080Ti) need no file; their configs are committed as they are.
 
-    python -m app.repository.bundled [--root models] [--force]
+    python -m app.repository.bundled [--root DIR] [--force]
 
 builds whatever generated file is missing (idempotent; atomic rename; the
 same seed gives the same bytes).
@@ -56,6 +64,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import logging
+import os
 import time
 import warnings
 from collections.abc import Callable, Iterable
@@ -68,6 +77,7 @@ import onnx
 from onnx import TensorProto, helper
 
 from app.optional import import_torch
+from app.repository import BUNDLED_REPOSITORY
 from app.repository.files import atomic_write_bytes
 
 log = logging.getLogger(__name__)
@@ -84,7 +94,7 @@ BUILDER_VERSION = "2"
 # Chunks per large node of the bundled ONNX models (see the module docstring).
 MLP_SPLITS = 8
 CNN_SPLITS = 1
-DEFAULT_ROOT = Path("models")
+DEFAULT_ROOT = BUNDLED_REPOSITORY
 
 
 # --------------------------------------------------------------------------- builders
@@ -493,6 +503,8 @@ def ensure_bundled_models(
                 "not building %s: torch is not installed (pip install torch==2.13.0)", target
             )
             continue
+        if not os.access(directory, os.W_OK):
+            raise PermissionError(_unwritable(target))
         t0 = time.perf_counter()
         data = gen.build()
         atomic_write_bytes(target, data)
@@ -506,12 +518,27 @@ def ensure_bundled_models(
     return built
 
 
+def _unwritable(target: Path) -> str:
+    return (
+        f"cannot build the bundled model file {target}: its directory is not writable "
+        "(an install owned by another user?). Build the files once as a user who can "
+        "write there (`python -m app.repository.bundled`), or copy the directory "
+        f"{target.parent.parent} elsewhere, build there (`python -m app.repository.bundled "
+        "--root COPY`) and serve the copy (MODEL_REPOSITORY=COPY)"
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m app.repository.bundled",
         description="Build the generated files of the bundled model repository.",
     )
-    parser.add_argument("--root", type=Path, default=DEFAULT_ROOT, help="repository (models)")
+    parser.add_argument(
+        "--root",
+        type=Path,
+        default=DEFAULT_ROOT,
+        help="repository (default: the bundled app/models)",
+    )
     parser.add_argument("--force", action="store_true", help="rebuild existing files")
     parser.add_argument("models", nargs="*", help="only these models (default: all)")
     args = parser.parse_args(argv)

@@ -24,6 +24,7 @@ from dataclasses import MISSING, Field, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
+from app.repository import BUNDLED_REPOSITORY
 from app.scheduling.registry import policy_options
 from app.server.setting_parsers import (
     Boolean,
@@ -39,7 +40,6 @@ from app.server.setting_parsers import (
     Text,
 )
 
-BUNDLED_REPOSITORY = Path(__file__).resolve().parent.parent.parent / "models"
 # Default (DEADLINE_MARGIN_MS, TIMER_LEAD_MS) at normal and at real-time
 # priority: the slack the answer path needs. Under SCHED_FIFO its p99 over
 # HTTP is ~1.2–1.5 ms, at normal priority ~2.1–2.6 ms on a busy 2-core box
@@ -114,7 +114,7 @@ class Settings:
             "MODEL_REPOSITORY",
             FilePath(),
             "model repository root",
-            shown="the bundled `models/`",
+            shown="the bundled `app/models/`",
             aliases=("--repository",),
         ),
     )

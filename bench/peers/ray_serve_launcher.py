@@ -2,14 +2,14 @@
 
 From Python (the comparison script)::
 
-    handle = start_ray_serve(Path("models"), port, devices=4, max_batch_size=8,
+    handle = start_ray_serve(BUNDLED_REPOSITORY, port, devices=4, max_batch_size=8,
                              batch_wait_timeout_s=0.002, cpu_threads=2)
     ...  # POST http://127.0.0.1:{port}/infer
     stop(handle)
 
 or from a shell::
 
-    python -m bench.peers.ray_serve_launcher --repository models --port 8100 \\
+    python -m bench.peers.ray_serve_launcher --repository app/models --port 8100 \\
         --devices 4 --max-batch-size 8 --batch-wait-timeout-s 0.002 --cpu-threads 2 \\
         [--models resnet50-emulated] [--ready-file F]
 

@@ -1,0 +1,225 @@
+"""Every command in the README works as written.
+
+The README's shell commands are its indented code blocks, one per line
+(continuation lines joined, trailing comments dropped, `a && b` as two
+commands). Each is either run here verbatim (`RUN`) or listed in `NOT_RUN`
+with the reason it cannot be: installing, CI's own command line, a usage
+synopsis, or minutes to hours of load. The two sets are exactly the README's
+commands, so a command added to the README must be added to one of them.
+
+One substitution: the servers listen on a free port given as `PORT` (a
+setting the README documents), and the client commands' `localhost:8000` is
+rewritten to it, so that the test never depends on port 8000 being free.
+The README's Python example (the fenced block) is run as it is.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import shlex
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import orjson
+import pytest
+
+from app.workloads.spec import load_workload
+from bench.daemon_launcher import free_port
+from bench.loadgen import LoadGenError
+from bench.loadgen.targets import prepare_targets
+from tests.conftest import ROOT
+
+README = ROOT / "README.md"
+
+QUICK_START_SERVER = "python -m app serve"
+LIVE_SERVER = "python -m app serve --repository bench/repositories/live --emulated-devices 2"
+SIMULATOR = "python -m bench.simulate --workload bench/workloads/symphony-table4-resnet50.yaml"
+LOADGEN = (
+    "python -m bench.loadgen --url http://127.0.0.1:8000 "
+    "--workload bench/workloads/live-a-resnet50-emulated.yaml --capacity"
+)
+CI_LINE = "pip install -e '.[test]' && ruff check . && python -m pytest -q"
+
+_INSTALLS = "installs into the running environment from the package index (.ci/run installs)"
+NOT_RUN = {
+    "pip install -e .": _INSTALLS,
+    "pip install -e '.[test]'": _INSTALLS,
+    "pip install -e '.[bench]'": _INSTALLS,
+    "pip install -e '.[bench,peers]'": _INSTALLS,
+    "ruff check .": "CI's own line: .ci/run runs it verbatim (checked here)",
+    "python -m pytest -q": "CI's own line: .ci/run runs it verbatim (checked here); this suite",
+    "python -m bench.simulate --workload FILE [--policy P ...] [--rate-scale X] [--capacity] "
+    "[--json] [--plot out.png]": "a usage synopsis with placeholders",
+    LOADGEN: "a capacity bisection of 15-s open-loop runs, minutes of load; the server the "
+    "README starts for it is checked to serve its workload (loadgen's own check)",
+    "python -m bench.compare": "every system on workloads a, b and c, ~30 min, Ray",
+    "python -m bench.compare --workload ceiling --systems symphony --cdf-fraction 0.5": (
+        "a capacity bisection and a latency CDF of the live daemon, minutes of load"
+    ),
+    "python -m bench.inprocess --workload bench/workloads/live-a-resnet50-emulated.yaml "
+    "--capacity": "a capacity bisection of 15-s runs, minutes of load",
+}
+
+
+def readme_commands(text: str) -> list[str]:
+    """The shell commands of the README's indented code blocks."""
+    commands: list[str] = []
+    fenced = False
+    pending = ""
+    for line in text.splitlines():
+        if line.startswith("```"):
+            fenced = not fenced
+            continue
+        if fenced or not line.startswith("    "):
+            continue
+        pending += line.strip()
+        if pending.endswith("\\"):
+            pending = pending[:-1]
+            continue
+        command = re.sub(r"\s+#.*$", "", pending).strip()
+        pending = ""
+        commands += [part.strip() for part in command.split(" && ")]
+    return commands
+
+
+def client_commands(commands: list[str]) -> list[str]:
+    return [c for c in commands if c.startswith("curl ")]
+
+
+def run_set(commands: list[str]) -> set[str]:
+    return {QUICK_START_SERVER, LIVE_SERVER, SIMULATOR, *client_commands(commands)}
+
+
+def test_every_readme_command_is_run_or_listed_with_its_reason() -> None:
+    commands = readme_commands(README.read_text())
+    assert len(commands) == len(set(commands)), "a command appears twice"
+    assert run_set(commands) | set(NOT_RUN) == set(commands)
+    assert not run_set(commands) & set(NOT_RUN)
+    assert len(client_commands(commands)) == 5
+    # README's test line is exactly what CI runs.
+    assert CI_LINE in README.read_text()
+    assert CI_LINE in (ROOT / ".ci" / "run").read_text().splitlines()
+
+
+def _env(cli_env: dict[str, str], port: int) -> dict[str, str]:
+    return {**cli_env, "PORT": str(port)}
+
+
+@pytest.fixture
+def serve_readme(cli_env: dict[str, str], tmp_path: Path) -> Iterator:
+    """`start(command)`: the README's server command, verbatim, in the
+    repository root on a free port (PORT); its URL once ready. Every server
+    started stops at the end of the test."""
+    started: list[subprocess.Popen] = []
+
+    def start(command: str) -> str:
+        port = free_port()
+        log = tmp_path / f"server-{port}.log"
+        with log.open("wb") as out:
+            process = subprocess.Popen(
+                ["bash", "-c", command],
+                cwd=ROOT,
+                env=_env(cli_env, port),
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        started.append(process)
+        url = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            if process.poll() is not None:
+                pytest.fail(f"{command!r} exited with {process.returncode}:\n{log.read_text()}")
+            try:
+                if httpx.get(f"{url}/v2/health/ready", timeout=1.0).status_code == 200:
+                    return url
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.2)
+        pytest.fail(f"{command!r} not ready in 120 s:\n{log.read_text()}")
+
+    yield start
+    for process in started:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGTERM)
+        try:
+            process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+
+
+def _bash(command: str, cli_env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        ["bash", "-c", command],
+        cwd=ROOT,
+        env=cli_env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+@pytest.mark.slow
+def test_quick_start_commands(serve_readme, cli_env) -> None:
+    url = serve_readme(QUICK_START_SERVER)
+    port = url.rsplit(":", 1)[1]
+    clients = client_commands(readme_commands(README.read_text()))
+    outputs = []
+    for command in clients:
+        done = _bash(command.replace("localhost:8000", f"localhost:{port}"), cli_env)
+        assert done.returncode == 0, (command, done.stderr)
+        outputs.append(done.stdout)
+    ready, native, v2, metadata, metrics = outputs
+    assert ready == "200\n"
+    answer = orjson.loads(native)
+    assert answer["outputs"]["output"]["shape"][-1] == 16, answer
+    answer = orjson.loads(v2)
+    assert answer["outputs"][0]["shape"] == [1, 16], answer
+    assert orjson.loads(metadata)["name"] == "mlp"
+    assert all("goodput" in line for line in metrics.splitlines()) and metrics.strip()
+    # The live benchmark's workload names models this server does not have:
+    # bench.loadgen stops at once, naming the model (README, Live benchmarks).
+    live_a = load_workload(ROOT / "bench" / "workloads" / "live-a-resnet50-emulated.yaml")
+    with pytest.raises(LoadGenError, match="resnet50-t4"):
+        asyncio.run(prepare_targets(url, live_a))
+
+
+@pytest.mark.slow
+def test_live_benchmark_server_serves_the_loadgen_workload(serve_readme) -> None:
+    """The README's live server serves every model the loadgen command's
+    workload names, and accepts a request for each (loadgen's own check
+    before it sends load)."""
+    url = serve_readme(LIVE_SERVER)
+    args = shlex.split(LOADGEN)
+    workload = load_workload(ROOT / args[args.index("--workload") + 1])
+    targets = asyncio.run(prepare_targets(url, workload, check=True))
+    assert [t.name for t in targets] == ["resnet50-t4"]
+
+
+@pytest.mark.slow
+def test_simulator_command(cli_env) -> None:
+    done = _bash(SIMULATOR, cli_env)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("symphony-table4-resnet50: 8 devices")
+    for policy in ("symphony", "symphony-wc", "flex", "clockwork", "nexus", "triton"):
+        assert re.search(rf"^\s*{re.escape(policy)}\s+[\d,]+\.\d", done.stdout, re.M), policy
+
+
+@pytest.mark.slow
+def test_the_scheduling_core_example_runs() -> None:
+    (example,) = re.findall(r"```python\n(.*?)```", README.read_text(), re.S)
+    example += "\nprint(type(decisions).__name__, wake is None or wake >= 0.0)\n"
+    done = subprocess.run(
+        [sys.executable, "-c", example], cwd=ROOT, capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split()[-1] == "True"
