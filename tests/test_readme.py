@@ -10,7 +10,9 @@ commands, so a command added to the README must be added to one of them.
 One substitution: the servers listen on a free port given as `PORT` (a
 setting the README documents), and the client commands' `localhost:8000` is
 rewritten to it, so that the test never depends on port 8000 being free.
-The README's Python example (the fenced block) is run as it is.
+The README's Python examples (its fenced blocks) are run as they are: the
+scheduling core's alone, the gRPC client's against the quick-start server
+(its `localhost:8001` rewritten to the server's free `GRPC_PORT`).
 """
 
 from __future__ import annotations
@@ -57,6 +59,8 @@ NOT_RUN = {
     "python -m pytest -q": "CI's own line: .ci/run runs it verbatim (checked here); this suite",
     "python -m bench.simulate --workload FILE [--policy P ...] [--rate-scale X] [--capacity] "
     "[--json] [--plot out.png]": "a usage synopsis with placeholders",
+    "python -m app profile MODEL [--force]": "a usage synopsis with placeholders "
+    "(tests/test_triton_repository.py runs the command's code)",
     LOADGEN: "a capacity bisection of 15-s open-loop runs, minutes of load; the server the "
     "README starts for it is checked to serve its workload (loadgen's own check)",
     "python -m bench.compare": "every system on workloads a, b and c, ~30 min, Ray",
@@ -119,14 +123,14 @@ def serve_readme(cli_env: dict[str, str], tmp_path: Path) -> Iterator:
     started stops at the end of the test."""
     started: list[subprocess.Popen] = []
 
-    def start(command: str) -> str:
+    def start(command: str, grpc_port: int = 0) -> str:
         port = free_port()
         log = tmp_path / f"server-{port}.log"
         with log.open("wb") as out:
             process = subprocess.Popen(
                 ["bash", "-c", command],
                 cwd=ROOT,
-                env=_env(cli_env, port),
+                env={**_env(cli_env, port), "GRPC_PORT": str(grpc_port)},
                 stdin=subprocess.DEVNULL,
                 stdout=out,
                 stderr=subprocess.STDOUT,
@@ -168,9 +172,22 @@ def _bash(command: str, cli_env: dict[str, str]) -> subprocess.CompletedProcess[
     )
 
 
+def _python_examples() -> dict[str, str]:
+    """The README's fenced Python blocks, by the module each is about."""
+    blocks = re.findall(r"```python\n(.*?)```", README.read_text(), re.S)
+    examples = {}
+    for block in blocks:
+        about = "tritonclient.grpc" if "tritonclient.grpc" in block else "app.scheduling"
+        assert about not in examples, f"two README examples about {about}"
+        examples[about] = block
+    assert set(examples) == {"tritonclient.grpc", "app.scheduling"}
+    return examples
+
+
 @pytest.mark.slow
 def test_quick_start_commands(serve_readme, cli_env) -> None:
-    url = serve_readme(QUICK_START_SERVER)
+    grpc_port = free_port()
+    url = serve_readme(QUICK_START_SERVER, grpc_port)
     port = url.rsplit(":", 1)[1]
     clients = client_commands(readme_commands(README.read_text()))
     outputs = []
@@ -186,6 +203,15 @@ def test_quick_start_commands(serve_readme, cli_env) -> None:
     assert answer["outputs"][0]["shape"] == [1, 16], answer
     assert orjson.loads(metadata)["name"] == "mlp"
     assert all("goodput" in line for line in metrics.splitlines()) and metrics.strip()
+    # The gRPC example, against the same server.
+    example = _python_examples()["tritonclient.grpc"]
+    done = subprocess.run(
+        [sys.executable, "-c", example.replace("localhost:8001", f"localhost:{grpc_port}")],
+        cwd=ROOT, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split()[-1] == "1"  # batch_size
+    assert "15." in done.stdout  # the emulated model echoes arange(16)
     # The live benchmark's workload names models this server does not have:
     # bench.loadgen stops at once, naming the model (README, Live benchmarks).
     live_a = load_workload(ROOT / "bench" / "workloads" / "live-a-resnet50-emulated.yaml")
@@ -216,7 +242,7 @@ def test_simulator_command(cli_env) -> None:
 
 @pytest.mark.slow
 def test_the_scheduling_core_example_runs() -> None:
-    (example,) = re.findall(r"```python\n(.*?)```", README.read_text(), re.S)
+    example = _python_examples()["app.scheduling"]
     example += "\nprint(type(decisions).__name__, wake is None or wake >= 0.0)\n"
     done = subprocess.run(
         [sys.executable, "-c", example], cwd=ROOT, capture_output=True, text=True, timeout=60
