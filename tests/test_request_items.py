@@ -7,6 +7,8 @@ request, and drops one that cannot finish in time even alone.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -187,3 +189,83 @@ def test_batch_size_counts_items() -> None:
     assert len(dispatch.batch.requests) == 1
     # ℓ(4) = 10 + 4 ms
     assert dispatch.batch.finish_at - dispatch.batch.start_at == pytest.approx(0.014)
+
+
+# ------------------------------------------------------------ workloads with item sizes
+
+
+def _workload(items=None, model_items=None, max_batch: int = 8):
+    from app.workloads.spec import parse_workload
+
+    model = {"name": "m", "profile": {"alpha_ms": 1.0, "beta_ms": 10.0}, "rate": 300}
+    if model_items is not None:
+        model["items"] = model_items
+    doc = {"duration_s": 10, "seed": 5, "devices": 2, "max_batch": max_batch, "slo_ms": 100}
+    if items is not None:
+        doc["items"] = items
+    doc["models"] = [model]
+    return parse_workload(doc, Path("."), source="wl.yaml")
+
+
+def test_workload_items_one_size_and_a_distribution():
+    from app.workloads.arrivals import generate_arrivals
+
+    fixed = _workload(items=4)
+    assert fixed.models[0].items.sizes == (4,)
+    # The core plans with items/s: 300 requests/s × 4 items.
+    assert fixed.model_infos()[0].expected_rate == 1200.0
+    mixed = _workload(model_items={1: 0.7, 4: 0.3})
+    assert mixed.models[0].items.mean == pytest.approx(1.9)
+    arrivals = generate_arrivals(mixed)
+    plain = generate_arrivals(_workload())
+    # Sizes come from a stream of their own: the arrival times do not move.
+    np.testing.assert_array_equal(arrivals.times, plain.times)
+    assert plain.items is not None and set(plain.items.tolist()) == {1}
+    assert arrivals.items is not None and len(arrivals.items) == len(arrivals) == 3023
+    assert int((arrivals.items == 4).sum()) == 888  # ≈ 30 % of 3023
+    assert set(arrivals.items.tolist()) == {1, 4}
+
+
+@pytest.mark.parametrize(
+    ("top", "model", "message"),
+    [
+        (0, None, "wl.yaml: items: an item count must be ≥ 1, got 0"),
+        (None, 9, "wl.yaml: models[0] (m).items: requests of 9 items exceed max_batch 8"),
+        (None, {1: 0.5, 2: 0.4}, "models[0] (m).items: probabilities must sum to 1, got 0.9"),
+        (None, {0: 1.0}, "item counts must be integers ≥ 1, got 0"),
+        (None, {1: -0.5, 2: 1.5}, "items[1]: must be a probability ≥ 0, got -0.5"),
+        (None, "four", "must be an item count (e.g. 4) or a mapping {count: probability}"),
+        (None, {1: "x"}, "items[1]: must be a probability, got 'x'"),
+        ({1: 0.5, 16: 0.5}, None, "wl.yaml: items: requests of 16 items exceed max_batch 8"),
+    ],
+)
+def test_workload_items_errors_name_the_field(top, model, message):
+    with pytest.raises(ValueError) as err:
+        _workload(items=top, model_items=model)
+    assert message in str(err.value)
+
+
+def test_simulator_carries_request_sizes_and_counts_goodput_in_requests():
+    from app.simulation.run import simulate as simulate_workload
+
+    workload = _workload(model_items={1: 0.5, 3: 0.5})
+    result = simulate_workload(workload, "symphony")
+    trace = result.trace
+    assert trace.items is not None
+    assert int(trace.items.sum()) == 6005 and len(trace.items) == 3023
+    served = trace.status != DROPPED
+    assert int(trace.batch_size.max()) <= 8
+    assert (trace.batch_size[served] >= trace.items[served]).all()
+    overall = result.summary["overall"]
+    # 300 requests/s × 2 items on 2 devices: all served in time
+    assert int((trace.status == GOOD).sum()) == 3023
+    assert overall["requests"] == 3023  # requests, not items
+    assert overall["goodput_rps"] == pytest.approx(302.3)  # requests/s, not items/s
+    assert overall["mean_batch_size"] == pytest.approx(7.112, abs=1e-3)  # in items
+
+
+def test_the_live_load_generator_refuses_sizes_it_cannot_send():
+    from bench.loadgen.run import LoadGenError, run_schedule
+
+    with pytest.raises(LoadGenError, match=r"models \['m'\] have request sizes"):
+        run_schedule(_workload(items=2), 1.0, None, 10**6, None)
