@@ -269,15 +269,16 @@ class SymphonyScheduler(Scheduler):
             return
         dl = queue.head_deadline()
         positions = None
+        size = cap  # the most items the candidate takes
         if not window:
             start = max(now + d_ctrl + d_data, gpu_free_at)
             fit = model.profile.max_batch_within((dl - start) * speed)
-            if fit < cap:
-                cap = max(1, fit)
+            if fit < size:
+                size = max(1, fit)
         if queue.uniform:
-            bs = n if n < cap else cap
+            bs = n if n < size else size
         else:
-            positions = queue.batch(cap)
+            positions = queue.batch(size)
             bs = queue.items_of(positions)
         earliest = now + d_ctrl + d_data * bs
         if gpu_free_at > earliest:
