@@ -20,6 +20,12 @@ percentiles, the request-weighted mean batch size, the device time the
 requests used, and the drop and error reasons with their counts. Each side
 adds its own extras beside these keys (the simulator its batch and preemption
 counts, the load generator its own statistics).
+
+Requests with several items (a batch dimension n > 1): the request is the
+unit of every count, rate and fraction — goodput is good *requests* per
+second, whatever their items, as the SLO is per request. Batch sizes count
+items (what ℓ(b) and the batch cap count); a served request of n items
+accounts for n/b of its batch's execution time.
 """
 
 from __future__ import annotations
@@ -108,11 +114,12 @@ class RequestColumns:
     batch_size: np.ndarray  # int: size of that batch; 0 none or unknown
     reason: np.ndarray  # int: index into `reason_names` (drop or error reason); -1 none
     reason_names: Sequence[str]
+    items: np.ndarray | None = None  # int: each request's items; None: one each
 
     def __post_init__(self) -> None:
         n = len(self.model_index)
-        for name in ("outcome", "latency_s", "queue_s", "exec_s", "batch_size", "reason"):
-            if len(getattr(self, name)) != n:
+        for name in ("outcome", "latency_s", "queue_s", "exec_s", "batch_size", "reason", "items"):
+            if getattr(self, name) is not None and len(getattr(self, name)) != n:
                 raise ValueError(f"column {name} has {len(getattr(self, name))} rows, not {n}")
 
     def __len__(self) -> int:
@@ -142,8 +149,10 @@ def summarize_requests(
     total = int(np.count_nonzero(mask))
     served = mask & ((outcome == Outcome.GOOD) | (outcome == Outcome.LATE))
     sizes = columns.batch_size[served]
-    # Each served request accounts for 1/b of its batch's execution time.
-    busy_s = float(np.nansum(columns.exec_s[served] / np.maximum(sizes, 1)))
+    # Each served request accounts for n/b of its batch's execution time
+    # (n its items, b the batch's).
+    share = 1.0 if columns.items is None else columns.items[served]
+    busy_s = float(np.nansum(columns.exec_s[served] * share / np.maximum(sizes, 1)))
     sizes = sizes[sizes > 0]
 
     def fraction(kind: Outcome) -> float:

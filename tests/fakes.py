@@ -320,9 +320,12 @@ class FakeService:
                 "received_at": received_at,
             }
         )
+        config = self.configs[model]
         for name, arr in inputs.items():  # the HTTP layer's contract
-            spec = next(s for s in self.configs[model].inputs if s.name == name)
-            assert arr.dtype == spec.dtype and arr.shape[0] == 1, (name, arr.dtype, arr.shape)
+            spec = next(s for s in config.inputs if s.name == name)
+            assert arr.dtype == spec.dtype, (name, arr.dtype)
+            assert 1 <= arr.shape[0] <= config.max_batch_size, (name, arr.shape)
+        assert len({a.shape[0] for a in inputs.values()}) == 1
         if model == "dropper":
             raise Dropped("deadline can no longer be met (needs 7.0 ms, 1.0 left)", "deadline")
         if model == "busy":

@@ -18,6 +18,7 @@ import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from app.main import create_app
+from app.repository import BUNDLED_REPOSITORY
 from app.server.metrics import Metrics
 from app.server.settings import DEFAULT_METRICS_PREFIX, Settings
 from tests.promql import VECTOR, PromQLError, parse
@@ -267,7 +268,7 @@ async def test_the_running_server_exports_what_dashboard_and_rules_select(tmp_pa
     repository = tmp_path / "models"
     (repository / "echo").mkdir(parents=True)
     (repository / "echo" / "config.yaml").write_text(ECHO)
-    shutil.copytree(ROOT / "models" / "resnet50-emulated", repository / "resnet50-emulated")
+    shutil.copytree(BUNDLED_REPOSITORY / "resnet50-emulated", repository / "resnet50-emulated")
     settings = Settings(repository=repository, emulated_devices=1, cpu_slices=0)
     app = create_app(settings)
     async with app.router.lifespan_context(app):

@@ -261,8 +261,8 @@ async def test_service_errors_map_to_the_status_table(fake):
 
 @pytest.mark.anyio
 async def test_request_limits_are_the_http_ones(fake):
-    # add_one's limit: 64 KiB + 4 elements of 48 bytes (app.api.limits)
-    limit = 64 * 1024 + 4 * 48
+    # add_one's limit: 64 KiB + max_batch_size (32) × 4 elements of 48 bytes (app.api.limits)
+    limit = 64 * 1024 + 32 * 4 * 48
     fits = infer_request(id="i" * (limit - 200))
     assert fits.ByteSize() <= limit
     assert (await fake.call("ModelInfer", fits)).outputs

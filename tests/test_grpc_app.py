@@ -126,8 +126,8 @@ def test_tritonclient_infer_mlp_equals_onnxruntime(triton, repository):
     import onnxruntime
     import tritonclient.grpc as tg
 
-    x = np.random.default_rng(7).standard_normal((1, 4096)).astype(np.float32)
-    tensor = tg.InferInput("input", [1, 4096], "FP32")
+    x = np.random.default_rng(7).standard_normal((4, 4096)).astype(np.float32)
+    tensor = tg.InferInput("input", [4, 4096], "FP32")  # a request of 4 items
     tensor.set_data_from_numpy(x)
     result = triton.infer("mlp", [tensor], outputs=[tg.InferRequestedOutput("output")])
     session = onnxruntime.InferenceSession(
@@ -135,10 +135,10 @@ def test_tritonclient_infer_mlp_equals_onnxruntime(triton, repository):
     )
     (expected,) = session.run(None, {"input": x})
     got = result.as_numpy("output")
-    assert got.shape == (1, 4096) and got.dtype == np.float32
+    assert got.shape == (4, 4096) and got.dtype == np.float32
     np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-4)
     assert np.abs(expected).max() > 0.1  # not an all-zero output
-    assert result.get_response().parameters["batch_size"].int64_param >= 1
+    assert result.get_response().parameters["batch_size"].int64_param >= 4
 
 
 def test_tritonclient_infer_emulated_and_errors(triton):
@@ -159,7 +159,10 @@ def test_tritonclient_infer_emulated_and_errors(triton):
     with pytest.raises(InferenceServerException) as error:
         triton.infer("mlp", [bad])
     assert error.value.status() == "StatusCode.INVALID_ARGUMENT"
-    assert "input 'input': expected shape [1, 4096], got [1, 4095]" in error.value.message()
+    assert (
+        "input 'input': expected shape [1, 4096] (or n items: [n, 4096], n ≤ max_batch_size 32), "
+        "got [1, 4095]" in error.value.message()
+    )
 
     with pytest.raises(InferenceServerException) as error:
         triton.infer("nope", [tensor])

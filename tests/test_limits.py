@@ -25,7 +25,13 @@ import pytest
 import yaml
 
 from app.api import bodies, create_api
-from app.api.limits import HEADER_ALLOWANCE, RequestLimits, element_bytes, model_body_limit
+from app.api.limits import (
+    DEFAULT_MAX_JSON_BYTES,
+    HEADER_ALLOWANCE,
+    RequestLimits,
+    element_bytes,
+    model_body_limit,
+)
 from app.repository import BUNDLED_REPOSITORY
 from app.repository.config import ModelConfig
 from app.server.metrics import Metrics
@@ -36,7 +42,10 @@ pytestmark = pytest.mark.anyio
 
 ROOT = Path(__file__).resolve().parents[1]
 MAX = 1 << 20  # the conftest app's max_body_bytes
-ADD_ONE_LIMIT = HEADER_ALLOWANCE + 4 * (24 + 24)  # FP32 [-1, 4]: 65,728 bytes
+# The native /infer is all JSON: MAX_JSON_BYTES caps it below the largest
+# bundled model's limit.
+NATIVE_LIMIT = DEFAULT_MAX_JSON_BYTES  # 2,097,152 bytes
+ADD_ONE_LIMIT = HEADER_ALLOWANCE + 32 * 4 * (24 + 24)  # FP32 [-1, 4], 32 items: 71,680 bytes
 
 
 def bundled_configs() -> dict[str, ModelConfig]:
@@ -132,7 +141,7 @@ def test_each_model_gets_a_limit_from_its_inputs():
     service = FakeService()
     add_one = service.configs["add_one"]
     assert element_bytes(add_one.inputs[0]) == 48  # FP32: 24 bytes of text + 24 of slack
-    assert model_body_limit(add_one, MAX) == ADD_ONE_LIMIT == 65_728
+    assert model_body_limit(add_one, MAX) == ADD_ONE_LIMIT == 71_680
     assert model_body_limit(add_one, 1000) == 1000  # max_body_bytes stays the ceiling
     # a variable dimension (typed's c: FP16 [-1, -1, 3]) falls back to max_body_bytes
     assert model_body_limit(service.configs["typed"], MAX) == MAX
@@ -144,21 +153,23 @@ def test_each_model_gets_a_limit_from_its_inputs():
     assert limits.any_model(service).bytes == MAX
 
     bundled = {name: model_body_limit(c, 64 << 20) for name, c in bundled_configs().items()}
-    assert bundled["mlp"] == HEADER_ALLOWANCE + 4096 * 48 == 262_144  # FP32 [-1, 4096]
-    assert bundled["cnn"] == HEADER_ALLOWANCE + 3 * 32 * 32 * 48 == 212_992
-    assert bundled["resnet50-emulated"] == HEADER_ALLOWANCE + 16 * 48 == 66_304
-    assert max(bundled.values()) <= 256 * 1024
+    # max_batch_size 32 items of each input
+    assert bundled["mlp"] == HEADER_ALLOWANCE + 32 * 4096 * 48 == 6_356_992  # FP32 [-1, 4096]
+    assert bundled["cnn"] == HEADER_ALLOWANCE + 32 * 3 * 32 * 32 * 48 == 4_784_128
+    assert bundled["resnet50-emulated"] == HEADER_ALLOWANCE + 32 * 16 * 48 == 90_112
+    assert max(bundled.values()) == bundled["mlp"]
     only_bundled = BundledService()
-    assert RequestLimits(64 << 20).any_model(only_bundled).bytes == 262_144
+    assert RequestLimits(64 << 20).any_model(only_bundled).bytes == 6_356_992
 
 
 @pytest.mark.parametrize(
     ("path", "limit", "model"),
-    [("/v2/models/add_one/infer", ADD_ONE_LIMIT, "add_one"), ("/infer", 262_144, "models")],
+    [("/v2/models/add_one/infer", ADD_ONE_LIMIT, "add_one"), ("/infer", NATIVE_LIMIT, "JSON")],
 )
 async def test_content_length_over_the_limit_is_413_before_the_body_is_read(path, limit, model):
-    """Under the default MAX_BODY_BYTES (64 MiB): add_one's limit on v2, the
-    largest bundled model's (mlp) on the native route."""
+    """Under the default MAX_BODY_BYTES (64 MiB): add_one's limit on v2; on
+    the native route (all JSON) MAX_JSON_BYTES, below the largest bundled
+    model's limit (mlp's 6,356,992 bytes)."""
     service = BundledService() if path == "/infer" else FakeService()
     app = create_api(lambda: service, Metrics())
     size = limit + 1
@@ -188,13 +199,13 @@ async def test_unsupported_encoding_is_415_before_the_body_is_read(app):
 
 @pytest.mark.parametrize("path", ["/v2/models/add_one/infer", "/infer"])
 async def test_a_streamed_body_stops_being_read_at_the_limit(path):
-    """No Content-Length: 2 MiB offered in 8 KiB chunks; the app stops pulling
-    at the first chunk past the limit."""
+    """No Content-Length: 2.5 MiB offered in 8 KiB chunks; the app stops
+    pulling at the first chunk past the limit."""
     service = BundledService() if path == "/infer" else FakeService()
     app = create_api(lambda: service, Metrics(), max_body_bytes=64 << 20)
-    limit = 262_144 if path == "/infer" else ADD_ONE_LIMIT  # native: the largest model's
+    limit = NATIVE_LIMIT if path == "/infer" else ADD_ONE_LIMIT  # native: the JSON cap
     chunk = 8192
-    status, body, pulled = await asgi_post(app, path, {}, [b" " * chunk] * 256)
+    status, body, pulled = await asgi_post(app, path, {}, [b" " * chunk] * 320)
     assert status == 413, body
     assert limit < pulled <= limit + chunk
 
@@ -312,8 +323,8 @@ class _CountingZlib:
     ("service_kind", "path", "limit"),
     [
         ("fake", "/v2/models/add_one/infer", ADD_ONE_LIMIT),
-        ("bundled", "/v2/models/resnet50-emulated/infer", 66_304),
-        ("bundled", "/infer", 262_144),  # native: the largest bundled model's limit
+        ("bundled", "/v2/models/resnet50-emulated/infer", 90_112),
+        ("bundled", "/infer", NATIVE_LIMIT),  # native: all JSON, the JSON cap
     ],
 )
 async def test_a_gzip_bomb_is_refused_after_at_most_limit_plus_one_decoded_bytes(

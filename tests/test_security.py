@@ -421,13 +421,14 @@ async def test_pickle_and_code_payloads_stay_data():
 # ------------------------------------------------------------------ limits from the config
 
 
-async def test_one_item_per_request_and_config_tensor_sizes(client, service):
+async def test_items_up_to_max_batch_size_and_config_tensor_sizes(client, service):
     max_batch = service.configs["add_one"].max_batch_size
+    assert max_batch == 32
     cases = [
-        # more than one item (even within max_batch_size): the scheduler forms batches
-        ({"shape": [2, 4], "data": [1] * 8}, "batch dimension must be 1"),
+        # more items than max_batch_size: never accepted (a request is never split)
         ({"shape": [max_batch + 1, 4], "data": [1] * 4 * (max_batch + 1)},
-         "batch dimension must be 1"),
+         "batch dimension must be between 1 and the model's max_batch_size (32), got 33"),
+        ({"shape": [0, 4], "data": []}, "got 0"),
         # the config fixes the item shape: [1, 4] FP32, i.e. 16 bytes
         ({"shape": [1, 4096], "data": [1] * 4096}, "expected shape [1, 4]"),
         ({"shape": [1, 4, 1], "data": [1] * 4}, "expected shape [1, 4]"),
@@ -444,11 +445,33 @@ async def test_one_item_per_request_and_config_tensor_sizes(client, service):
     r = await client.post("/v2/models/add_one/infer", content=js + big, headers={HDR: str(len(js))})
     assert r.status_code == 400 and "16 bytes" in r.json()["error"], r.text
     # native nested lists: the same limits
-    r = await client.post("/infer", json={"model": "add_one", "inputs": {"x": [[1] * 4] * 3}})
-    assert r.status_code == 400 and "batch dimension must be 1" in r.json()["error"]
+    r = await client.post("/infer", json={"model": "add_one", "inputs": {"x": [[1] * 4] * 33}})
+    assert r.status_code == 400 and "max_batch_size (32), got 33" in r.json()["error"]
     assert service.calls == []
     r = await client.post("/infer", json={"model": "add_one", "inputs": {"x": [1, 2, 3, 4]}})
     assert r.status_code == 200
+    assert service.calls[-1]["inputs"]["x"].shape == (1, 4)
+    # several items, up to max_batch_size: one request, answered [n, 4]
+    r = await client.post("/infer", json={"model": "add_one", "inputs": {"x": [[1] * 4] * 32}})
+    assert r.status_code == 200, r.text
+    assert service.calls[-1]["inputs"]["x"].shape == (32, 4)
+    assert r.json()["outputs"]["y"]["shape"] == [32, 4]
+    inp = {"name": "x", "datatype": "FP32", "shape": [3, 4], "data": list(range(12))}
+    r = await client.post("/v2/models/add_one/infer", json={"inputs": [inp]})
+    assert r.status_code == 200, r.text
+    (out,) = r.json()["outputs"]
+    assert out["shape"] == [3, 4] and out["data"] == [float(v + 1) for v in range(12)]
+    # every input gives the same n
+    typed = [
+        {"name": "a", "datatype": "INT32", "shape": [2, 2], "data": [1, 2, 3, 4]},
+        {"name": "b", "datatype": "BOOL", "shape": [1, 2], "data": [True, False]},
+        {"name": "c", "datatype": "FP16", "shape": [1, 1, 3], "data": [1, 2, 3]},
+    ]
+    r = await client.post("/v2/models/typed/infer", json={"inputs": typed})
+    assert r.status_code == 400
+    assert r.json()["error"] == (
+        "the inputs disagree on the batch dimension ('a': 2, 'b': 1, 'c': 1): give one n"
+    )
 
 
 # ------------------------------------------------------------------ management routes

@@ -82,8 +82,7 @@ def test_jitter_makes_predictions_wrong_but_nothing_is_lost():
 def test_flex_preempts_in_simulation_and_beats_non_preemptive_at_slo_90():
     workload = load_workload(WORKLOADS / "shepherd-fig11a-slo90.yaml")
     arrivals = generate_arrivals(workload)
-    keep = arrivals.times < 1.2
-    arrivals.times, arrivals.model_index = arrivals.times[keep], arrivals.model_index[keep]
+    arrivals = arrivals.select(arrivals.times < 1.2)
     flex = simulate(workload, "flex", arrivals=arrivals)
     flex_np = simulate(workload, "flex-np", arrivals=arrivals)
     assert flex.trace.preemptions > 0
@@ -101,8 +100,7 @@ def test_fig11a_slo_90_first_burst_is_the_papers_ratio_and_later_ones_are_not():
     batch of 128 per burst and the ratio settles near 2.6×."""
     workload = load_workload(WORKLOADS / "shepherd-fig11a-slo90.yaml")
     arrivals = generate_arrivals(workload)
-    keep = arrivals.times < 0.605  # bursts at 5, 125, …, 485 ms
-    arrivals.times, arrivals.model_index = arrivals.times[keep], arrivals.model_index[keep]
+    arrivals = arrivals.select(arrivals.times < 0.605)  # bursts at 5, 125, …, 485 ms
     stream_a = workload.models.index(next(m for m in workload.models if m.name == "resnet18"))
 
     def good_per_burst(policy: str) -> list[int]:
@@ -121,8 +119,7 @@ def test_fig11a_slo_90_first_burst_is_the_papers_ratio_and_later_ones_are_not():
 def test_symphony_batches_near_the_staggered_size_on_table4_resnet50():
     workload = load_workload(WORKLOADS / "symphony-table4-resnet50.yaml")
     arrivals = generate_arrivals(workload, rate_scale=0.9)  # 4500 r/s
-    keep = arrivals.times < 2.0
-    arrivals.times, arrivals.model_index = arrivals.times[keep], arrivals.model_index[keep]
+    arrivals = arrivals.select(arrivals.times < 2.0)
     result = simulate(workload, "symphony", arrivals=arrivals)
     overall = result.summary["overall"]
     assert overall["slo_attainment"] >= 0.99
@@ -139,8 +136,7 @@ def test_symphony_batches_near_the_staggered_size_on_table4_resnet50():
 def _live_a(rate_scale: float):
     workload = load_workload(WORKLOADS / "live-a-resnet50-emulated.yaml")
     arrivals = generate_arrivals(workload, rate_scale)
-    keep = arrivals.times < 5.0
-    arrivals.times, arrivals.model_index = arrivals.times[keep], arrivals.model_index[keep]
+    arrivals = arrivals.select(arrivals.times < 5.0)
     return workload, arrivals
 
 

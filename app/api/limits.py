@@ -5,7 +5,11 @@ bytes carry 64 MiB, all of it read, decompressed and parsed as JSON before
 the server finds out that the tensors do not fit. So each model's limit is
 what its largest well-formed request can take, generously counted:
 
-    limit = min(max_body_bytes, HEADER_ALLOWANCE + Σ_inputs elements × per-element bytes)
+    limit = min(max_body_bytes,
+                HEADER_ALLOWANCE + max_batch_size × Σ_inputs item elements × per-element bytes)
+
+- item elements: the elements of one item of the input (its shape without
+  the batch dimension); a request carries up to max_batch_size items;
 
 - per-element bytes: the longest JSON text of one number of the input's
   datatype (24 for FP16/FP32/FP64, which clients write as the shortest
@@ -92,8 +96,8 @@ def element_bytes(spec: TensorSpec) -> int:
 
 
 def tensor_bytes(spec: TensorSpec) -> int | None:
-    """The most bytes one request's tensor of `spec` takes (batch dimension 1);
-    None when a dimension is variable."""
+    """The most bytes one item of a tensor of `spec` takes (batch dimension
+    1); None when a dimension is variable."""
     if any(d < 0 for d in spec.item_shape):
         return None
     return math.prod(spec.item_shape) * element_bytes(spec)
@@ -101,13 +105,13 @@ def tensor_bytes(spec: TensorSpec) -> int | None:
 
 def model_body_limit(config: ModelConfig, max_body_bytes: int) -> int:
     """The module docstring's formula for one model."""
-    total = HEADER_ALLOWANCE
+    total = 0
     for spec in config.inputs:
         size = tensor_bytes(spec)
         if size is None:
             return max_body_bytes
         total += size
-    return min(total, max_body_bytes)
+    return min(HEADER_ALLOWANCE + config.max_batch_size * total, max_body_bytes)
 
 
 class RequestLimits:

@@ -93,13 +93,16 @@ class TensorData(BaseModel):
 
     data: list[Any] = Field(description=NESTED_DATA_DESCRIPTION)
     shape: list[WholeInt] = Field(
-        description="Shape; the leading batch dimension (1) may be omitted.",
+        description=(
+            "Shape, batch dimension n first (the request's items, 1 to the model's "
+            "max_batch_size); omitted, it is 1."
+        ),
         examples=[[1, 4]],
     )
 
 
 class InferRequest(BaseModel):
-    """Native inference request: one item for the scheduler."""
+    """Native inference request: n items (the inputs' batch dimension), kept whole."""
 
     model_config = ConfigDict(
         extra="forbid",
@@ -114,8 +117,9 @@ class InferRequest(BaseModel):
     model: str = Field(description="Model name.", json_schema_extra=MODEL_NAME_SCHEMA)
     inputs: dict[str, list[Any] | TensorData] = Field(
         description=(
-            "Input tensors by name: a nested array (the leading batch dimension of 1 may be "
-            "omitted; it is added) or {data, shape}. Every model input must be given."
+            "Input tensors by name: a nested array (batch dimension n first, 1 to the "
+            "model's max_batch_size, the same for every input; omitted, it is 1) or "
+            "{data, shape}. Every model input must be given."
         )
     )
     slo_ms: SloMs | None = None
@@ -123,7 +127,7 @@ class InferRequest(BaseModel):
 
 
 class OutputTensor(BaseModel):
-    shape: list[int] = Field(description="Shape, batch dimension (1) first.")
+    shape: list[int] = Field(description="Shape, batch dimension n (the request's) first.")
     datatype: str = Field(description="KServe v2 datatype name.")
     data: list[Any] = Field(description="Elements nested to the tensor's rank.")
 
@@ -223,7 +227,12 @@ class V2InputParameters(BaseModel):
 
 class V2RequestInput(BaseModel):
     name: str
-    shape: list[WholeInt] = Field(description="Shape, batch dimension first; it must be 1.")
+    shape: list[WholeInt] = Field(
+        description=(
+            "Shape, batch dimension n first: the request's items, 1 to the model's "
+            "max_batch_size, the same for every input."
+        )
+    )
     datatype: str = Field(description=DATATYPE_DESCRIPTION)
     parameters: V2InputParameters | None = None
     data: list[Any] | None = Field(

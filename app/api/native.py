@@ -2,7 +2,9 @@
 
 A request names the model, gives its inputs by name (a nested list, or
 `{data, shape}`), and may set `slo_ms` and `id`; the answer gives each output's
-shape, datatype and data, and the request's timing.
+shape, datatype and data, and the request's timing. An input's batch
+dimension n (1 ≤ n ≤ the model's max_batch_size; omitted: 1) is the
+request's items, and the outputs have batch dimension n.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from app.api.errors import PayloadTooLarge
 from app.api.openapi import ERROR_RESPONSES, json_body
 from app.api.received import received_at
 from app.api.tensors import (
+    batch_items,
     check_input_names,
     check_shape,
     datatype_name,
@@ -45,11 +48,19 @@ async def infer(ctx: ApiContext, request: Request) -> Response:
         spec = specs[name]
         if isinstance(value, m.TensorData):
             shape = check_shape(
-                name, spec, value.shape, batch_optional=True, max_elements=limit.bytes
+                name,
+                spec,
+                value.shape,
+                batch_optional=True,
+                max_elements=limit.bytes,
+                max_batch=config.max_batch_size,
             )
             inputs[name] = decode_json_tensor(name, spec, value.data, shape)
         else:
-            inputs[name] = decode_json_tensor(name, spec, value, None)
+            inputs[name] = decode_json_tensor(
+                name, spec, value, None, max_batch=config.max_batch_size
+            )
+    batch_items(inputs)
     slo_ms = resolve_slo(config, req.slo_ms)
     result = await service.infer(
         req.model,

@@ -1,8 +1,10 @@
 """Tensor decoding, validation and encoding for the HTTP API.
 
 Every check raises `InvalidInput` (HTTP 400) with a message that names the
-tensor and says what was expected. A request is one item for the scheduler, so
-each input's batch dimension must be 1.
+tensor and says what was expected. A request's batch dimension n is its item
+count: 1 ≤ n ≤ the model's max_batch_size, the same n for every input. The
+scheduler counts the n items toward its batch size and keeps the request
+whole; the answer's outputs have batch dimension n.
 
 Binary tensor data (KServe's binary extension) is little-endian, row-major;
 BOOL is one byte per element (0 or 1).
@@ -40,20 +42,23 @@ def datatype_name(dtype: np.dtype) -> str:
     return name
 
 
-def _fmt_shape(shape: Sequence[int]) -> str:
+def _fmt_shape(shape: Sequence[int | str]) -> str:
     return "[" + ", ".join(str(d) for d in shape) + "]"
 
 
 def expected_shape(spec: TensorSpec) -> list[int]:
-    """The shape one request must have: batch dimension 1, -1 for any size."""
+    """The shape of a one-item request: batch dimension 1, -1 for any size."""
     return [1, *spec.item_shape] if spec.shape else []
 
 
-def _expected_text(spec: TensorSpec) -> str:
+def _expected_text(spec: TensorSpec, max_batch: int = 1) -> str:
     exp = expected_shape(spec)
     text = _fmt_shape(exp)
     if any(d < 0 for d in exp):
         text += " (-1: any size)"
+    if max_batch > 1 and exp:
+        items = _fmt_shape(["n", *spec.item_shape])  # type: ignore[list-item]
+        text += f" (or n items: {items}, n ≤ max_batch_size {max_batch})"
     return text
 
 
@@ -64,13 +69,15 @@ def check_shape(
     *,
     batch_optional: bool = False,
     max_elements: int | None = None,
+    max_batch: int = 1,
 ) -> tuple[int, ...]:
     """Validate a request tensor's shape; returns it with the batch dimension.
 
     With `batch_optional`, a shape without the batch dimension gets one of 1.
-    The model config fixes every dimension but the batch one (which must be
-    1); a variable dimension (-1) is bounded by `max_elements` elements, so
-    no shape can make the server allocate more than the body could carry.
+    The model config fixes every dimension but the batch one (the request's
+    items: 1 to `max_batch`, the model's max_batch_size); a variable
+    dimension (-1) is bounded by `max_elements` elements, so no shape can
+    make the server allocate more than the body could carry.
     """
     shape = tuple(shape)
     if any(isinstance(d, bool) or not isinstance(d, int) or d < 0 for d in shape):
@@ -82,19 +89,19 @@ def check_shape(
         shape = (1, *shape)
     if len(shape) != rank:
         raise InvalidInput(
-            f"input '{name}': expected shape {_expected_text(spec)} "
+            f"input '{name}': expected shape {_expected_text(spec, max_batch)} "
             f"({rank} dimensions, batch dimension first), got {_fmt_shape(shape)}"
         )
-    if rank and shape[0] != 1:
+    if rank and not 1 <= shape[0] <= max_batch:
         raise InvalidInput(
-            f"input '{name}': the batch dimension must be 1, got {shape[0]} "
-            f"(shape {_fmt_shape(shape)}): a request is one item; send one request per "
-            "item and the server batches them"
+            f"input '{name}': the batch dimension must be between 1 and the model's "
+            f"max_batch_size ({max_batch}), got {shape[0]} (shape {_fmt_shape(shape)})"
         )
     for got, want in zip(shape[1:], spec.item_shape, strict=True):
         if want >= 0 and got != want:
             raise InvalidInput(
-                f"input '{name}': expected shape {_expected_text(spec)}, got {_fmt_shape(shape)}"
+                f"input '{name}': expected shape {_expected_text(spec, max_batch)}, "
+                f"got {_fmt_shape(shape)}"
             )
     if max_elements is not None:
         count = math.prod(shape)
@@ -179,17 +186,22 @@ def _element_text(spec: TensorSpec) -> str:
 
 
 def decode_json_tensor(
-    name: str, spec: TensorSpec, data: list[Any], shape: Sequence[int] | None
+    name: str,
+    spec: TensorSpec,
+    data: list[Any],
+    shape: Sequence[int] | None,
+    max_batch: int = 1,
 ) -> np.ndarray:
     """A tensor from JSON elements.
 
     `shape` None (native nested lists): the shape is the nesting's, and the
-    batch dimension may be omitted. Otherwise (v2, or native {data, shape}) the
-    elements are flat or nested, and their count must equal the shape's.
+    batch dimension may be omitted (then it is 1; at most `max_batch`).
+    Otherwise (v2, or native {data, shape}) the elements are flat or nested,
+    and their count must equal the shape's.
     """
     arr = _as_numeric_array(name, spec, data)
     if shape is None:
-        full = check_shape(name, spec, arr.shape, batch_optional=True)
+        full = check_shape(name, spec, arr.shape, batch_optional=True, max_batch=max_batch)
         return arr.reshape(full)
     full = tuple(shape)
     count = math.prod(full)
@@ -217,6 +229,17 @@ def decode_binary_tensor(
     if arr.dtype != spec.dtype:  # big-endian host
         arr = arr.astype(spec.dtype)
     return arr.reshape(shape)
+
+
+def batch_items(inputs: Mapping[str, np.ndarray]) -> int:
+    """The request's items: the batch dimension every input shares (shapes
+    already checked one by one); a 400 naming the inputs when they differ."""
+    sizes = {name: int(arr.shape[0]) if arr.ndim else 1 for name, arr in inputs.items()}
+    distinct = set(sizes.values())
+    if len(distinct) > 1:
+        listed = ", ".join(f"'{n}': {b}" for n, b in sizes.items())
+        raise InvalidInput(f"the inputs disagree on the batch dimension ({listed}): give one n")
+    return distinct.pop() if distinct else 1
 
 
 def check_input_names(config: ModelConfig, names: Sequence[str]) -> None:

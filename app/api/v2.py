@@ -7,10 +7,16 @@ inputs that set `parameters.binary_data_size`, in input order; a response
 carries the outputs asked for as binary (`binary_data`, `binary_data_output`)
 the same way. Every declared size is checked against the body before a tensor
 is built (truncated or lying sizes are malformed requests, 400).
+
+A request may carry n items (batch dimension n, 1 ≤ n ≤ max_batch_size, the
+same for every input); the answer's outputs have batch dimension n.
+`v2_call` turns a parsed request into the service's call — the HTTP route
+and any other front end of the v2 protocol share it.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -20,6 +26,7 @@ from app.api import models as m
 from app.api.bodies import TensorJSONResponse, dumps_json, is_uint, result_output
 from app.api.errors import MalformedRequest
 from app.api.tensors import (
+    batch_items,
     check_datatype,
     check_input_names,
     check_shape,
@@ -27,6 +34,7 @@ from app.api.tensors import (
     decode_binary_tensor,
     decode_json_tensor,
     output_bytes,
+    resolve_slo,
     spec_map,
 )
 from app.errors import InvalidInput
@@ -62,7 +70,7 @@ def decode_inputs(
     """The request's tensors, checked against the model; `header_length` is the
     Inference-Header-Content-Length (None: no header, the body is all JSON).
     Every shape is checked (against the config and `max_elements`) before
-    its tensor is built."""
+    its tensor is built, and every input has the same batch dimension."""
     check_input_names(config, [i.name for i in req.inputs])
     specs = spec_map(config.inputs)
 
@@ -95,7 +103,9 @@ def decode_inputs(
     for inp in req.inputs:
         spec = specs[inp.name]
         check_datatype(inp.name, spec, inp.datatype)
-        shape = check_shape(inp.name, spec, inp.shape, max_elements=max_elements)
+        shape = check_shape(
+            inp.name, spec, inp.shape, max_elements=max_elements, max_batch=config.max_batch_size
+        )
         params = inp.parameters
         extra = (params.model_extra or {}) if params is not None else {}
         if "shared_memory_region" in extra:
@@ -116,7 +126,38 @@ def decode_inputs(
             raise InvalidInput(
                 f"input '{inp.name}' has no data: give data or parameters.binary_data_size"
             )
+    batch_items(inputs)
     return inputs
+
+
+@dataclass
+class V2Call:
+    """A v2 inference request, decoded: what to pass to `InferenceService.infer`
+    and how to answer (`build_response(config, req, result, outputs)`)."""
+
+    inputs: dict[str, np.ndarray]
+    items: int  # the batch dimension n of every input
+    slo_ms: float | None
+    request_id: str | None
+    outputs: list[tuple[str, bool]] | None  # requested_outputs
+
+
+def v2_call(
+    config: ModelConfig,
+    req: m.V2InferRequest,
+    binary: memoryview,
+    header_length: int | None,
+    max_elements: int,
+) -> V2Call:
+    """Decode and check `req` for `config` (the arguments as `decode_inputs`)."""
+    inputs = decode_inputs(config, req, binary, header_length, max_elements)
+    return V2Call(
+        inputs=inputs,
+        items=batch_items(inputs),
+        slo_ms=resolve_slo(config, req.parameters.slo_ms if req.parameters else None),
+        request_id=req.id,
+        outputs=requested_outputs(config, req),
+    )
 
 
 def requested_outputs(config: ModelConfig, req: m.V2InferRequest) -> list[tuple[str, bool]] | None:

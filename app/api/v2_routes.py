@@ -37,7 +37,6 @@ from app.api.openapi import (
 )
 from app.api.received import received_at
 from app.api.security import short_repr
-from app.api.tensors import resolve_slo
 from app.errors import ModelNotReady, ServingError
 
 EXTENSIONS = ["binary_tensor_data", "model_configuration"]
@@ -154,15 +153,17 @@ async def infer(ctx: ApiContext, name: str, version: str | None, request: Reques
         else f"JSON header (the first {len(header)} bytes, per {v2.HEADER_LENGTH})"
     )
     req = await parse_body(m.V2InferRequest, header, what)
-    inputs = v2.decode_inputs(
+    call = v2.v2_call(
         config, req, binary, None if header_value is None else len(header), limit.bytes
     )
-    chosen = v2.requested_outputs(config, req)
-    slo_ms = resolve_slo(config, req.parameters.slo_ms if req.parameters else None)
     result = await service.infer(
-        name, inputs, slo_ms=slo_ms, request_id=req.id, received_at=received_at(request.scope)
+        name,
+        call.inputs,
+        slo_ms=call.slo_ms,
+        request_id=call.request_id,
+        received_at=received_at(request.scope),
     )
-    return v2.build_response(config, req, result, chosen)
+    return v2.build_response(config, req, result, call.outputs)
 
 
 async def repository_index(ctx: ApiContext, request: Request) -> list[m.RepositoryModel]:

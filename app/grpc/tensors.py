@@ -30,6 +30,7 @@ from tritonclient.grpc import service_pb2 as pb
 
 from app.api.bodies import result_output
 from app.api.tensors import (
+    batch_items,
     check_datatype,
     check_input_names,
     check_shape,
@@ -81,7 +82,13 @@ def decode_inputs(
         name = tensor.name
         spec = specs[name]
         check_datatype(name, spec, tensor.datatype)
-        shape = check_shape(name, spec, list(tensor.shape), max_elements=max_elements)
+        shape = check_shape(
+            name,
+            spec,
+            list(tensor.shape),
+            max_elements=max_elements,
+            max_batch=config.max_batch_size,
+        )
         _check_input_parameters(name, tensor.parameters)
         if raw:
             if tensor.HasField("contents"):
@@ -91,6 +98,7 @@ def decode_inputs(
             inputs[name] = _decode_raw(name, spec, raw[index], index, shape)
         else:
             inputs[name] = _decode_typed(name, spec, tensor.contents, shape)
+    batch_items(inputs)  # one batch dimension for every input, named where they differ
     return inputs
 
 

@@ -1,8 +1,8 @@
 """Shared-memory arenas: where request tensors live between HTTP and executor.
 
 One `multiprocessing.shared_memory` segment per model, cut into `capacity`
-slots of equal size. A slot holds one request's inputs (batch dimension 1)
-followed by its outputs, each tensor at a fixed, 64-byte aligned offset
+slots of equal size. A slot holds one item's inputs (one row of the batch
+dimension) followed by its outputs, each tensor at a fixed, 64-byte aligned offset
 computed from the model's TensorSpecs::
 
     slot k: [in_0 | in_1 | ... | out_0 | out_1 | ...]   (slot_nbytes, aligned)
@@ -13,6 +13,14 @@ over the whole segment. The executor gathers a batch with one fancy-indexing
 copy of that view (`view[slots]`) and scatters outputs with one assignment;
 the parent writes a request's inputs with one copy and reads its outputs with
 one copy. Tensor bytes never go through pickle.
+
+A request of n items takes n slots (`acquire_rows`), any n free ones: the
+executor's gather takes a list of slots anyway, so they need not be
+consecutive and the arena never fragments. The memory stays what
+`capacity` (ARENA_SLOTS) items need, whatever the mix of request sizes:
+`capacity` bounds the items in flight per model, not the requests. Sizing
+slots per request instead would reserve max_batch_size rows for every
+request, most of them one item.
 
 Ownership: the parent creates the segment (`Arena.create`) and is the only
 side that unlinks it (`close_and_unlink`, also run by a finalizer at exit and
@@ -203,6 +211,63 @@ class Arena:
             raise ValueError(f"arena {self.model!r}: slot {slot} is not in use")
         self._in_use.remove(slot)
         self._free.append(slot)
+
+    def acquire_rows(self, n: int) -> list[int] | None:
+        """`n` free slots for a request of `n` items (any n, not necessarily
+        consecutive), or None when fewer than `n` are free."""
+        if n < 1:
+            raise ValueError(f"a request takes at least one slot, got {n}")
+        if len(self._free) < n:
+            return None
+        taken = [self._free.pop() for _ in range(n)]
+        self._in_use.update(taken)
+        return taken
+
+    def release_rows(self, slots: list[int]) -> None:
+        for slot in slots:
+            self.release(slot)
+
+    def write_rows(self, slots: list[int], inputs: Mapping[str, np.ndarray]) -> None:
+        """Copy a request's inputs, shape (len(slots), *item_shape), row i
+        into `slots[i]`."""
+        for slot in slots:
+            self._check_slot(slot)
+        views = self._views["inputs"]
+        missing = [n for n in views if n not in inputs]
+        if missing:
+            raise InvalidInput(f"model {self.model!r}: missing input tensor(s) {missing}")
+        extra = [n for n in inputs if n not in views]
+        if extra:
+            raise InvalidInput(
+                f"model {self.model!r}: unexpected input tensor(s) {extra}; expected {list(views)}"
+            )
+        rows = len(slots)
+        for name, view in views.items():
+            array = np.asarray(inputs[name])
+            expected = (rows, *view.shape[1:])
+            if array.dtype != view.dtype:
+                raise InvalidInput(
+                    f"model {self.model!r} input {name!r}: dtype {array.dtype} "
+                    f"but the model expects {view.dtype}"
+                )
+            if array.shape != expected:
+                raise InvalidInput(
+                    f"model {self.model!r} input {name!r}: shape {list(array.shape)} "
+                    f"but the model expects {list(expected)}"
+                )
+            if rows == 1:
+                np.copyto(view[slots[0]], array[0])
+            else:
+                view[np.asarray(slots, dtype=np.intp)] = array
+
+    def read_rows(self, slots: list[int]) -> dict[str, np.ndarray]:
+        """A request's outputs, shape (len(slots), *item_shape): copies."""
+        for slot in slots:
+            self._check_slot(slot)
+        if len(slots) == 1:
+            return self.read_outputs(slots[0])
+        index = np.asarray(slots, dtype=np.intp)
+        return {name: view[index] for name, view in self._views["outputs"].items()}
 
     @property
     def free_slots(self) -> int:

@@ -58,6 +58,7 @@ from typing import Any, ClassVar
 
 from app.scheduling.autoscale import AutoscaleMonitor
 from app.scheduling.model import ModelInfo
+from app.scheduling.queue import DeadlineQueue
 from app.scheduling.rate import RateMeter
 from app.scheduling.timers import Timers, first_instant_after
 from app.scheduling.types import (
@@ -164,8 +165,11 @@ class Scheduler:
         model = self.models.get(request.model)
         if model is None:
             self._drop([request], DropReason.NOT_SERVED)
+        elif request.items > model.max_batch:
+            # Never split: a request larger than any batch can never run.
+            self._drop([request], DropReason.OVERLOADED)
         else:
-            self.rates[request.model].record(now)
+            self.rates[request.model].record(now, request.items)
             self._on_arrival(request, model, now)
         if self.timers.due(now, self.timer_lead):
             self._fire_timers(now)
@@ -179,7 +183,7 @@ class Scheduler:
         if batch is not None and batch.device == device:
             self._forget(batch, now)
             good = sum(1 for r in batch.requests if r.deadline >= now)
-            self.monitor.batch_ended(device, batch.start_at, now, good, batch.size - good)
+            self.monitor.batch_ended(device, batch.start_at, now, good, len(batch.requests) - good)
             self._out.append(Complete(batch, batch.requests))
             self._on_batch_finished(batch, now)
         else:
@@ -329,21 +333,40 @@ class Scheduler:
             return exec_s / self.devices[device].speed
         return exec_s
 
-    def alone_cost(self, model: ModelInfo, device: int | None = None) -> float:
-        """How long a request of `model` takes alone, from now to its end:
-        delay(1) + ℓ(1) on `device` (by default the fastest device)."""
+    def alone_cost(self, model: ModelInfo, device: int | None = None, items: int = 1) -> float:
+        """How long a request of `model` with `items` items takes alone, from
+        now to its end: delay(items) + ℓ(items) on `device` (by default the
+        fastest device)."""
         if device is None:
-            return self._alone[model.name]
-        return self.delay(1) + self.latency(model, 1, device)
+            if items == 1:
+                return self._alone[model.name]
+            device = self._fastest
+        return self.delay(items) + self.latency(model, items, device)
 
     def can_finish_alone(self, request: Request, now: float, device: int | None = None) -> bool:
         """Whether `request`, started alone now, would finish by its due time."""
-        return now + self.alone_cost(self.models[request.model], device) <= request.due
+        model = self.models[request.model]
+        return now + self.alone_cost(model, device, request.items) <= request.due
 
-    def hopeless_at(self, due: float, model: ModelInfo, device: int | None = None) -> float:
-        """The first instant at which a request due at `due` can no longer
-        finish alone: when its drop timer fires."""
-        return first_instant_after(due, self.alone_cost(model, device))
+    def hopeless_at(
+        self, due: float, model: ModelInfo, device: int | None = None, items: int = 1
+    ) -> float:
+        """The first instant at which a request of `items` items due at `due`
+        can no longer finish alone: when its drop timer fires."""
+        return first_instant_after(due, self.alone_cost(model, device, items))
+
+    def pop_hopeless(
+        self, queue: DeadlineQueue, model: ModelInfo, now: float, device: int | None = None
+    ) -> list[Request]:
+        """Remove from `queue` the requests that cannot finish alone from `now`."""
+        return queue.pop_hopeless(now, lambda items: self.alone_cost(model, device, items))
+
+    def queue_hopeless_at(
+        self, queue: DeadlineQueue, model: ModelInfo, device: int | None = None
+    ) -> float | None:
+        """When the first request of `queue` can no longer finish alone (its
+        drop timer), None for an empty queue."""
+        return queue.first_hopeless(lambda due, items: self.hopeless_at(due, model, device, items))
 
     def batches_on(self, device: int) -> list[Batch]:
         """Batches in flight on `device`, in the order it runs them."""
@@ -382,7 +405,7 @@ class Scheduler:
             device=device,
             requests=requests,
             start_at=start_at,
-            finish_at=start_at + self.latency(model, len(requests), device),
+            finish_at=start_at + self.latency(model, sum(r.items for r in requests), device),
             release_at=start_at - self.timer_lead,
         )
         self._next_batch_id += 1

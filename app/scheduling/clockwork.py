@@ -51,6 +51,11 @@ Simplified or left out, on purpose:
   Shepherd's evaluation setup (§7, models stay resident).
 * Clockwork supports only power-of-two batch sizes (TVM); Symphony's
   evaluation added arbitrary sizes (§5, setup), and so do we.
+* Requests with several items (`Request.items`): rule 1 takes a request's
+  own items (delay(n) + ℓ(n)); rule 4 sizes the batch in items (at most
+  ``max_batch`` items) and fills it in deadline order with the requests
+  that fit whole, skipping (never splitting) one that does not fit the
+  items left; the head always fits, or the device is passed over.
 * Heterogeneous devices: rule 1 uses the fastest device; a head that fits
   only on a faster, busy device waits for it (another model may use the
   idle slower one meanwhile).
@@ -107,11 +112,13 @@ class ClockworkScheduler(ReplanningScheduler):
                 queue = self.queues[name]
                 deadline = queue.deadline_at(0)
                 for device in idle:
-                    k = self._batch_size(model, len(queue), deadline, device, now)
+                    head = queue.head().items
+                    k = self._batch_size(model, head, queue.items, deadline, device, now)
                     if k == 0:
                         continue  # only a faster device can still serve the head
-                    requests = queue.pop_front(k)
-                    self._dispatch(model, requests, device, now + self.delay(k))
+                    requests = queue.pop_positions(queue.select(k))
+                    items = sum(r.items for r in requests)
+                    self._dispatch(model, requests, device, now + self.delay(items))
                     idle.remove(device)
                     dispatched = True
                     break
@@ -134,14 +141,17 @@ class ClockworkScheduler(ReplanningScheduler):
         return [name for _, _, name in heads]
 
     def _batch_size(
-        self, model: ModelInfo, queued: int, deadline: float, device: int, now: float
+        self, model: ModelInfo, head: int, queued: int, deadline: float, device: int, now: float
     ) -> int:
-        """Largest k ≤ min(queued, max_batch) with now + delay(k) + ℓ(k) ≤ deadline.
+        """Largest k ≤ min(queued, max_batch) items with now + delay(k) + ℓ(k)
+        ≤ deadline; 0 when not even the head's `head` items fit.
 
         Both delay and ℓ are non-decreasing in k, so feasibility is monotone
         and a bisection finds the boundary.
         """
-        lo, hi = 0, min(queued, model.max_batch)  # invariant: lo feasible (0 trivially)
+        if now + self.delay(head) + self.latency(model, head, device) > deadline:
+            return 0
+        lo, hi = head, min(queued, model.max_batch)  # invariant: lo feasible
         while lo < hi:
             mid = (lo + hi + 1) // 2
             if now + self.delay(mid) + self.latency(model, mid, device) <= deadline:
@@ -152,15 +162,15 @@ class ClockworkScheduler(ReplanningScheduler):
 
     def _drop_hopeless(self, name: str, now: float) -> None:
         # deadline < now + cost  ⇔  now + cost > deadline (rule 1).
-        cutoff = now + self.alone_cost(self.models[name])
-        hopeless = self.queues[name].pop_expired(cutoff)
+        hopeless = self.pop_hopeless(self.queues[name], self.models[name], now)
         if hopeless:
             self._drop(hopeless, DropReason.DEADLINE)
 
     def _set_drop_timer(self, name: str) -> None:
         key = ("drop", name)
         queue = self.queues[name]
-        if not queue or queue.deadline_at(0) == float("inf"):
+        at = self.queue_hopeless_at(queue, self.models[name])
+        if at is None or at == float("inf"):
             self.timers.cancel(key)
             return
-        self.timers.reset(key, self.hopeless_at(queue.deadline_at(0), self.models[name]))
+        self.timers.reset(key, at)

@@ -46,6 +46,12 @@ Deviations, each for a reason:
   their outputs.
 * The new batch of a preempted device starts `preemption_delay_ms` after
   the decision (the expected stop delay; 0 by default).
+* Requests with several items (`Request.items`): sizes — |B|, the cap,
+  the λ test — count items. BATCHGEN's scan adds whole requests (one that
+  would pass the cap is skipped, never split) and stops at the first that
+  cannot make it; the members are then filled in ascending deadline order
+  with the requests that fit whole in the size found. Line 4 and the drop
+  timers test each request with its own items (delay(n) + ℓ(n)).
 * Drop timers answer the hopeless promptly, not only when a device next
   looks at the queue.
 """
@@ -157,9 +163,10 @@ class FlexScheduler(Scheduler):
             if not self.preemption:
                 continue
             # Cheap bound first: the new batch cannot exceed the queue (plus
-            # the running batch's own requests, lines 6–7).
-            size = len(running.requests)
-            most = queued + size if running.model == changed else queued
+            # the running batch's own requests, lines 6–7), in items.
+            size = running.size
+            items = queue.items
+            most = items + size if running.model == changed else items
             if min(cap, most) < threshold * size:
                 continue
             if self._should_preempt(device, running, changed, now):
@@ -179,7 +186,7 @@ class FlexScheduler(Scheduler):
         extra = [r for r in self.held_on(device) if r.model == name] if self.stopping else []
         if running.model == name:
             extra += running.requests
-        if size >= need or size + len(extra) < need:
+        if size >= need or size + sum(r.items for r in extra) < need:
             return size >= need
         with _joined(queue, extra) as joined:
             size = self._batchgen(joined, name, start, device)[1]
@@ -190,41 +197,44 @@ class FlexScheduler(Scheduler):
         start = now if start is None else start
         self._drop_infeasible(start)
         held = self.held_on(device) if self.stopping else []
-        # (size, first, model, the held requests of that model)
-        best: tuple[int, int, str, list[Request]] | None = None
+        # (size in items, positions, model, the held requests of that model)
+        best: tuple[int, list[int], str, list[Request]] | None = None
         for name, queue in self.queues.items():
             extra = [r for r in held if r.model == name] if held else []
             if extra:
                 with _joined(queue, extra) as joined:
-                    first, size = self._batchgen(joined, name, start, device)
+                    positions, size = self._batchgen(joined, name, start, device)
             elif queue:
-                first, size = self._batchgen(queue, name, start, device)
+                positions, size = self._batchgen(queue, name, start, device)
             else:
                 continue
             if size and (best is None or size > best[0]):
-                best = (size, first, name, extra)
+                best = (size, positions, name, extra)
         if best is None:
             return
-        size, first, name, extra = best
+        size, positions, name, extra = best
         with _joined(self.queues[name], extra) as queue:
-            requests = queue.pop_range(first, first + size)
+            requests = queue.pop_positions(positions)
         if extra:
             self.take_held(requests)
         self._dispatch(self.models[name], requests, device, start)
 
     def _batchgen(
         self, queue: DeadlineQueue, name: str, start: float, device: int
-    ) -> tuple[int, int]:
-        """Algorithm 2 lines 8–13 for one model: (first index, size) of its
-        largest feasible batch started at `start` on `device`."""
+    ) -> tuple[list[int], int]:
+        """Algorithm 2 lines 8–13 for one model: (queue positions, size in
+        items) of its largest feasible batch started at `start` on `device`."""
         n = len(queue)
         if not n:
-            return 0, 0
+            return [], 0
         table = self.models[name].profile.latency_by_size
         speed = self.devices[device].speed
         d_ctrl, d_data = self.d_ctrl, self.d_data
+        cap = self._cap[name]
+        if not queue.uniform:
+            return self._batchgen_items(queue, table, speed, cap, start)
         # Size: the largest k with start + delay(k) + ℓ(k) ≤ D[n − k].
-        lo, hi = 0, min(n, self._cap[name])  # invariant: lo feasible (0 trivially)
+        lo, hi = 0, min(n, cap)  # invariant: lo feasible (0 trivially)
         while lo < hi:
             mid = (lo + hi + 1) // 2
             if start + (d_ctrl + d_data * mid + table[mid] / speed) <= queue.deadline_at(n - mid):
@@ -232,16 +242,50 @@ class FlexScheduler(Scheduler):
             else:
                 hi = mid - 1
         if lo == 0:
-            return 0, 0
+            return [], 0
         # Members: ascending deadlines from the first that meets its deadline.
         end = start + (d_ctrl + d_data * lo + table[lo] / speed)
-        return min(queue.count_before(end), n - lo), lo
+        first = min(queue.count_before(end), n - lo)
+        return list(range(first, first + lo)), lo
+
+    def _batchgen_items(
+        self,
+        queue: DeadlineQueue,
+        table: tuple[float, ...],
+        speed: float,
+        cap: int,
+        start: float,
+    ) -> tuple[list[int], int]:
+        """`_batchgen` when some queued request has several items: the scan
+        by descending deadline adds whole requests (skipping one that would
+        take the batch past `cap` items); the size is the largest item count
+        k it reaches with start + delay(k) + ℓ(k) ≤ the earliest deadline
+        taken."""
+        d_ctrl, d_data = self.d_ctrl, self.d_data
+        size = 0
+        total = 0
+        requests = list(queue)
+        for index in range(len(requests) - 1, -1, -1):
+            items = requests[index].items
+            if total + items > cap:
+                continue
+            total += items
+            end = start + (d_ctrl + d_data * total + table[total] / speed)
+            if end <= queue.deadline_at(index):
+                size = total
+            else:
+                break  # the left side only rises and the right side only falls from here
+        if not size:
+            return [], 0
+        end = start + (d_ctrl + d_data * size + table[size] / speed)
+        positions = queue.select(size, queue.count_before(end))
+        return positions, queue.items_of(positions)
 
     def _drop_infeasible(self, now: float) -> None:
         """Algorithm 2 line 4: requests that cannot finish even alone."""
         for name, queue in self.queues.items():
             if queue:
-                expired = queue.pop_expired(now + self.alone_cost(self.models[name]))
+                expired = self.pop_hopeless(queue, self.models[name], now)
                 if expired:
                     self._drop(expired, DropReason.DEADLINE)
 
@@ -249,7 +293,8 @@ class FlexScheduler(Scheduler):
         earliest: float | None = None
         for name, queue in self.queues.items():
             if queue:
-                at = self.hopeless_at(queue.head_deadline(), self.models[name])
+                at = self.queue_hopeless_at(queue, self.models[name])
+                assert at is not None
                 if earliest is None or at < earliest:
                     earliest = at
         if earliest is None:

@@ -13,7 +13,8 @@ class ModelInfo:
     profile: LatencyProfile
     slo: float  # seconds, arrival → answer
     max_batch: int
-    expected_rate: float | None = None  # requests/s, a planning hint (Nexus)
+    # items/s (requests/s when each request has one item), a planning hint (Nexus)
+    expected_rate: float | None = None
 
     def __post_init__(self) -> None:
         if self.slo <= 0:

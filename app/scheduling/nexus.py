@@ -39,6 +39,13 @@ Rules:
 - **Re-plan**: requests queued on a device that no longer hosts their model
   are routed again under the new plan; batches running are left alone.
 
+Requests with several items (`Request.items`): the planner's batch sizes
+and rates are in items (the core's rate meters count items/s). A device's
+batch is the head plus the requests behind it that fit whole in the
+session's batch, in deadline order (one that does not fit is skipped,
+never split); a head larger than the session's batch runs alone. The
+sliding window and the drop timers test each request with its own items.
+
 Simplified relative to Nexus: no model loading time when the plan moves a
 model (emulated devices); the planner assumes identical devices (the slowest
 device's speed is used, so the SLO bound holds everywhere); per-device
@@ -212,8 +219,7 @@ class NexusScheduler(Scheduler):
         queue = self._dq[device].get(name)
         if not queue:
             return
-        cost = self.alone_cost(self.models[name], device)
-        self._drop(queue.pop_expired(now + cost), DropReason.DEADLINE)
+        self._drop(self.pop_hopeless(queue, self.models[name], now, device), DropReason.DEADLINE)
         self._arm(device, name)
 
     # -------------------------------------------------------------- internals
@@ -288,7 +294,9 @@ class NexusScheduler(Scheduler):
         if not queue:
             self.timers.cancel(key)
             return
-        self.timers.reset(key, self.hopeless_at(queue.deadline_at(0), self.models[name], device))
+        at = self.queue_hopeless_at(queue, self.models[name], device)
+        if at is not None:
+            self.timers.reset(key, at)
 
     def _serve(self, device: int, now: float) -> None:
         """Work-conserving round-robin: run the next session that has requests."""
@@ -308,7 +316,8 @@ class NexusScheduler(Scheduler):
             # Sliding window: the head must finish in a batch of min(len, b).
             lost = []
             while queue:
-                size = min(len(queue), session.batch)
+                positions = queue.batch(session.batch)
+                size = queue.items_of(positions)
                 finish = now + self.delay(size) + self.latency(model, size, device)
                 if queue.deadline_at(0) >= finish:
                     break
@@ -317,8 +326,7 @@ class NexusScheduler(Scheduler):
             if not queue:
                 self._arm(device, session.model)
                 continue
-            size = min(len(queue), session.batch)
-            self._dispatch(model, queue.pop_front(size), device, now + self.delay(size))
+            self._dispatch(model, queue.pop_positions(positions), device, now + self.delay(size))
             self._rr[device] = (index + 1) % count
             self._arm(device, session.model)
             return

@@ -49,6 +49,10 @@ Beyond Nexus (documented choices):
 
 Deterministic: models are handled in name order, ties broken by name and
 device index.
+
+Requests with several items: rates and batch sizes here are in items (the
+core's rate meters count items/s; a request of n items is n of them), which
+is requests/s when every request has one item.
 """
 
 from __future__ import annotations

@@ -46,6 +46,16 @@ Deviations from the pseudo-code, each for a reason:
   else ``max(earliest, frontrun_at)``.
 * After a drop timer fires, the new candidate is re-announced to the rank
   logic (App. C leaves it unannounced until the next arrival).
+* Requests with several items (`Request.items`): every size — ``bs``, the
+  full size, βλ (λ in items/s: the rate meters count items), the adaptive
+  rule's needed batch — counts items. A candidate is the head plus the
+  requests behind it that fit whole in its size, in deadline order (one
+  that does not fit is skipped, never split); a head larger than the full
+  size (only when ``max_batch`` or ``stagger_slack`` set it below the
+  model's SLO batch) runs alone. ``frontrun_at`` keeps ``ℓ(bs+1)``: the
+  smallest request that could still join has one item. Pruning tests the
+  head with its own items, so a head too large for its remaining time is
+  dropped, never split.
 * A freed device goes to the waiting candidate with the least slack (the
   earliest ``invalid_after``), not the earliest ``exec_at`` (App. C's
   RankThread; ``grant_by="exec_at"``). Candidates that wait for a device are
@@ -75,10 +85,12 @@ PRUNING_RULES = ("window", "prefix", "adaptive")
 
 @dataclass(slots=True)
 class Candidate:
-    bs: int
+    bs: int  # items
     exec_at: float
     invalid_after: float
     deadline: float  # the head's (`dl`)
+    # Queue positions of its requests; None: the first `bs` (one item each).
+    positions: list[int] | None = None
 
 
 class SymphonyScheduler(Scheduler):
@@ -237,10 +249,14 @@ class SymphonyScheduler(Scheduler):
         cap = self._cap[name]
         window = self._window
         n = len(queue)
+        uniform = queue.uniform
         if n:
             # Window: the head must finish in a batch of the target size.
             # Prefix: the head must finish alone; the batch then shrinks.
-            bs = (n if n < cap else cap) if window else 1
+            if uniform:
+                bs = (n if n < cap else cap) if window else 1
+            else:
+                bs = queue.items_of(queue.batch(cap)) if window else queue.head().items
             start = now + d_ctrl + d_data * bs
             if gpu_free_at > start:
                 start = gpu_free_at
@@ -252,11 +268,18 @@ class SymphonyScheduler(Scheduler):
             self.candidates[name] = None
             return
         dl = queue.head_deadline()
-        bs = n if n < cap else cap
+        positions = None
+        size = cap  # the most items the candidate takes
         if not window:
             start = max(now + d_ctrl + d_data, gpu_free_at)
             fit = model.profile.max_batch_within((dl - start) * speed)
-            bs = max(1, min(bs, fit))
+            if fit < size:
+                size = max(1, fit)
+        if queue.uniform:
+            bs = n if n < size else size
+        else:
+            positions = queue.batch(size)
+            bs = queue.items_of(positions)
         earliest = now + d_ctrl + d_data * bs
         if gpu_free_at > earliest:
             earliest = gpu_free_at
@@ -266,7 +289,7 @@ class SymphonyScheduler(Scheduler):
         else:
             frontrun_at = dl - table[bs + 1] / speed
             exec_at = frontrun_at if frontrun_at > earliest else earliest
-        self.candidates[name] = Candidate(bs, exec_at, invalid_after, dl)
+        self.candidates[name] = Candidate(bs, exec_at, invalid_after, dl, positions)
 
     def _prune(
         self,
@@ -286,8 +309,11 @@ class SymphonyScheduler(Scheduler):
         dropped: list[Request] = []
         limit = cap
         while queue:
-            n = len(queue)
-            bs = (n if n < cap else cap) if window else 1
+            if queue.uniform:
+                n = len(queue)
+                bs = (n if n < cap else cap) if window else 1
+            else:
+                bs = queue.items_of(queue.batch(cap)) if window else queue.head().items
             start = max(now + d_ctrl + d_data * bs, gpu_free_at)
             head_deadline = queue.head_deadline()
             if start + table[bs] / speed <= head_deadline:
@@ -297,7 +323,7 @@ class SymphonyScheduler(Scheduler):
                 # enough for the measured load; the rest waits for the next
                 # device instead of the head being dropped.
                 fit = model.profile.max_batch_within((head_deadline - start) * speed)
-                if fit >= needed:
+                if fit >= needed and fit >= queue.head().items:
                     limit = fit
                     break
             dropped.extend(queue.pop_front(1))
@@ -334,7 +360,11 @@ class SymphonyScheduler(Scheduler):
         if candidate is None:
             self.free_at[device] = max(now, gpu_free_at)
         else:
-            requests = self.queues[name].pop_front(candidate.bs)
+            queue = self.queues[name]
+            if candidate.positions is None:
+                requests = queue.pop_front(candidate.bs)
+            else:
+                requests = queue.pop_positions(candidate.positions)
             batch = self._dispatch(model, requests, device, candidate.exec_at)
             self.free_at[device] = batch.finish_at
             self._update_candidate(model, -_INF, 1.0, now)
@@ -424,4 +454,3 @@ class SymphonyScheduler(Scheduler):
             self.free_at[device] = _INF
             self._granted_device(name, device, free_at, now)
         self._set_device_timer()
-

@@ -56,6 +56,14 @@ knows each model's SLO would configure:
   or ``max_queue_size`` over the values above (a model config's
   ``dynamic_batching``: Triton's batcher settings are per model).
 
+Requests with several items (`Request.items`, Triton's batch dimension):
+batch sizes — ``max_batch``, preferred sizes — count items, as in Triton.
+Requests are taken in arrival order, whole: a batch is full when the next
+request would take it past ``max_batch``; a preferred size is formable when
+the front requests add up to it exactly; a single request larger than the
+batcher's ``max_batch`` (possible only when that option is below the
+model's own) is sent alone. ``max_queue_size`` counts requests.
+
 Not modelled: priority levels, ``timeout_action: DELAY``, per-request
 timeout overrides, ``preserve_ordering`` (responses are per request
 anyway), sequence batching, custom batching strategies, and Triton's
@@ -177,8 +185,9 @@ class TritonScheduler(ReplanningScheduler):
             wanted = max_batch.get(name) if isinstance(max_batch, Mapping) else max_batch
             self.config[name] = batcher_config(model, wanted, **{**shared, **own})  # type: ignore[arg-type]
 
-        # FIFO per model, ordered by (arrival, id).
+        # FIFO per model, ordered by (arrival, id), and the items it holds.
         self.fifo: dict[str, SortedList] = {name: SortedList() for name in self.models}
+        self._items: dict[str, int] = dict.fromkeys(self.models, 0)
 
     def queued(self) -> int:
         return sum(len(fifo) for fifo in self.fifo.values())
@@ -192,12 +201,14 @@ class TritonScheduler(ReplanningScheduler):
             self._drop([request], DropReason.OVERLOADED)
             return
         fifo.add((request.arrival, request.id, request))
+        self._items[model.name] += request.items
         self._schedule(now)
 
     def _requeue(self, requests: list[Request], now: float) -> None:
         # Already admitted once: no queue-size check, just back in line.
         for request in requests:
             self.fifo[request.model].add((request.arrival, request.id, request))
+            self._items[request.model] += request.items
         self._schedule(now)
 
     # ---------------------------------------------------------------- policy
@@ -227,24 +238,51 @@ class TritonScheduler(ReplanningScheduler):
             self._set_timers(name, now)
 
     def _ready_size(self, name: str, now: float) -> int:
-        """Size of the batch the dynamic batcher would send now; 0 = keep waiting."""
+        """How many requests (from the front) the dynamic batcher would send
+        now; 0 = keep waiting."""
         config = self.config[name]
         fifo = self.fifo[name]
         n = len(fifo)
-        if n >= config.max_batch:
-            return config.max_batch
-        for p in config.preferred:  # descending: the largest formable one
-            if p <= n:
-                return p
+        items = self._items[name]
+        if items == n:  # one item each: requests are items
+            if n >= config.max_batch:
+                return config.max_batch
+            for p in config.preferred:  # descending: the largest formable one
+                if p <= n:
+                    return p
+            if n and now >= fifo[0][0] + config.max_queue_delay:
+                return n
+            return 0
+        # Batch sizes of the front requests taken in order (whole requests,
+        # at most max_batch items; a single request above it goes alone).
+        sums: list[int] = []
+        total = 0
+        full = False
+        for _, _, request in fifo.islice(0, min(n, config.max_batch)):
+            if sums and total + request.items > config.max_batch:
+                full = True  # the next request would overflow max_batch
+                break
+            total += request.items
+            sums.append(total)
+            if total >= config.max_batch:
+                full = True
+                break
+        if full:
+            return len(sums)
+        for p in config.preferred:
+            if p in sums:
+                return sums.index(p) + 1
         if n and now >= fifo[0][0] + config.max_queue_delay:
-            return n
+            return len(sums)
         return 0
 
     def _dispatch_front(self, name: str, k: int, device: int, now: float) -> None:
         fifo = self.fifo[name]
         requests = [entry[2] for entry in fifo.islice(0, k)]
         del fifo[:k]
-        self._dispatch(self.models[name], requests, device, now + self.delay(k))
+        items = sum(r.items for r in requests)
+        self._items[name] -= items
+        self._dispatch(self.models[name], requests, device, now + self.delay(items))
 
     def _reject_timed_out(self, name: str, now: float) -> None:
         timeout = self.config[name].queue_timeout
@@ -259,6 +297,7 @@ class TritonScheduler(ReplanningScheduler):
             return
         expired = [entry[2] for entry in fifo.islice(0, n)]
         del fifo[:n]
+        self._items[name] -= sum(r.items for r in expired)
         self._drop(expired, DropReason.QUEUE_TIMEOUT)
 
     def _set_timers(self, name: str, now: float) -> None:

@@ -17,22 +17,29 @@ class Request:
     `deadline` is where its SLO ends: the answer is judged against it.
     `due` is the deadline the core plans with — `deadline` less the core's
     deadline margin, set by the core when the request is admitted (until
-    then equal to `deadline`)."""
+    then equal to `deadline`).
+
+    `items` is the request's batch dimension: how many rows it carries. The
+    core counts items wherever it sizes a batch (ℓ(b) is per item, batch
+    caps are in items) and never splits a request across batches."""
 
     id: int
     model: str
     arrival: float
     deadline: float
+    items: int = 1
     due: float = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         self.due = self.deadline
+        if self.items < 1:
+            raise ValueError(f"request {self.id}: items must be ≥ 1, got {self.items}")
 
 
 class DropReason(str, Enum):
     """Why a request was answered with an error instead of a result."""
 
-    DEADLINE = "deadline"  # cannot finish before its deadline any more
+    DEADLINE = "deadline"  # cannot finish before its deadline any more (never split)
     QUEUE_TIMEOUT = "queue_timeout"  # waited longer than the queue allows (Triton)
     PREEMPTED = "preempted"  # its batch was preempted and it can no longer make it
     OVERLOADED = "overloaded"  # refused at admission
@@ -59,7 +66,9 @@ class Batch:
 
     @property
     def size(self) -> int:
-        return len(self.requests)
+        """Items in the batch (the sum of its requests' items): what ℓ(b)
+        and every batch cap count. `len(batch.requests)` counts requests."""
+        return sum(r.items for r in self.requests)
 
 
 @dataclass(slots=True)

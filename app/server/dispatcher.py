@@ -74,7 +74,7 @@ class Pending:
     """A request accepted and not yet answered."""
 
     request: Request
-    slot: int
+    slots: list[int]  # its rows in the model's arena, one per item
     future: asyncio.Future
 
 
@@ -138,19 +138,26 @@ class Dispatcher:
     # ---------------------------------------------------------------- inputs
 
     def submit_request(
-        self, model: str, slot: int, slo_s: float, *, received_at: float | None = None
+        self,
+        model: str,
+        slots: int | Sequence[int],
+        slo_s: float,
+        *,
+        received_at: float | None = None,
     ) -> Pending:
-        """Hand a request (inputs already in `slot`) to its core; the caller
-        awaits `pending.future` for a `Finished` or an error. Its arrival, and
-        so its deadline, is `received_at` when given: the time its bytes
-        reached the server, before parsing (app/api/received.py)."""
+        """Hand a request (inputs already in its arena `slots`, one per item;
+        an int: one item) to its core; the caller awaits `pending.future`
+        for a `Finished` or an error. Its arrival, and so its deadline, is
+        `received_at` when given: the time its bytes reached the server,
+        before parsing (app/api/received.py)."""
         if self.closing:
             raise ShuttingDown("server is shutting down")
         group = self._by_model[model]
         now = self._clock()
         arrival = now if received_at is None else min(received_at, now)
-        request = Request(next(self._ids), model, arrival, arrival + slo_s)
-        pending = Pending(request, slot, asyncio.get_running_loop().create_future())
+        rows = [slots] if isinstance(slots, int) else list(slots)
+        request = Request(next(self._ids), model, arrival, arrival + slo_s, len(rows))
+        pending = Pending(request, rows, asyncio.get_running_loop().create_future())
         self.pending[request.id] = pending
         self._run(lambda: self._apply(group.scheduler.add_request(request, now)))
         return pending
@@ -230,7 +237,8 @@ class Dispatcher:
                 batch.device,
                 (batch.release_at - self._clock()) * 1000,
             )
-        slots = [self.pending[r.id].slot for r in batch.requests]
+        # The batch's rows: each request's items, in the batch's order.
+        slots = [s for r in batch.requests for s in self.pending[r.id].slots]
         try:
             self._executors.submit(batch.device, batch.id, batch.model, slots, batch.release_at)
         except Exception as exc:  # the executor cannot take it: the core hears it failed

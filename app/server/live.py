@@ -50,6 +50,25 @@ from app.server.service import InferResult
 from app.server.settings import Settings
 from app.server.startup import ModelState
 
+
+def request_items(config: ModelConfig, inputs: dict[str, np.ndarray]) -> int:
+    """A request's items: its inputs' batch dimension, one n for all of
+    them, 1 ≤ n ≤ the model's max_batch_size (the HTTP layer checks this
+    first, with the tensor's name; this guards every other caller)."""
+    sizes = {int(np.shape(a)[0]) if np.ndim(a) else 1 for a in inputs.values()}
+    if len(sizes) != 1:
+        raise InvalidInput(
+            f"model {config.name!r}: the inputs disagree on the batch dimension: {sorted(sizes)}"
+        )
+    (items,) = sizes
+    if not 1 <= items <= config.max_batch_size:
+        raise InvalidInput(
+            f"model {config.name!r}: the batch dimension must be between 1 and the model's "
+            f"max_batch_size ({config.max_batch_size}), got {items}"
+        )
+    return items
+
+
 log = logging.getLogger("app.server")
 
 # At shutdown every request is answered and its batches cancelled: an
@@ -309,18 +328,22 @@ class LiveService:
             raise Overloaded(
                 f"model {model!r}: queue full ({limit} requests waiting)", "queue_full"
             )
-        slot = state.arena.acquire()
-        if slot is None:
+        items = request_items(config, inputs)
+        slots = state.arena.acquire_rows(items)
+        if slots is None:
             self.metrics.request_dropped(model, "overloaded")
-            raise Overloaded(f"model {model!r}: {self.settings.arena_slots} requests in flight")
+            raise Overloaded(
+                f"model {model!r}: {self.settings.arena_slots} items in flight "
+                f"(ARENA_SLOTS; this request has {items})"
+            )
         self.metrics.request_received(model)
         self._outstanding[model] = outstanding + 1
         release = True
         try:
-            state.arena.write_inputs(slot, inputs)
+            state.arena.write_rows(slots, inputs)
             seen_at = time.monotonic()
             pending = self.dispatcher.submit_request(
-                model, slot, slo / 1000.0, received_at=received_at
+                model, slots, slo / 1000.0, received_at=received_at
             )
             try:
                 finished: Finished = await asyncio.shield(pending.future)
@@ -329,7 +352,7 @@ class LiveService:
                 # the slot, so free it only once the request is answered.
                 release = False
                 pending.future.add_done_callback(
-                    lambda future: self._abandoned(future, model, state, slot)
+                    lambda future: self._abandoned(future, model, state, slots)
                 )
                 raise
             except Dropped as exc:
@@ -341,7 +364,7 @@ class LiveService:
             if finished.error is not None:
                 self.metrics.request_dropped(model, "executor_failed")
                 raise ExecutorFailed(f"executor failed: {finished.error}")
-            outputs = state.arena.read_outputs(slot)
+            outputs = state.arena.read_rows(slots)
             now = time.monotonic()
             request = pending.request
             latency = now - request.arrival
@@ -362,20 +385,22 @@ class LiveService:
             )
         finally:
             if release:
-                self._settle(model, state, slot)
+                self._settle(model, state, slots)
 
-    def _abandoned(self, future: asyncio.Future, model: str, state: ModelState, slot: int) -> None:
+    def _abandoned(
+        self, future: asyncio.Future, model: str, state: ModelState, slots: list[int]
+    ) -> None:
         """A request whose caller went away is answered: no one awaits its
-        error (asyncio would log it as never retrieved); free its slot."""
+        error (asyncio would log it as never retrieved); free its slots."""
         if not future.cancelled():
             future.exception()
-        self._settle(model, state, slot)
+        self._settle(model, state, slots)
 
-    def _settle(self, model: str, state: ModelState, slot: int) -> None:
-        """A request is answered: its slot and its place in the queue are free."""
+    def _settle(self, model: str, state: ModelState, slots: list[int]) -> None:
+        """A request is answered: its slots and its place in the queue are free."""
         self._outstanding[model] -= 1
         self.metrics.request_answered(model)
-        state.arena.release(slot)
+        state.arena.release_rows(slots)
 
     # ---------------------------------------------------------------- events
 

@@ -14,10 +14,10 @@ from app.repository.config import ModelConfig
 class InferResult:
     model: str
     request_id: str | None
-    outputs: dict[str, np.ndarray]  # each with the batch dimension (1, ...)
+    outputs: dict[str, np.ndarray]  # each with the request's batch dimension (n, ...)
     queue_ms: float  # arrival → batch start
     exec_ms: float  # batch execution
-    batch_size: int  # size of the batch it ran in
+    batch_size: int  # size of the batch it ran in, in items
     device: str
     intake_ms: float = 0.0  # arrival → the scheduler saw it (parsing, event loop)
     answer_ms: float = 0.0  # batch end → answer ready (report, outputs read)
@@ -59,7 +59,8 @@ class InferenceService(Protocol):
         received_at: float | None = None,
     ) -> InferResult:
         """`inputs` are validated against the model config by the HTTP layer
-        (names, datatypes, shapes with a batch dimension of 1). `received_at`:
+        (names, datatypes, shapes with one batch dimension n, 1 ≤ n ≤
+        max_batch_size: the request's items, answered with outputs [n, …]). `received_at`:
         the monotonic time the request reached the server (its SLO starts
         there; app/api/received.py); None means now."""
         ...

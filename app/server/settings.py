@@ -180,8 +180,8 @@ class Settings:
         metadata=_setting(
             "ARENA_SLOTS",
             Integer(1),
-            "shared-memory slots per model: a hard cap on requests in flight "
-            "(429 `overloaded` above)",
+            "shared-memory slots per model, one per item: a hard cap on items in flight "
+            "(429 `overloaded` above; at least the model's max_batch_size)",
         ),
     )
     max_queue: int = field(

@@ -100,8 +100,10 @@ async def start_executors(
 ) -> tuple[ExecutorPool, dict[str, ModelState], dict[str, str]]:
     """The running executor pool, the models some device loaded, and why
     the others are unavailable."""
+    # One slot per item; at least one whole request of max_batch_size items.
     arenas = {
-        name: Arena.create(config, settings.arena_slots) for name, config in index.models.items()
+        name: Arena.create(config, max(settings.arena_slots, config.max_batch_size))
+        for name, config in index.models.items()
     }
     pool = ExecutorPool(
         devices,

@@ -73,12 +73,13 @@ class Trace:
     status: np.ndarray  # PENDING / GOOD / LATE / DROPPED
     finish: np.ndarray  # answer time (completion or drop); nan while pending
     start: np.ndarray  # start of the batch the request finished in; nan if none
-    batch_size: np.ndarray  # size of that batch; 0 if none
+    batch_size: np.ndarray  # size of that batch in items; 0 if none
     drop_reason: np.ndarray  # index into DROP_REASONS, −1 if not dropped
     device_busy: np.ndarray  # seconds each device spent executing
     batches: int  # batches completed
     preemptions: int
     end_time: float  # virtual time when the last event was handled
+    items: np.ndarray | None = None  # each request's items (batch dimension); None: one each
 
 
 class SimulationError(RuntimeError):
@@ -112,6 +113,7 @@ def run_simulation(
     deadlines: np.ndarray | None = None,
     seen_times: np.ndarray | None = None,
     faults: Sequence[DeviceFault] = (),
+    items: np.ndarray | None = None,
 ) -> Trace:
     """Drive `scheduler` through the arrivals; return what happened to each.
 
@@ -120,7 +122,9 @@ def run_simulation(
     arrival on a live path that parses and queues it first; requests are
     handed over in that order and still timed from their arrival. `jitter`
     is the sigma of a log-normal factor (mean 1) on each batch's execution
-    time.
+    time. `items` gives each request's items (its batch dimension; default
+    one each): batches run for ℓ(their items), and `Trace.batch_size` counts
+    items.
     """
     n = len(arrival_times)
     arrivals: list[float] = arrival_times.tolist()
@@ -130,6 +134,9 @@ def run_simulation(
         slos = np.array([m.slo for m in models])
         deadlines = arrival_times + slos[model_index] if n else np.zeros(0)
     dls: list[float] = deadlines.tolist()
+    sizes: list[int] = [1] * n if items is None else np.asarray(items, dtype=int).tolist()
+    if len(sizes) != n:
+        raise ValueError(f"items has {len(sizes)} entries for {n} arrivals")
     if seen_times is None:
         order: list[int] = list(range(n))
         seen: list[float] = arrivals
@@ -291,7 +298,7 @@ def run_simulation(
         else:
             step_at = t_arrival
             rid = order[i]
-            request = Request(rid, names[midx[rid]], arrivals[rid], dls[rid])
+            request = Request(rid, names[midx[rid]], arrivals[rid], dls[rid], sizes[rid])
             i += 1
             decisions = add_request(request, t_arrival)
             if decisions:
@@ -325,4 +332,5 @@ def run_simulation(
         batches=batches_done,
         preemptions=preemptions,
         end_time=now,
+        items=np.array(sizes, dtype=np.int32),
     )

@@ -27,6 +27,7 @@ def trace_columns(trace: Trace) -> RequestColumns:
         batch_size=trace.batch_size,
         reason=trace.drop_reason,
         reason_names=_REASON_NAMES,
+        items=trace.items,
     )
 
 

@@ -96,6 +96,7 @@ def simulate(
         seed=workload.seed,
         seen_times=seen,
         faults=faults,
+        items=arrivals.items,
     )
     wall_s = time.perf_counter() - started
     signals = scheduler.signals(trace.end_time)

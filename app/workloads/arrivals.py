@@ -4,7 +4,9 @@ Each model draws from its own child of `SeedSequence(workload.seed)`, spawned
 by model index, so a model's stream does not change when models are added
 after it (a model's spawn key is its index, whatever the count). Trace
 arrivals are the exception by design: adding a model to a trace group changes
-the round-robin row assignment.
+the round-robin row assignment. Request sizes (`ModelSpec.items`) come from
+children of a second sequence, `SeedSequence([seed, 2])`, so giving a model
+sizes leaves every arrival time unchanged.
 """
 
 from __future__ import annotations
@@ -21,9 +23,15 @@ from app.workloads.spec import ModelSpec, Workload, trace_assignment, trace_wind
 class Arrivals:
     times: np.ndarray  # float64 seconds, ascending, within [0, duration)
     model_index: np.ndarray  # int32 index into workload.models
+    items: np.ndarray | None = None  # int32 items of each request; None: one each
 
     def __len__(self) -> int:
         return len(self.times)
+
+    def select(self, keep: np.ndarray) -> Arrivals:
+        """The arrivals where `keep` (a boolean mask) is true, sizes included."""
+        items = None if self.items is None else self.items[keep]
+        return Arrivals(self.times[keep], self.model_index[keep], items)
 
     def counts(self, n_models: int) -> np.ndarray:
         """Arrivals per model."""
@@ -37,15 +45,20 @@ def generate_arrivals(workload: Workload, rate_scale: float = 1.0) -> Arrivals:
         raise ValueError(f"rate_scale must be a positive number, got {rate_scale}")
     children = np.random.SeedSequence(workload.seed).spawn(len(workload.models))
     trace_rows = trace_assignment(workload.models)
+    size_children = np.random.SeedSequence([workload.seed, 2]).spawn(len(workload.models))
     streams = []
+    sizes = []
     for i, (model, child) in enumerate(zip(workload.models, children, strict=True)):
+        items_child = size_children[i]
         rng = np.random.default_rng(child)
         streams.append(_model_times(model, rng, workload.duration_s, rate_scale, trace_rows.get(i)))
+        sizes.append(model.items.draw(np.random.default_rng(items_child), len(streams[-1])))
     times = np.concatenate(streams) if streams else np.empty(0)
     index = np.repeat(np.arange(len(streams), dtype=np.int32), [len(s) for s in streams])
     # Stable, so simultaneous arrivals (bursts) keep model order then draw order.
     order = np.argsort(times, kind="stable")
-    return Arrivals(times[order], index[order])
+    items = np.concatenate(sizes) if sizes else np.empty(0, dtype=np.int32)
+    return Arrivals(times[order], index[order], items[order].astype(np.int32))
 
 
 def _model_times(

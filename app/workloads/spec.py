@@ -8,10 +8,10 @@ before a ten-minute run, not after it.
 Top-level keys::
 
     name, description, duration_s, seed, devices, arrival, total_rate,
-    popularity, slo_ms, max_batch, jitter, preemption_delay_ms, models
+    popularity, slo_ms, max_batch, items, jitter, preemption_delay_ms, models
 
-`slo_ms` and `max_batch` at the top level are defaults for models that omit
-them. `arrival` is the default for models without their own `arrival:` (a
+`slo_ms`, `max_batch` and `items` at the top level are defaults for models
+that omit them. `arrival` is the default for models without their own `arrival:` (a
 model's own arrival replaces it whole; nothing is merged). Without either, the
 process is Poisson.
 
@@ -28,6 +28,13 @@ Rates: poisson/gamma/constant need a rate, either per model (`rate:`) or from
 `total_rate`, split by per-model `share:` (shares sum to 1) or by `popularity`
 (`even` or `{zipf: s}`, in model order). burst, mmpp and trace imply their own
 rate and take neither `rate` nor `share`.
+
+Request sizes (`items`, app/workloads/items.py): how many items (batch
+dimension) each request carries — one integer (`items: 4`: every request 4
+items) or a mapping from item counts to probabilities (`items: {1: 0.7, 4:
+0.3}`, summing to 1); counts from 1 to the model's max_batch. Default 1.
+Rates stay in requests/s; the simulator's batches count items, and goodput
+counts requests.
 
 `count: N` (N > 1) expands a model entry into N models `name-0..name-(N-1)`;
 every key, `rate` and `share` included, applies to each copy.
@@ -57,6 +64,7 @@ from app.repository.profiles import profile_from_spec
 from app.scheduling.model import ModelInfo
 from app.scheduling.profile import LatencyProfile
 from app.scheduling.types import DeviceInfo
+from app.workloads.items import ONE_ITEM, ItemSizes, check_items, parse_items
 
 PROCESSES = ("poisson", "gamma", "constant", "burst", "mmpp", "trace")
 # Processes driven by a model rate; the others carry their rate in their params.
@@ -82,13 +90,14 @@ _TOP_KEYS = frozenset(
         "popularity",
         "slo_ms",
         "max_batch",
+        "items",
         "jitter",
         "preemption_delay_ms",
         "models",
     }
 )
 _MODEL_KEYS = frozenset(
-    {"name", "profile", "slo_ms", "max_batch", "rate", "share", "count", "arrival"}
+    {"name", "profile", "slo_ms", "max_batch", "items", "rate", "share", "count", "arrival"}
 )
 _DEVICE_KEYS = frozenset({"name", "speed", "kind", "count"})
 _TRACE_HEADER = ("HashOwner", "HashApp", "HashFunction", "Trigger")
@@ -126,11 +135,15 @@ class ModelSpec:
     max_batch: int
     rate: float | None  # requests/s for rate-driven processes (after any split)
     arrival: ArrivalSpec
+    items: ItemSizes = ONE_ITEM  # request sizes (batch dimension)
 
     def to_model_info(self, expected_rate: float | None = None) -> ModelInfo:
-        """The core's view; `expected_rate` overrides `rate` (Workload passes
-        the rate implied by a burst/mmpp/trace process)."""
+        """The core's view; `expected_rate` (requests/s) overrides `rate`
+        (Workload passes the rate implied by a burst/mmpp/trace process).
+        The core plans with items/s: the rate times the mean items."""
         rate = self.rate if expected_rate is None else expected_rate
+        if rate is not None:
+            rate *= self.items.mean
         return ModelInfo(
             self.name, self.profile, self.slo_ms / 1000.0, self.max_batch, expected_rate=rate
         )
@@ -337,6 +350,7 @@ class _Entry:
     rate: float | None
     share: float | None
     arrival: ArrivalSpec
+    items: ItemSizes
 
 
 def _parse_models(
@@ -347,6 +361,7 @@ def _parse_models(
         ctx.fail("models", "must be a non-empty list")
     default_slo = ctx.number(doc, "slo_ms", "slo_ms", default=None, above=0.0)
     default_mb = ctx.number(doc, "max_batch", "max_batch", default=None, at_least=1, integer=True)
+    default_items = parse_items(ctx, doc["items"], "items") if "items" in doc else ONE_ITEM
     entries: list[_Entry] = []
     for i, raw in enumerate(raw_models):
         label = raw.get("name") if isinstance(raw, Mapping) else None
@@ -373,6 +388,9 @@ def _parse_models(
             ),
             max_batch,
         )
+        items_where = f"{where}.items" if "items" in raw else "items"
+        items = parse_items(ctx, raw["items"], items_where) if "items" in raw else default_items
+        check_items(ctx, items, items_where, max_batch)
         rate = ctx.number(raw, "rate", f"{where}.rate", default=None, at_least=0.0)
         share = ctx.number(raw, "share", f"{where}.share", default=None, at_least=0.0)
         if share is not None and share > 1:
@@ -385,7 +403,9 @@ def _parse_models(
         )
         names = [name] if count == 1 else [f"{name}-{j}" for j in range(count)]
         for n in names:
-            entries.append(_Entry(where, n, profile, slo_ms, max_batch, rate, share, arrival))
+            entries.append(
+                _Entry(where, n, profile, slo_ms, max_batch, rate, share, arrival, items)
+            )
     seen: set[str] = set()
     for e in entries:
         if e.name in seen:
@@ -393,7 +413,7 @@ def _parse_models(
         seen.add(e.name)
     rates = _resolve_rates(ctx, doc, entries)
     return [
-        ModelSpec(e.name, e.profile, e.slo_ms, e.max_batch, r, e.arrival)
+        ModelSpec(e.name, e.profile, e.slo_ms, e.max_batch, r, e.arrival, e.items)
         for e, r in zip(entries, rates, strict=True)
     ]
 

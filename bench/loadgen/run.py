@@ -138,6 +138,12 @@ def run_schedule(
     (`arrivals`, or the workload's at `rate_scale`), checked."""
     if not (rate_scale > 0 and math.isfinite(rate_scale)):
         raise LoadGenError(f"rate scale must be a positive number, got {rate_scale}")
+    sized = [m.name for m in workload.models if m.items.sizes != (1,)]
+    if sized:
+        raise LoadGenError(
+            f"the live load generator sends one-item requests; models {sized} have request "
+            "sizes (items) other than 1: the simulator runs such a workload, this does not"
+        )
     if duration_s is not None:
         if not (duration_s > 0 and math.isfinite(duration_s)):
             raise LoadGenError(f"duration must be a positive number of seconds, got {duration_s}")
