@@ -391,6 +391,9 @@ async def test_openapi_document(client):
         "/v2/models/{name}/versions/{version}/ready": {"get"},
         "/v2/models/{name}/infer": {"post"},
         "/v2/models/{name}/versions/{version}/infer": {"post"},
+        "/v2/models/stats": {"get"},
+        "/v2/models/{name}/stats": {"get"},
+        "/v2/models/{name}/versions/{version}/stats": {"get"},
         "/v2/repository/index": {"post"},
         "/metrics": {"get"},
     }

@@ -23,8 +23,9 @@ MAX_SLO_MS = 3_600_000.0  # 1 hour: a larger per-request SLO is a client's mista
 # digits, '_', '.' and '-', no '..' and not '.' (single dots between runs of the
 # other characters, optionally one first and one last). Documented on every
 # model name in the OpenAPI document; the server checks it itself (400
-# invalid_model_name, app.api.security.check_model_name).
-MODEL_NAME_PATTERN = r"^\.?[A-Za-z0-9_-]+(\.[A-Za-z0-9_-]+)*\.?$"
+# invalid_model_name, app.api.security.check_model_name). "stats" is reserved:
+# /v2/models/stats is Triton's statistics route (app.api.statistics_routes).
+MODEL_NAME_PATTERN = r"^(?!stats$)\.?[A-Za-z0-9_-]+(\.[A-Za-z0-9_-]+)*\.?$"
 MODEL_NAME_SCHEMA = {"pattern": MODEL_NAME_PATTERN, "maxLength": MAX_MODEL_NAME_LENGTH}
 
 

@@ -37,6 +37,7 @@ from app.api.limits import DEFAULT_MAX_JSON_BYTES
 from app.api.native import add_native_routes
 from app.api.openapi import add_request_schemas
 from app.api.security import require_token
+from app.api.statistics_routes import add_statistics_routes
 from app.api.v2_routes import add_v2_routes
 from app.server.metrics import Metrics
 
@@ -69,6 +70,7 @@ def api_router(ctx: ApiContext) -> APIRouter:
     """Every route of the API, bound to `ctx`, on one router."""
     router = APIRouter()
     add_native_routes(router, ctx)
+    add_statistics_routes(router, ctx)  # before /v2/models/{name}: see its module
     add_v2_routes(router, ctx)
     add_metrics_route(router, ctx)
     return router

@@ -43,6 +43,8 @@ from app.repository.loader import validate_model_name
 
 ADMIN_TOKEN_ENV = "ADMIN_TOKEN"
 MAX_MODEL_NAME_LENGTH = 255  # one path component on every common file system
+# GET /v2/models/stats is Triton's statistics route, not a model's metadata.
+RESERVED_MODEL_NAMES = frozenset({"stats"})
 
 
 class Unauthorized(ServingError):
@@ -82,6 +84,11 @@ def check_model_name(name: str) -> str:
     if len(name) > MAX_MODEL_NAME_LENGTH:
         raise InvalidModelName(
             f"invalid model name {short_repr(name)}: longer than {MAX_MODEL_NAME_LENGTH} characters"
+        )
+    if name in RESERVED_MODEL_NAMES:
+        raise InvalidModelName(
+            f"invalid model name {short_repr(name)}: reserved (/v2/models/{name} is the "
+            "statistics route)"
         )
     try:
         return validate_model_name(name)
@@ -160,6 +167,7 @@ def require_token(token: str | None, *, host: str = "127.0.0.1") -> Callable[...
 
 __all__ = [
     "ADMIN_TOKEN_ENV",
+    "RESERVED_MODEL_NAMES",
     "InvalidModelName",
     "ManagementDisabled",
     "Unauthorized",

@@ -40,7 +40,7 @@ from app.api.security import short_repr
 from app.api.tensors import resolve_slo
 from app.errors import ModelNotReady, ServingError
 
-EXTENSIONS = ["binary_tensor_data", "model_configuration"]
+EXTENSIONS = ["binary_tensor_data", "model_configuration", "statistics"]
 
 
 def server_metadata(ctx: ApiContext) -> m.ServerMetadata:

@@ -33,6 +33,7 @@ from app.errors import (
     ModelNotFound,
     ModelNotReady,
     Overloaded,
+    ServingError,
     ShuttingDown,
 )
 from app.repository.config import ModelConfig
@@ -49,6 +50,7 @@ from app.server.metrics import Metrics
 from app.server.service import InferResult
 from app.server.settings import Settings
 from app.server.startup import ModelState
+from app.server.statistics import Statistics
 
 log = logging.getLogger("app.server")
 
@@ -76,6 +78,8 @@ class LiveService:
         self._sched_before: SchedState | None = None  # the loop thread's, if changed
         # Per model, requests accepted and not yet answered (MAX_QUEUE).
         self._outstanding: dict[str, int] = {}
+        # Triton's statistics extension (app/server/statistics.py).
+        self.statistics = Statistics()
 
     # ------------------------------------------------------------- lifecycle
 
@@ -92,6 +96,8 @@ class LiveService:
             settings, self.devices, index, self._on_event
         )
         self.unavailable.update(unavailable)
+        for name, state in self.models.items():
+            self.statistics.add_model(name, state.config.version)
         for state in self.models.values():
             device = self._device(state.devices[0])
             state.profile = await startup.measure_profile(settings, self.pool, device, state.config)
@@ -234,7 +240,37 @@ class LiveService:
             index.append({"name": name, "version": "1", "state": "UNAVAILABLE", "reason": reason})
         return sorted(index, key=lambda entry: entry["name"])
 
+    def model_statistics(
+        self, name: str | None = None, version: str | None = None
+    ) -> dict[str, object]:
+        """Triton's statistics response (app/server/statistics.py): every
+        loaded model's, or `name`'s (the caller checks that it exists)."""
+        return self.statistics.report(name, version)
+
     async def infer(
+        self,
+        model: str,
+        inputs: dict[str, np.ndarray],
+        *,
+        slo_ms: float | None = None,
+        request_id: str | None = None,
+        received_at: float | None = None,
+    ) -> InferResult:
+        """Answer one request (`_serve`). One answered with an error is
+        counted in its model's statistics here; one answered with outputs
+        where its timings are known (`_count_success`)."""
+        began = time.monotonic()
+        try:
+            return await self._serve(
+                model, inputs, slo_ms=slo_ms, request_id=request_id, received_at=received_at
+            )
+        except ServingError:
+            now = time.monotonic()
+            arrival = began if received_at is None else min(received_at, began)
+            self.statistics.request_failed(model, total_s=now - arrival, at_ms=_epoch_ms())
+            raise
+
+    async def _serve(
         self,
         model: str,
         inputs: dict[str, np.ndarray],
@@ -306,6 +342,7 @@ class LiveService:
             self.metrics.request_finished(
                 model, latency, queue, finished.batch.size, latency <= slo / 1000.0
             )
+            self._count_success(model, inputs, request.arrival, seen_at, finished, now)
             return InferResult(
                 model=model,
                 request_id=request_id,
@@ -320,6 +357,29 @@ class LiveService:
         finally:
             if release:
                 self._settle(model, state, slot)
+
+    def _count_success(
+        self,
+        model: str,
+        inputs: dict[str, np.ndarray],
+        arrival: float,
+        seen_at: float,
+        finished: Finished,
+        now: float,
+    ) -> None:
+        """A request answered with outputs, in its model's statistics: the
+        mapping of these times to Triton's fields is app/server/statistics.py's."""
+        self.statistics.request_succeeded(
+            model,
+            items=_items(inputs),
+            total_s=now - arrival,
+            queue_s=max(0.0, finished.started_at - arrival),
+            input_s=max(0.0, seen_at - arrival),
+            infer_s=finished.finished_at - finished.started_at,
+            output_s=max(0.0, now - finished.finished_at),
+            at_ms=_epoch_ms(),
+            batch=(finished.batch.device, finished.batch.id),
+        )
 
     def _abandoned(self, future: asyncio.Future, model: str, state: ModelState, slot: int) -> None:
         """A request whose caller went away is answered: no one awaits its
@@ -358,6 +418,13 @@ class LiveService:
     def _on_batch(self, batch: Batch, finished: Finished) -> None:
         if finished.error is None:
             self.metrics.batch_executed(batch.model, self._device(batch.device).name, batch.size)
+            self.statistics.batch_executed(
+                batch.model,
+                batch=(batch.device, batch.id),
+                batch_size=batch.size,
+                requests=len(batch.requests),
+                infer_s=finished.finished_at - finished.started_at,
+            )
 
     async def _publish_signals(self, period_s: float = 5.0) -> None:
         """Symphony's autoscaling signals (§4.4) to /metrics, every period."""
@@ -382,3 +449,15 @@ class LiveService:
             self.metrics.set_autoscale(
                 bad_rate, idle_fraction, advised_device_change(devices, bad_rate, idle_fraction)
             )
+
+
+def _items(inputs: dict[str, np.ndarray]) -> int:
+    """A request's item count: its inputs' batch dimension (1 when it has none)."""
+    for array in inputs.values():
+        return int(array.shape[0]) if array.ndim else 1
+    return 1
+
+
+def _epoch_ms() -> int:
+    """Now, in milliseconds since the epoch (Triton's `last_inference`)."""
+    return time.time_ns() // 1_000_000
