@@ -122,31 +122,38 @@ class TritonScheduler(ReplanningScheduler):
             if unknown:
                 raise ValueError(f"max_batch names unknown models: {sorted(unknown)}")
 
-        self.config: dict[str, BatcherConfig] = {}
-        for name, model in self.models.items():
-            wanted = max_batch.get(name) if isinstance(max_batch, Mapping) else max_batch
-            if wanted is None:
-                cap = max(1, model.slo_batch)
-            elif wanted < 1:
-                raise ValueError(f"max_batch must be ≥ 1, got {wanted} for {name!r}")
-            else:
-                cap = min(int(wanted), model.max_batch)
-            if queue_timeout_ms is None:
-                timeout = None
-            elif queue_timeout_ms == SLO:
-                timeout = model.slo
-            else:
-                timeout = float(queue_timeout_ms) / 1000.0
-            self.config[name] = BatcherConfig(
-                max_batch=cap,
-                preferred=tuple(p for p in preferred if p <= cap),
-                max_queue_delay=max_queue_delay_ms / 1000.0,
-                queue_timeout=timeout,
-                max_queue_size=max_queue_size,
-            )
+        # What each model's BatcherConfig is made from (also for a model added later).
+        self._options = (max_batch, max_queue_delay_ms, queue_timeout_ms, preferred, max_queue_size)
+        self.config: dict[str, BatcherConfig] = {
+            name: self._batcher_config(model) for name, model in self.models.items()
+        }
 
         # FIFO per model, ordered by (arrival, id).
         self.fifo: dict[str, SortedList] = {name: SortedList() for name in self.models}
+
+    def _batcher_config(self, model: ModelInfo) -> BatcherConfig:
+        max_batch, max_queue_delay_ms, queue_timeout_ms, preferred, max_queue_size = self._options
+        name = model.name
+        wanted = max_batch.get(name) if isinstance(max_batch, Mapping) else max_batch
+        if wanted is None:
+            cap = max(1, model.slo_batch)
+        elif wanted < 1:
+            raise ValueError(f"max_batch must be ≥ 1, got {wanted} for {name!r}")
+        else:
+            cap = min(int(wanted), model.max_batch)
+        if queue_timeout_ms is None:
+            timeout = None
+        elif queue_timeout_ms == SLO:
+            timeout = model.slo
+        else:
+            timeout = float(queue_timeout_ms) / 1000.0
+        return BatcherConfig(
+            max_batch=cap,
+            preferred=tuple(p for p in preferred if p <= cap),
+            max_queue_delay=max_queue_delay_ms / 1000.0,
+            queue_timeout=timeout,
+            max_queue_size=max_queue_size,
+        )
 
     def queued(self) -> int:
         return sum(len(fifo) for fifo in self.fifo.values())
@@ -167,6 +174,16 @@ class TritonScheduler(ReplanningScheduler):
         for request in requests:
             self.fifo[request.model].add((request.arrival, request.id, request))
         self._schedule(now)
+
+    def _on_model_added(self, model: ModelInfo, now: float) -> None:
+        self.config[model.name] = self._batcher_config(model)
+        self.fifo[model.name] = SortedList()
+
+    def _on_model_removed(self, name: str, now: float) -> list[Request]:
+        self.timers.cancel(("timeout", name))
+        self.timers.cancel(("delay", name))
+        del self.config[name]
+        return [entry[2] for entry in self.fifo.pop(name)]
 
     # ---------------------------------------------------------------- policy
 
