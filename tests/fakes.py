@@ -290,6 +290,14 @@ class FakeService:
     def model_statistics(self, name=None, version=None):
         return self.statistics.report(name, version)
 
+    async def load_model(self, name, config_override=None):
+        self.model_config(name)
+        self.calls.append({"load": name, "config": config_override})
+
+    async def unload_model(self, name):
+        self.model_config(name)
+        self.calls.append({"unload": name})
+
     def model_names(self):
         return list(self.configs)
 

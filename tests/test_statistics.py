@@ -124,7 +124,7 @@ async def test_routes_in_triton_json(client):
 EMULATED = (
     "backend: emulated\n"
     "max_batch_size: 8\n"
-    "slo_ms: 5000\n"
+    "slo_ms: {slo_ms}\n"
     "profile: {{alpha_ms: {alpha}, beta_ms: 20.0}}\n"
     "devices: [emulated]\n"
     "inputs: [{{name: x, datatype: FP32, shape: [-1, 4]}}]\n"
@@ -132,12 +132,12 @@ EMULATED = (
 )
 
 
-def emulated_repository(root: Path, names: dict[str, float]) -> Path:
-    """Emulated models (name → α in ms; β = 20 ms), SLO 5 s: nothing is
-    late or dropped unless a request asks for a tighter SLO."""
+def emulated_repository(root: Path, names: dict[str, float], slo_ms: float = 5000) -> Path:
+    """Emulated models (name → α in ms; β = 20 ms), SLO 5 s by default:
+    nothing is late or dropped unless a request asks for a tighter SLO."""
     for name, alpha in names.items():
         (root / name).mkdir(parents=True)
-        (root / name / "config.yaml").write_text(EMULATED.format(alpha=alpha))
+        (root / name / "config.yaml").write_text(EMULATED.format(alpha=alpha, slo_ms=slo_ms))
     return root
 
 

@@ -325,6 +325,33 @@ class RepositoryIndexRequest(BaseModel):
     )
 
 
+class LoadParameters(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    config: str | None = Field(
+        default=None,
+        description="A model-config override as a JSON string: the fields of GET "
+        "/v2/models/{name}/config that can change (max_batch_size, slo_ms, "
+        "allow_slo_loosening, description, devices); the others must keep their value.",
+    )
+
+
+class RepositoryLoadRequest(BaseModel):
+    parameters: LoadParameters | None = None
+
+
+class UnloadParameters(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    unload_dependents: bool | None = Field(
+        default=None, strict=True, description="Accepted; there are no ensembles."
+    )
+
+
+class RepositoryUnloadRequest(BaseModel):
+    parameters: UnloadParameters | None = None
+
+
 class RepositoryModel(BaseModel):
     name: str
     version: str | None = None
@@ -338,4 +365,6 @@ REQUEST_MODELS: tuple[type[BaseModel], ...] = (
     InferRequest,
     V2InferRequest,
     RepositoryIndexRequest,
+    RepositoryLoadRequest,
+    RepositoryUnloadRequest,
 )

@@ -40,7 +40,7 @@ from app.api.security import short_repr
 from app.api.tensors import resolve_slo
 from app.errors import ModelNotReady, ServingError
 
-EXTENSIONS = ["binary_tensor_data", "model_configuration", "statistics"]
+EXTENSIONS = ["binary_tensor_data", "model_configuration", "statistics", "model_repository"]
 
 
 def server_metadata(ctx: ApiContext) -> m.ServerMetadata:

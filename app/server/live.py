@@ -32,6 +32,7 @@ from app.errors import (
     InvalidInput,
     ModelNotFound,
     ModelNotReady,
+    ModelUnloaded,
     Overloaded,
     ServingError,
     ShuttingDown,
@@ -43,7 +44,7 @@ from app.runtime.pool import ExecutorPool
 from app.runtime.realtime import SchedState, restore, set_fifo
 from app.scheduling.autoscale import advised_device_change
 from app.scheduling.types import Batch
-from app.server import startup
+from app.server import model_control, startup
 from app.server.dispatcher import Dispatcher, Finished
 from app.server.heap import freeze_startup_heap, thaw_heap
 from app.server.metrics import Metrics
@@ -80,6 +81,10 @@ class LiveService:
         self._outstanding: dict[str, int] = {}
         # Triton's statistics extension (app/server/statistics.py).
         self.statistics = Statistics()
+        # Model control (app/server/model_control.py): models being loaded or
+        # unloaded ("loading", "unloading"), which take no requests.
+        self.control_state: dict[str, str] = {}
+        self._control_lock = asyncio.Lock()
 
     # ------------------------------------------------------------- lifecycle
 
@@ -184,14 +189,47 @@ class LiveService:
     def _device(self, device_id: int) -> ExecutorDevice:
         return next(d for d in self.devices if d.id == device_id)
 
+    def device(self, device_id: int) -> ExecutorDevice:
+        return self._device(device_id)
+
+    def outstanding(self, model: str) -> int:
+        """Requests for `model` accepted and not yet answered."""
+        return self._outstanding.get(model, 0)
+
+    # ----------------------------------------------------------- model control
+
+    async def load_model(self, name: str, config_override: str | None = None) -> None:
+        """(Re)load `name` from the repository, optionally with a config
+        override (JSON), without a restart (app/server/model_control.py)."""
+        async with self._control_lock:
+            self._check_serving()
+            await model_control.load(self, name, config_override)
+
+    async def unload_model(self, name: str) -> None:
+        """Unload `name`: it takes no new requests, those accepted are
+        answered, then its executors and arena let go of it."""
+        async with self._control_lock:
+            self._check_serving()
+            await model_control.unload(self, name)
+
+    def _check_serving(self) -> None:
+        if self.closing:
+            raise ShuttingDown("server is shutting down")
+        if not self.ready or self.dispatcher is None:
+            raise ModelNotReady("server is starting")
+
     # ------------------------------------------------------------- service API
 
     def model_names(self) -> list[str]:
         return sorted(self.models)
 
     def model_config(self, name: str) -> ModelConfig:
+        if name in self.control_state:
+            raise ModelUnloaded(f"model {name!r} is {self.control_state[name]}")
         state = self.models.get(name)
         if state is None:
+            if self.unavailable.get(name) == model_control.UNLOADED:
+                raise ModelUnloaded(f"model {name!r} is unloaded")
             if name in self.unavailable:
                 raise ModelNotReady(f"model {name!r} is unavailable: {self.unavailable[name]}")
             raise ModelNotFound(f"unknown model {name!r}; models: {', '.join(self.model_names())}")
@@ -199,7 +237,7 @@ class LiveService:
 
     def model_ready(self, name: str) -> bool:
         state = self.models.get(name)
-        if state is None or not self.ready or self.pool is None:
+        if state is None or not self.ready or self.pool is None or name in self.control_state:
             return False
         return any(self.pool.alive(d) for d in state.devices)
 
@@ -208,7 +246,8 @@ class LiveService:
         executor restarts, a model with another device stays ready)."""
         if not self.ready or self.closing:
             return False
-        return all(self.model_ready(name) for name in self.models)
+        serving = [name for name in self.models if name not in self.control_state]
+        return all(self.model_ready(name) for name in serving)
 
     def capacity(self) -> dict[str, object]:
         """Devices alive / total and the models left without a live device
@@ -218,7 +257,9 @@ class LiveService:
         return {
             "devices_alive": len(alive),
             "devices_total": len(self.devices),
-            "models_unavailable": sorted(n for n in self.models if not self.model_ready(n)),
+            "models_unavailable": sorted(
+                n for n in self.models if not self.model_ready(n) and n not in self.control_state
+            ),
         }
 
     def repository_index(self) -> list[dict[str, str]]:
@@ -227,7 +268,7 @@ class LiveService:
                 "name": name,
                 "version": state.config.version,
                 "state": "READY" if self.model_ready(name) else "UNAVAILABLE",
-                "reason": "",
+                "reason": self.control_state.get(name, ""),
             }
             for name, state in self.models.items()
         ]
@@ -237,7 +278,9 @@ class LiveService:
         for name, reason in self.unavailable.items():
             for root in sorted(roots, key=len, reverse=True):
                 reason = reason.replace(root, "")
-            index.append({"name": name, "version": "1", "state": "UNAVAILABLE", "reason": reason})
+            loading = self.control_state.get(name) == "loading"
+            state = "LOADING" if loading else "UNAVAILABLE"
+            index.append({"name": name, "version": "1", "state": state, "reason": reason})
         return sorted(index, key=lambda entry: entry["name"])
 
     def model_statistics(
