@@ -61,10 +61,10 @@ from app.runtime.messages import (
     Stop,
     Stopped,
     ToExecutor,
-    Unload,
     Unloaded,
     config_to_dict,
 )
+from app.runtime.pool_models import ModelChanges
 from app.runtime.watchdog import Heartbeat, check_interval, hang_of
 
 log = logging.getLogger("app.runtime.pool")
@@ -100,7 +100,7 @@ class _Worker:
         self.reader_thread: threading.Thread | None = None
 
 
-class ExecutorPool:
+class ExecutorPool(ModelChanges):
     """Executor processes for `devices`, serving `configs` through `arenas`.
 
     `configs`: ModelConfigs (a mapping by name or an iterable); `arenas`: one
@@ -401,77 +401,6 @@ class ExecutorPool:
         if error is not None:
             raise ExecutorFailed(f"profiling {model} on {w.device.name} failed: {error}")
         return {int(b): float(ms) for b, ms in result.items()}
-
-    # ------------------------------------------------------- model control
-    async def add_model(self, config: ModelConfig, arena: Arena) -> dict[int, str | None]:
-        """Load `config` (a model not in the pool) on every running executor
-        whose device may run it, with `arena` attached; the pool owns the
-        arena from now on, and a respawned executor loads the model too.
-        Returns, per device tried, why it failed to load there, or None."""
-        name = config.name
-        if name in self.configs:
-            raise ValueError(f"model {name!r} is in the pool already: remove it first")
-        self.configs[name] = config
-        self.arenas[name] = arena
-        results: dict[int, str | None] = {}
-        waiting: list[tuple[_Worker, asyncio.Future]] = []
-        for w in self._workers.values():
-            if not model_allowed_on(config, w.device):
-                continue
-            if w.dead or w.loading or w.stopping or self._stopped:
-                results[w.device.id] = f"executor {w.device.name} is not running"
-                continue
-            req = next(self._req_ids)
-            fut = self._expect(req, w)
-            try:
-                self._send(w, Load(req, [config_to_dict(config)], {name: arena.layout}))
-            except ExecutorFailed as exc:
-                results[w.device.id] = str(exc)
-                continue
-            waiting.append((w, fut))
-        for w, fut in waiting:
-            try:
-                errors, info = await asyncio.wait_for(fut, self.load_timeout_s)
-            except (ExecutorFailed, TimeoutError) as exc:
-                results[w.device.id] = str(exc) or "timed out"
-                continue
-            error = errors.get(name, "no answer for this model")
-            if error is None:
-                w.models.append(name)
-                w.load_info.update(info)
-            else:
-                w.load_errors[name] = error
-                log.warning("executor %s: model %s failed to load: %s", w.device.name, name, error)
-            results[w.device.id] = error
-        return results
-
-    async def remove_model(self, name: str) -> None:
-        """Unload `name` from every executor (after the batches sent to it
-        before: the caller sends none after) and forget it; its arena is
-        closed and unlinked once every executor has let go of it."""
-        self.configs.pop(name, None)
-        arena = self.arenas.pop(name, None)
-        waiting: list[asyncio.Future] = []
-        for w in self._workers.values():
-            w.load_errors.pop(name, None)
-            w.load_info.pop(name, None)
-            if name not in w.models:
-                continue
-            w.models.remove(name)
-            if w.dead or w.loading or w.stopping or self._stopped:
-                continue  # a process that is gone holds nothing; a new one loads from configs
-            req = next(self._req_ids)
-            fut = self._expect(req, w)
-            try:
-                self._send(w, Unload(req, [name]))
-            except ExecutorFailed:
-                continue
-            waiting.append(fut)
-        for fut in waiting:
-            with contextlib.suppress(ExecutorFailed, TimeoutError):
-                await asyncio.wait_for(fut, self.load_timeout_s)
-        if arena is not None:
-            arena.close_and_unlink()
 
     # --------------------------------------------------------------- stop
     async def stop(self, timeout: float = 5.0) -> None:

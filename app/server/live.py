@@ -15,6 +15,12 @@ grace at once). Only then does `stop` cancel the batches still on the
 executors (their results have no one left to go to), stop the executors and
 free the shared memory. So every accepted request gets exactly one answer,
 and the server's own wait for open connections ends with the grace.
+
+Two hooks feed Triton's statistics (app/server/statistics.py): `infer`
+counts a request answered with an error, `_count_success` one answered with
+outputs, `_on_batch` each batch once. Models are loaded and unloaded while
+serving by app/server/model_control.py (`load_model`, `unload_model`); a
+model in `control_state` takes no requests.
 """
 
 from __future__ import annotations
