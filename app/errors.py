@@ -24,6 +24,19 @@ class ModelNotReady(ServingError):
     reason = "model_not_ready"
 
 
+class ModelUnloaded(ModelNotReady):
+    """The model was unloaded (or is being unloaded or loaded) on request."""
+
+    reason = "unloaded"
+
+
+class LoadFailed(ServingError):
+    """A model-control load that could not be carried out (Triton: 400)."""
+
+    status = 400
+    reason = "load_failed"
+
+
 class InvalidInput(ServingError):
     status = 400
     reason = "invalid_input"

@@ -36,6 +36,7 @@ from app.scheduling import DeviceInfo, LatencyProfile, ModelInfo, Request
 from app.scheduling.types import Complete, Decision, Dispatch, Drop, Preempt
 from app.server.dispatcher import Pending
 from app.server.service import InferResult
+from app.server.statistics import Statistics
 
 _ids = count()
 
@@ -282,6 +283,20 @@ class FakeService:
         }
         self.ready = True
         self.calls: list[dict] = []
+        self.statistics = Statistics()
+        for name, config in self.configs.items():
+            self.statistics.add_model(name, config.version)
+
+    def model_statistics(self, name=None, version=None):
+        return self.statistics.report(name, version)
+
+    async def load_model(self, name, config_override=None):
+        self.model_config(name)
+        self.calls.append({"load": name, "config": config_override})
+
+    async def unload_model(self, name):
+        self.model_config(name)
+        self.calls.append({"unload": name})
 
     def model_names(self):
         return list(self.configs)

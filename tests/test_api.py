@@ -409,7 +409,12 @@ async def test_openapi_document(client):
         "/v2/models/{name}/versions/{version}/ready": {"get"},
         "/v2/models/{name}/infer": {"post"},
         "/v2/models/{name}/versions/{version}/infer": {"post"},
+        "/v2/models/stats": {"get"},
+        "/v2/models/{name}/stats": {"get"},
+        "/v2/models/{name}/versions/{version}/stats": {"get"},
         "/v2/repository/index": {"post"},
+        "/v2/repository/models/{name}/load": {"post"},
+        "/v2/repository/models/{name}/unload": {"post"},
         "/metrics": {"get"},
     }
     assert {p: set(ops) for p, ops in paths.items()} == expected

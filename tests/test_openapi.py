@@ -51,7 +51,7 @@ def test_model_names_declare_what_the_server_takes():
     """A name the pattern allows is looked up (404 when unknown); any other
     is a 400 before any lookup."""
     declared = _model_name_declarations()
-    assert len(declared) == 8 + 1  # the eight /v2/models/{name}... routes, /infer's body
+    assert len(declared) == 12 + 1  # ten /v2/models/{name}..., two load/unload, /infer's body
     assert {d["maxLength"] for d in declared} == {MAX_MODEL_NAME_LENGTH}
     (pattern,) = {d["pattern"] for d in declared}
     names = ["".join(t) for n in range(1, 5) for t in itertools.product("a.-_/\0%", repeat=n)]

@@ -7,13 +7,13 @@ as its first argument; the routers bind it, and the inference fast path
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 from app.api.errors import hide_paths
 from app.api.limits import DEFAULT_MAX_JSON_BYTES, RequestLimits
 from app.api.security import check_model_name, short_repr
-from app.errors import ModelNotFound, ModelNotReady
+from app.errors import ModelNotFound, ModelNotReady, ModelUnloaded
 from app.repository.config import ModelConfig
 from app.server.metrics import Metrics
 from app.server.service import InferenceService
@@ -45,6 +45,9 @@ class ApiContext:
     max_body_bytes: int
     server_version: str
     max_json_bytes: int = DEFAULT_MAX_JSON_BYTES
+    # the guard of management routes (app.api.security.require_token); None:
+    # the default guard, management from loopback only
+    admin_guard: Callable[..., Awaitable[None]] | None = None
     limits: RequestLimits = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -65,6 +68,8 @@ def lookup_model(service: InferenceService, name: str, version: str | None = Non
         config = service.model_config(name)
     except (KeyError, ModelNotFound):
         raise ModelNotFound(f"unknown model {short_repr(name)}") from None
+    except ModelUnloaded:
+        raise  # unloaded on request: its message names only the model
     except ModelNotReady as exc:
         raise ModelNotReady(hide_paths(exc.message)) from None
     if version is not None and version != config.version:

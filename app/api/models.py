@@ -23,8 +23,9 @@ MAX_SLO_MS = 3_600_000.0  # 1 hour: a larger per-request SLO is a client's mista
 # digits, '_', '.' and '-', no '..' and not '.' (single dots between runs of the
 # other characters, optionally one first and one last). Documented on every
 # model name in the OpenAPI document; the server checks it itself (400
-# invalid_model_name, app.api.security.check_model_name).
-MODEL_NAME_PATTERN = r"^\.?[A-Za-z0-9_-]+(\.[A-Za-z0-9_-]+)*\.?$"
+# invalid_model_name, app.api.security.check_model_name). "stats" is reserved:
+# /v2/models/stats is Triton's statistics route (app.api.statistics_routes).
+MODEL_NAME_PATTERN = r"^(?!stats$)\.?[A-Za-z0-9_-]+(\.[A-Za-z0-9_-]+)*\.?$"
 MODEL_NAME_SCHEMA = {"pattern": MODEL_NAME_PATTERN, "maxLength": MAX_MODEL_NAME_LENGTH}
 
 
@@ -333,6 +334,33 @@ class RepositoryIndexRequest(BaseModel):
     )
 
 
+class LoadParameters(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    config: str | None = Field(
+        default=None,
+        description="A model-config override as a JSON string: the fields of GET "
+        "/v2/models/{name}/config that can change (max_batch_size, slo_ms, "
+        "allow_slo_loosening, description, devices); the others must keep their value.",
+    )
+
+
+class RepositoryLoadRequest(BaseModel):
+    parameters: LoadParameters | None = None
+
+
+class UnloadParameters(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    unload_dependents: bool | None = Field(
+        default=None, strict=True, description="Accepted; there are no ensembles."
+    )
+
+
+class RepositoryUnloadRequest(BaseModel):
+    parameters: UnloadParameters | None = None
+
+
 class RepositoryModel(BaseModel):
     name: str
     version: str | None = None
@@ -346,4 +374,6 @@ REQUEST_MODELS: tuple[type[BaseModel], ...] = (
     InferRequest,
     V2InferRequest,
     RepositoryIndexRequest,
+    RepositoryLoadRequest,
+    RepositoryUnloadRequest,
 )

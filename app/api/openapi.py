@@ -152,6 +152,7 @@ def _links(name: str, version: str | None) -> dict[str, Any]:
         "ModelConfig": _model_link("v2_model_config", name),
         "ModelReady": _model_link("v2_model_ready", name),
         "ModelInfer": _model_link("v2_infer", name),
+        "ModelStats": _model_link("v2_model_stats", name),
         "NativeInfer": {"operationId": "infer", "requestBody": {"model": name}},
     }
     if version is not None:

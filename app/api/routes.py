@@ -36,7 +36,9 @@ from app.api.fastpath import ServingAPI, install_fast_path
 from app.api.limits import DEFAULT_MAX_JSON_BYTES
 from app.api.native import add_native_routes
 from app.api.openapi import add_request_schemas
+from app.api.repository_routes import add_repository_routes
 from app.api.security import require_token
+from app.api.statistics_routes import add_statistics_routes
 from app.api.v2_routes import add_v2_routes
 from app.server.metrics import Metrics
 
@@ -69,7 +71,9 @@ def api_router(ctx: ApiContext) -> APIRouter:
     """Every route of the API, bound to `ctx`, on one router."""
     router = APIRouter()
     add_native_routes(router, ctx)
+    add_statistics_routes(router, ctx)  # before /v2/models/{name}: see its module
     add_v2_routes(router, ctx)
+    add_repository_routes(router, ctx, ctx.admin_guard or require_token(None))
     add_metrics_route(router, ctx)
     return router
 
@@ -114,7 +118,14 @@ def install(
         raise ValueError(f"max_json_bytes must be ≥ 1, got {max_json_bytes}")
     app.state.max_body_bytes = max_body_bytes
     app.state.require_admin = require_token(admin_token, host=bind_host)
-    ctx = ApiContext(get_service, metrics, max_body_bytes, server_version(), max_json_bytes)
+    ctx = ApiContext(
+        get_service,
+        metrics,
+        max_body_bytes,
+        server_version(),
+        max_json_bytes,
+        admin_guard=app.state.require_admin,
+    )
     app.include_router(api_router(ctx))
     install_fast_path(app, ctx)
     install_error_handlers(app)

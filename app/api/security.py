@@ -17,8 +17,9 @@ guard it made: `Depends(app.state.require_admin)`.
 
 The token is the `ADMIN_TOKEN` setting (`Settings.admin_token`, also
 `--admin-token`); the comparison is constant-time. Inference, health, metadata,
-repository index and metrics routes never need the token. No management route
-exists yet: the guard is ready for the first one. `exposure_warning` is the
+repository index, statistics and metrics routes never need the token; the
+management routes are model load and unload (app.api.repository_routes).
+`exposure_warning` is the
 line the server logs at start when it binds a non-loopback address without a
 token, so that an operator sees the server is reachable from other machines and
 that management is off.
@@ -43,6 +44,8 @@ from app.repository.loader import validate_model_name
 
 ADMIN_TOKEN_ENV = "ADMIN_TOKEN"
 MAX_MODEL_NAME_LENGTH = 255  # one path component on every common file system
+# GET /v2/models/stats is Triton's statistics route, not a model's metadata.
+RESERVED_MODEL_NAMES = frozenset({"stats"})
 
 
 class Unauthorized(ServingError):
@@ -82,6 +85,11 @@ def check_model_name(name: str) -> str:
     if len(name) > MAX_MODEL_NAME_LENGTH:
         raise InvalidModelName(
             f"invalid model name {short_repr(name)}: longer than {MAX_MODEL_NAME_LENGTH} characters"
+        )
+    if name in RESERVED_MODEL_NAMES:
+        raise InvalidModelName(
+            f"invalid model name {short_repr(name)}: reserved (/v2/models/{name} is the "
+            "statistics route)"
         )
     try:
         return validate_model_name(name)
@@ -155,11 +163,15 @@ def require_token(token: str | None, *, host: str = "127.0.0.1") -> Callable[...
         if not hmac.compare_digest(credentials.credentials.encode(), expected):
             raise Unauthorized("invalid bearer token", invalid_token=True)
 
+    # Whether a request needs no token (loopback, none set): the OpenAPI
+    # document then says the bearer token is optional (app.api.repository_routes).
+    guard.open = expected is None and loopback  # type: ignore[attr-defined]
     return guard
 
 
 __all__ = [
     "ADMIN_TOKEN_ENV",
+    "RESERVED_MODEL_NAMES",
     "InvalidModelName",
     "ManagementDisabled",
     "Unauthorized",

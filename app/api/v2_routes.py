@@ -39,7 +39,7 @@ from app.api.received import received_at
 from app.api.security import short_repr
 from app.errors import ModelNotReady, ServingError
 
-EXTENSIONS = ["binary_tensor_data", "model_configuration"]
+EXTENSIONS = ["binary_tensor_data", "model_configuration", "statistics", "model_repository"]
 
 
 def server_metadata(ctx: ApiContext) -> m.ServerMetadata:

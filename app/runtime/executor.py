@@ -44,6 +44,8 @@ from app.runtime.messages import (
     Run,
     Stop,
     Stopped,
+    Unload,
+    Unloaded,
     config_from_dict,
 )
 from app.runtime.realtime import (
@@ -173,6 +175,8 @@ class Executor:
                     self.run(msg.batch_id, msg.model, list(msg.slots), float(msg.start_at))
                 elif isinstance(msg, Load):
                     self.load(msg.req_id, msg.configs, msg.layouts)
+                elif isinstance(msg, Unload):
+                    self.unload(msg.req_id, msg.models)
                 elif isinstance(msg, Profile):
                     self.profile(msg.req_id, msg.model, msg.batch_sizes, msg.warmup, msg.repeats)
                 elif isinstance(msg, Stop):
@@ -186,7 +190,7 @@ class Executor:
             except Exception:  # a malformed message must not kill the loop
                 log.exception("%s: failed to handle %s", self.name, type(msg).__name__)
 
-    def send(self, msg: Loaded | Ran | Cancelled | Profiled | Stopped) -> None:
+    def send(self, msg: Loaded | Unloaded | Ran | Cancelled | Profiled | Stopped) -> None:
         self.conn.send(msg)
 
     def load(self, req_id: int, configs: list[Any], layouts: dict[str, Any]) -> None:
@@ -222,6 +226,18 @@ class Executor:
                 log.warning("%s: loading %s failed: %s", self.name, name, exc)
                 errors[name] = _error_text(exc)
         self.send(Loaded(req_id, errors, info))
+
+    def unload(self, req_id: int, models: list[str]) -> None:
+        """Drop the models' backends and detach their arenas (the parent
+        unlinks them once this is answered)."""
+        for name in models:
+            self.configs.pop(name, None)
+            self.backends.pop(name, None)
+            arena = self.arenas.pop(name, None)
+            if arena is not None:
+                arena.close()
+            log.info("%s: unloaded %s", self.name, name)
+        self.send(Unloaded(req_id))
 
     def _wait_until(self, start_at: float) -> None:
         remaining = start_at - time.monotonic()

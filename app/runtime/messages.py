@@ -31,6 +31,15 @@ class Load:
 
 
 @dataclass(frozen=True, slots=True)
+class Unload:
+    """Drop these models and detach their arenas (after the batches sent
+    before). A model loaded again later comes with a fresh `Load`."""
+
+    req_id: int
+    models: list[str]
+
+
+@dataclass(frozen=True, slots=True)
 class Run:
     """Run a batch of `model` over arena `slots`, not before `start_at`
     (≤ now: at once), after the batches sent before it."""
@@ -67,7 +76,7 @@ class Cancel:
     batch_id: int
 
 
-ToExecutor = Load | Run | Profile | Stop
+ToExecutor = Load | Unload | Run | Profile | Stop
 
 # ------------------------------------------------------ executor → parent
 
@@ -77,6 +86,11 @@ class Loaded:
     req_id: int
     errors: dict[str, str | None]  # model → why it failed to load, or None
     info: dict[str, str]  # model → backend and providers
+
+
+@dataclass(frozen=True, slots=True)
+class Unloaded:
+    req_id: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,7 +129,7 @@ class Stopped:
     """The executor finished its batches and exits."""
 
 
-FromExecutor = Loaded | Ran | Cancelled | Profiled | Stopped
+FromExecutor = Loaded | Unloaded | Ran | Cancelled | Profiled | Stopped
 
 
 # ------------------------------------------------------- config ↔ plain dict

@@ -61,8 +61,10 @@ from app.runtime.messages import (
     Stop,
     Stopped,
     ToExecutor,
+    Unloaded,
     config_to_dict,
 )
+from app.runtime.pool_models import ModelChanges
 from app.runtime.watchdog import Heartbeat, check_interval, hang_of
 
 log = logging.getLogger("app.runtime.pool")
@@ -98,7 +100,7 @@ class _Worker:
         self.reader_thread: threading.Thread | None = None
 
 
-class ExecutorPool:
+class ExecutorPool(ModelChanges):
     """Executor processes for `devices`, serving `configs` through `arenas`.
 
     `configs`: ModelConfigs (a mapping by name or an iterable); `arenas`: one
@@ -560,6 +562,8 @@ class ExecutorPool:
                 self._post(BatchStopped(w.device.id, msg.batch_id, msg.stopped_at))
         elif isinstance(msg, Loaded):
             self._resolve(msg.req_id, (msg.errors, msg.info))
+        elif isinstance(msg, Unloaded):
+            self._resolve(msg.req_id, None)
         elif isinstance(msg, Profiled):
             self._resolve(msg.req_id, (msg.result, msg.error))
         elif isinstance(msg, Stopped):

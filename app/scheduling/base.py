@@ -9,6 +9,8 @@ The driver (the simulator or the daemon's dispatcher) owns the clock. It calls:
     next_wakeup()                          -> float | None     # when to call advance
     device_down(device, now)               -> list[Decision]   # a device failed
     device_up(device, now)                 -> list[Decision]   # it serves again
+    add_model(model, now)                  -> list[Decision]   # a model loaded
+    remove_model(name, now)                -> list[Decision]   # a model unloaded
 
 and carries out the decisions: Dispatch (run a batch on a device), Complete
 (answer a finished batch's requests with its outputs), Drop (answer requests
@@ -125,6 +127,7 @@ class Scheduler:
         self.d_data = d_data
         self.deadline_margin = deadline_margin
         self.timer_lead = timer_lead
+        self._rate_window_s = rate_window_s
         self.rates: dict[str, RateMeter] = {
             m.name: RateMeter(rate_window_s, m.expected_rate) for m in models
         }
@@ -281,6 +284,34 @@ class Scheduler:
         self._fire_timers(now)
         return self._take()
 
+    def add_model(self, model: ModelInfo, now: float) -> list[Decision]:
+        """Serve `model` from `now` on (a model loaded while serving); its
+        name must not be served already."""
+        if model.name in self.models:
+            raise ValueError(f"model {model.name!r} is served already")
+        now = self._tick(now)
+        self.models[model.name] = model
+        self.rates[model.name] = RateMeter(self._rate_window_s, model.expected_rate)
+        self._alone[model.name] = self.delay(1) + self.latency(model, 1, self._fastest)
+        self._on_model_added(model, now)
+        self._fire_timers(now)
+        return self._take()
+
+    def remove_model(self, name: str, now: float) -> list[Decision]:
+        """Stop serving `name` at `now` (a model unloaded): its queued
+        requests are dropped with DropReason.UNLOADED, a later one with
+        NOT_SERVED. Its batches in flight run to their end and are answered
+        as usual; their requests are dropped UNLOADED if the batch is stopped
+        or its device fails (they cannot be run again)."""
+        if name not in self.models:
+            raise ValueError(f"unknown model {name!r}")
+        now = self._tick(now)
+        queued = self._on_model_removed(name, now)
+        del self.models[name], self.rates[name], self._alone[name]
+        self._drop(queued, DropReason.UNLOADED)
+        self._fire_timers(now)
+        return self._take()
+
     def devices_up(self) -> tuple[int, ...]:
         return self._up
 
@@ -319,6 +350,15 @@ class Scheduler:
     def _requeue(self, requests: list[Request], now: float) -> None:
         """Take back requests of a stopped or failed batch (each can still
         finish alone) and schedule them."""
+        raise NotImplementedError
+
+    def _on_model_added(self, model: ModelInfo, now: float) -> None:
+        """Keep per-model state for `model` (already in `self.models`)."""
+        raise NotImplementedError
+
+    def _on_model_removed(self, name: str, now: float) -> list[Request]:
+        """Forget `name` (still in `self.models`): its per-model state and
+        timers; return its queued requests (the base drops them)."""
         raise NotImplementedError
 
     # ------------------------------------------------------- helpers for policies
@@ -433,8 +473,13 @@ class Scheduler:
         they can still finish alone, else dropped with `reason`."""
         back: list[Request] = []
         failed: list[Request] = []
+        unloaded: list[Request] = []
         for request in requests:
-            (back if self.can_finish_alone(request, now) else failed).append(request)
+            if request.model not in self.models:
+                unloaded.append(request)
+            else:
+                (back if self.can_finish_alone(request, now) else failed).append(request)
+        self._drop(unloaded, DropReason.UNLOADED)
         self._drop(failed, reason)
         if back:
             self._requeue(back, now)

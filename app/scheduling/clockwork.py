@@ -98,6 +98,13 @@ class ClockworkScheduler(ReplanningScheduler):
         self.queues.add_all(requests)
         self._schedule(now)
 
+    def _on_model_added(self, model: ModelInfo, now: float) -> None:
+        self.queues.add_model(model.name)
+
+    def _on_model_removed(self, name: str, now: float) -> list[Request]:
+        self.timers.cancel(("drop", name))
+        return self.queues.remove_model(name)
+
     # ---------------------------------------------------------------- policy
 
     def _schedule(self, now: float) -> None:

@@ -96,6 +96,7 @@ class FlexScheduler(Scheduler):
         self.preemption_delay = preemption_delay_ms / 1000.0
         if not preemption:
             self.name = "flex-np"
+        self._max_batch = max_batch
         self._cap = {name: min(m.max_batch, max_batch) for name, m in self.models.items()}
         self.queues = ModelQueues(list(self.models))
 
@@ -127,6 +128,16 @@ class FlexScheduler(Scheduler):
         for name in self.queues.add_all(requests):
             self._offer_to_devices(now, name)
         self._set_drop_timer(now)
+
+    def _on_model_added(self, model: ModelInfo, now: float) -> None:
+        self._cap[model.name] = min(model.max_batch, self._max_batch)
+        self.queues.add_model(model.name)
+
+    def _on_model_removed(self, name: str, now: float) -> list[Request]:
+        del self._cap[name]
+        queued = self.queues.remove_model(name)
+        self._set_drop_timer(now)  # one timer for every queue: re-armed without it
+        return queued
 
     # ------------------------------------------------------------ device faults
 

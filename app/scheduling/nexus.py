@@ -185,10 +185,28 @@ class NexusScheduler(Scheduler):
             if device is not None and not self.batches_on(device):
                 self._serve(device, now)
 
+    def _on_model_added(self, model: ModelInfo, now: float) -> None:
+        self._replan_devices(now)
+
+    def _on_model_removed(self, name: str, now: float) -> list[Request]:
+        queued: list[Request] = []
+        for device, queues in self._dq.items():
+            queue = queues.pop(name, None)
+            if queue is not None:
+                queued.extend(queue)
+                self.timers.cancel(("nexus", device, name))
+        # the plan without it: the base forgets the model once this returns
+        model = self.models.pop(name)
+        try:
+            self._replan_devices(now)
+        finally:
+            self.models[name] = model
+        return queued
+
     def _replan_devices(self, now: float) -> None:
         """Re-plan over the devices up now (the epoch's rates, else the hints)."""
         self._device_ids = list(self.devices_up())
-        if not self._device_ids:
+        if not self._device_ids or not self.models:
             self._routers = []
             return
         rates: dict[str, float | None] = {m: self.rates[m].rate(now) for m in self.models}

@@ -230,3 +230,10 @@ class ModelQueues(dict[str, DeadlineQueue]):
 
     def total_items(self) -> int:
         return sum(queue.items for queue in self.values())
+
+    def add_model(self, name: str) -> None:
+        self[name] = DeadlineQueue()
+
+    def remove_model(self, name: str) -> list[Request]:
+        """Forget `name`'s queue; its requests, earliest deadline first."""
+        return list(self.pop(name))

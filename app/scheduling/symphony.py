@@ -122,14 +122,13 @@ class SymphonyScheduler(Scheduler):
         # Timer keys, built once: they are used on every arrival.
         # Timer keys are strings (their hash is cached, unlike a tuple's);
         # `_timer_target` maps each back to (kind, model).
-        self._model_key = {name: f"model:{name}" for name in self.models}
-        self._drop_key = {name: f"drop:{name}" for name in self.models}
+        self._model_key: dict[str, str] = {}
+        self._drop_key: dict[str, str] = {}
         self._timer_target: dict[Hashable, tuple[str, str | None]] = {
             _DEVICE_TIMER: ("device", None)
         }
         for name in self.models:
-            self._timer_target[self._model_key[name]] = ("model", name)
-            self._timer_target[self._drop_key[name]] = ("drop", name)
+            self._add_timer_keys(name)
         if work_conserving:
             self.name = "symphony-wc"
         self.queues = ModelQueues(list(self.models))
@@ -141,14 +140,18 @@ class SymphonyScheduler(Scheduler):
             raise ValueError(f"max_batch must be ≥ 1, got {max_batch}")
         if stagger_slack is not None and stagger_slack < 0:
             raise ValueError(f"stagger_slack must be ≥ 0, got {stagger_slack}")
+        self._max_batch, self._stagger_slack = max_batch, stagger_slack
         self._cap = {
             name: self._full_size(m, max_batch, stagger_slack) for name, m in self.models.items()
         }
         # β of ℓ(b) = α·b + β (a table profile's fitted intercept, at least 0)
-        self._beta = {
-            name: max(m.profile.beta if m.profile.beta is not None else m.profile.latency(1), 0.0)
-            for name, m in self.models.items()
-        }
+        self._beta = {name: _intercept(m) for name, m in self.models.items()}
+
+    def _add_timer_keys(self, name: str) -> None:
+        self._model_key[name] = model_key = f"model:{name}"
+        self._drop_key[name] = drop_key = f"drop:{name}"
+        self._timer_target[model_key] = ("model", name)
+        self._timer_target[drop_key] = ("drop", name)
 
     def _full_size(
         self, model: ModelInfo, max_batch: int | None, stagger_slack: float | None
@@ -228,6 +231,25 @@ class SymphonyScheduler(Scheduler):
         for name in self.queues.add_all(requests):
             self._update_candidate(self.models[name], -_INF, 1.0, now)
             self._inform_candidate(name, now)
+
+    # ------------------------------------------------------------ model changes
+
+    def _on_model_added(self, model: ModelInfo, now: float) -> None:
+        name = model.name
+        self._add_timer_keys(name)
+        self.queues.add_model(name)
+        self.candidates[name] = None
+        self._cap[name] = self._full_size(model, self._max_batch, self._stagger_slack)
+        self._beta[name] = _intercept(model)
+
+    def _on_model_removed(self, name: str, now: float) -> list[Request]:
+        for key in (self._model_key.pop(name), self._drop_key.pop(name)):
+            self.timers.cancel(key)
+            del self._timer_target[key]
+        del self.candidates[name], self._cap[name], self._beta[name]
+        if self.waiting.pop(name, None) is not None:
+            self._set_device_timer()
+        return self.queues.remove_model(name)
 
     def queued(self) -> int:
         return self.queues.total()
@@ -454,3 +476,9 @@ class SymphonyScheduler(Scheduler):
             self.free_at[device] = _INF
             self._granted_device(name, device, free_at, now)
         self._set_device_timer()
+
+
+def _intercept(model: ModelInfo) -> float:
+    """β of ℓ(b) = α·b + β (a table profile's fitted intercept, at least 0)."""
+    profile = model.profile
+    return max(profile.beta if profile.beta is not None else profile.latency(1), 0.0)

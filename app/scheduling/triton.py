@@ -174,20 +174,29 @@ class TritonScheduler(ReplanningScheduler):
             "preferred_batch_sizes": preferred_batch_sizes,
             "max_queue_size": max_queue_size,
         }
-        self.config: dict[str, BatcherConfig] = {}
-        for name, model in self.models.items():
-            own = dict(per_model.get(name, {}))
+        for name, own in per_model.items():
             if set(own) - set(shared):
                 raise ValueError(
                     f"model_options[{name!r}]: no option {sorted(set(own) - set(shared))}; "
                     f"per model: {sorted(shared)}"
                 )
-            wanted = max_batch.get(name) if isinstance(max_batch, Mapping) else max_batch
-            self.config[name] = batcher_config(model, wanted, **{**shared, **own})  # type: ignore[arg-type]
+        # What each model's BatcherConfig is made from (also for a model added later).
+        self._max_batch = max_batch
+        self._shared = shared
+        self._per_model = per_model
+        self.config: dict[str, BatcherConfig] = {
+            name: self._batcher_config(model) for name, model in self.models.items()
+        }
 
         # FIFO per model, ordered by (arrival, id), and the items it holds.
         self.fifo: dict[str, SortedList] = {name: SortedList() for name in self.models}
         self._items: dict[str, int] = dict.fromkeys(self.models, 0)
+
+    def _batcher_config(self, model: ModelInfo) -> BatcherConfig:
+        max_batch = self._max_batch
+        wanted = max_batch.get(model.name) if isinstance(max_batch, Mapping) else max_batch
+        own = self._per_model.get(model.name, {})
+        return batcher_config(model, wanted, **{**self._shared, **own})  # type: ignore[arg-type]
 
     def queued(self) -> int:
         return sum(len(fifo) for fifo in self.fifo.values())
@@ -210,6 +219,18 @@ class TritonScheduler(ReplanningScheduler):
             self.fifo[request.model].add((request.arrival, request.id, request))
             self._items[request.model] += request.items
         self._schedule(now)
+
+    def _on_model_added(self, model: ModelInfo, now: float) -> None:
+        self.config[model.name] = self._batcher_config(model)
+        self.fifo[model.name] = SortedList()
+        self._items[model.name] = 0
+
+    def _on_model_removed(self, name: str, now: float) -> list[Request]:
+        self.timers.cancel(("timeout", name))
+        self.timers.cancel(("delay", name))
+        del self.config[name]
+        del self._items[name]
+        return [entry[2] for entry in self.fifo.pop(name)]
 
     # ---------------------------------------------------------------- policy
 

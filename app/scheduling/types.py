@@ -45,6 +45,7 @@ class DropReason(str, Enum):
     OVERLOADED = "overloaded"  # refused at admission
     NOT_SERVED = "not_served"  # no device hosts its model
     DEVICE_FAILED = "device_failed"  # its device failed mid-batch and it cannot make it elsewhere
+    UNLOADED = "unloaded"  # its model was unloaded before it ran
 
 
 @dataclass(slots=True)

@@ -28,6 +28,7 @@ devices that host exactly the same set of models.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import itertools
 import logging
 import time
@@ -39,6 +40,7 @@ from typing import Protocol
 from app.errors import Dropped, ShuttingDown
 from app.runtime.events import BatchFinished, BatchStopped, DeviceDown, DeviceUp, ExecutorEvent
 from app.scheduling.base import Scheduler
+from app.scheduling.model import ModelInfo
 from app.scheduling.types import (
     Batch,
     Complete,
@@ -300,6 +302,40 @@ class Dispatcher:
 
         self._run(advance_due_cores)
 
+    # --------------------------------------------------------- model control
+
+    def add_model(self, model: ModelInfo, devices: tuple[int, ...]) -> bool:
+        """Serve `model` (loaded while serving) on the core of exactly
+        `devices`; False when no core has that set of devices."""
+        index = next((i for i, g in enumerate(self.groups) if g.devices == devices), None)
+        if index is None:
+            return False
+        group = self.groups[index]
+        self._replace(index, dataclasses.replace(group, models=group.models | {model.name}))
+        self._run(lambda: self._apply(group.scheduler.add_model(model, self._clock())))
+        return True
+
+    def add_group(self, group: CoreGroup) -> None:
+        """A new core, on devices no other core has."""
+        taken = {d for g in self.groups for d in g.devices} & set(group.devices)
+        if taken:
+            raise ValueError(f"devices {sorted(taken)} belong to another core")
+        self.groups.append(group)
+        self._replace(len(self.groups) - 1, group)
+
+    def remove_model(self, model: str) -> None:
+        """Stop serving `model`: its core drops what it still queues (503
+        unloaded); its batches in flight are answered as usual."""
+        index = next(i for i, g in enumerate(self.groups) if model in g.models)
+        group = self.groups[index]
+        self._replace(index, dataclasses.replace(group, models=group.models - {model}))
+        self._run(lambda: self._apply(group.scheduler.remove_model(model, self._clock())))
+
+    def _replace(self, index: int, group: CoreGroup) -> None:
+        self.groups[index] = group
+        self._by_model = {m: g for g in self.groups for m in g.models}
+        self._by_device = {d: g for g in self.groups for d in g.devices}
+
     # -------------------------------------------------------------- shutdown
 
     def fail_all(self, error: Exception) -> int:
@@ -326,4 +362,5 @@ _DROP_MESSAGES = {
     DropReason.OVERLOADED: "dropped: server overloaded",
     DropReason.NOT_SERVED: "dropped: no device serves this model",
     DropReason.DEVICE_FAILED: "dropped: its device failed and the deadline can no longer be met",
+    DropReason.UNLOADED: "dropped: its model was unloaded before it ran",
 }

@@ -15,6 +15,12 @@ grace at once). Only then does `stop` cancel the batches still on the
 executors (their results have no one left to go to), stop the executors and
 free the shared memory. So every accepted request gets exactly one answer,
 and the server's own wait for open connections ends with the grace.
+
+Two hooks feed Triton's statistics (app/server/statistics.py): `infer`
+counts a request answered with an error, `_count_success` one answered with
+outputs, `_on_batch` each batch once. Models are loaded and unloaded while
+serving by app/server/model_control.py (`load_model`, `unload_model`); a
+model in `control_state` takes no requests.
 """
 
 from __future__ import annotations
@@ -32,7 +38,9 @@ from app.errors import (
     InvalidInput,
     ModelNotFound,
     ModelNotReady,
+    ModelUnloaded,
     Overloaded,
+    ServingError,
     ShuttingDown,
 )
 from app.repository.config import ModelConfig
@@ -42,13 +50,14 @@ from app.runtime.pool import ExecutorPool
 from app.runtime.realtime import SchedState, restore, set_fifo
 from app.scheduling.autoscale import advised_device_change
 from app.scheduling.types import Batch
-from app.server import startup
+from app.server import model_control, startup
 from app.server.dispatcher import Dispatcher, Finished
 from app.server.heap import freeze_startup_heap, thaw_heap
 from app.server.metrics import Metrics
 from app.server.service import InferResult
 from app.server.settings import Settings
 from app.server.startup import ModelState
+from app.server.statistics import Statistics
 
 
 def request_items(config: ModelConfig, inputs: dict[str, np.ndarray]) -> int:
@@ -98,6 +107,12 @@ class LiveService:
         self._sched_before: SchedState | None = None  # the loop thread's, if changed
         # Per model, requests accepted and not yet answered (MAX_QUEUE).
         self._outstanding: dict[str, int] = {}
+        # Triton's statistics extension (app/server/statistics.py).
+        self.statistics = Statistics()
+        # Model control (app/server/model_control.py): models being loaded or
+        # unloaded ("loading", "unloading"), which take no requests.
+        self.control_state: dict[str, str] = {}
+        self._control_lock = asyncio.Lock()
 
     # ------------------------------------------------------------- lifecycle
 
@@ -116,6 +131,8 @@ class LiveService:
             settings, self.devices, index, self._on_event
         )
         self.unavailable.update(unavailable)
+        for name, state in self.models.items():
+            self.statistics.add_model(name, state.config.version)
         self._check_loaded(self.models)
         for state in self.models.values():
             device = self._device(state.devices[0])
@@ -146,8 +163,15 @@ class LiveService:
             raise
 
     def failed(self) -> dict[str, str]:
-        """The models that should be served and are not, with the reason."""
-        return {n: r for n, r in self.unavailable.items() if n not in self.optional}
+        """The models that should be served and are not, with the reason
+        (not those unloaded, or being loaded, on request)."""
+        return {
+            n: r
+            for n, r in self.unavailable.items()
+            if n not in self.optional
+            and r != model_control.UNLOADED
+            and n not in self.control_state
+        }
 
     def begin_shutdown(self, why: str = "shutdown") -> None:
         """Refuse new requests from now on; those accepted get the grace
@@ -214,14 +238,47 @@ class LiveService:
     def _device(self, device_id: int) -> ExecutorDevice:
         return next(d for d in self.devices if d.id == device_id)
 
+    def device(self, device_id: int) -> ExecutorDevice:
+        return self._device(device_id)
+
+    def outstanding(self, model: str) -> int:
+        """Requests for `model` accepted and not yet answered."""
+        return self._outstanding.get(model, 0)
+
+    # ----------------------------------------------------------- model control
+
+    async def load_model(self, name: str, config_override: str | None = None) -> None:
+        """(Re)load `name` from the repository, optionally with a config
+        override (JSON), without a restart (app/server/model_control.py)."""
+        async with self._control_lock:
+            self._check_serving()
+            await model_control.load(self, name, config_override)
+
+    async def unload_model(self, name: str) -> None:
+        """Unload `name`: it takes no new requests, those accepted are
+        answered, then its executors and arena let go of it."""
+        async with self._control_lock:
+            self._check_serving()
+            await model_control.unload(self, name)
+
+    def _check_serving(self) -> None:
+        if self.closing:
+            raise ShuttingDown("server is shutting down")
+        if not self.ready or self.dispatcher is None:
+            raise ModelNotReady("server is starting")
+
     # ------------------------------------------------------------- service API
 
     def model_names(self) -> list[str]:
         return sorted(self.models)
 
     def model_config(self, name: str) -> ModelConfig:
+        if name in self.control_state:
+            raise ModelUnloaded(f"model {name!r} is {self.control_state[name]}")
         state = self.models.get(name)
         if state is None:
+            if self.unavailable.get(name) == model_control.UNLOADED:
+                raise ModelUnloaded(f"model {name!r} is unloaded")
             if name in self.unavailable:
                 reason = self._relative(self.unavailable[name])
                 raise ModelNotReady(f"model {name!r} is unavailable: {reason}")
@@ -230,7 +287,7 @@ class LiveService:
 
     def model_ready(self, name: str) -> bool:
         state = self.models.get(name)
-        if state is None or not self.ready or self.pool is None:
+        if state is None or not self.ready or self.pool is None or name in self.control_state:
             return False
         return any(self.pool.alive(d) for d in state.devices)
 
@@ -242,7 +299,8 @@ class LiveService:
             return False
         if self.settings.strict_readiness and self.failed():
             return False
-        return all(self.model_ready(name) for name in self.models)
+        serving = [name for name in self.models if name not in self.control_state]
+        return all(self.model_ready(name) for name in serving)
 
     def capacity(self) -> dict[str, object]:
         """Devices alive / total and the models left without a live device
@@ -252,7 +310,9 @@ class LiveService:
         return {
             "devices_alive": len(alive),
             "devices_total": len(self.devices),
-            "models_unavailable": sorted(n for n in self.models if not self.model_ready(n)),
+            "models_unavailable": sorted(
+                n for n in self.models if not self.model_ready(n) and n not in self.control_state
+            ),
             "models_failed": sorted(self.failed()) if self.settings.strict_readiness else [],
         }
 
@@ -262,7 +322,7 @@ class LiveService:
                 "name": name,
                 "version": state.config.version,
                 "state": "READY" if self.model_ready(name) else "UNAVAILABLE",
-                "reason": "",
+                "reason": self.control_state.get(name, ""),
             }
             for name, state in self.models.items()
         ]
@@ -278,11 +338,12 @@ class LiveService:
             for version in state.config.unserved_versions
         ]
         for name, reason in self.unavailable.items():
+            loading = self.control_state.get(name) == "loading"
             index.append(
                 {
                     "name": name,
                     "version": "1",
-                    "state": "UNAVAILABLE",
+                    "state": "LOADING" if loading else "UNAVAILABLE",
                     "reason": self._relative(reason),
                 }
             )
@@ -296,7 +357,37 @@ class LiveService:
             reason = reason.replace(root, "")
         return reason
 
+    def model_statistics(
+        self, name: str | None = None, version: str | None = None
+    ) -> dict[str, object]:
+        """Triton's statistics response (app/server/statistics.py): every
+        loaded model's, or `name`'s (the caller checks that it exists)."""
+        return self.statistics.report(name, version)
+
     async def infer(
+        self,
+        model: str,
+        inputs: dict[str, np.ndarray],
+        *,
+        slo_ms: float | None = None,
+        request_id: str | None = None,
+        received_at: float | None = None,
+    ) -> InferResult:
+        """Answer one request (`_serve`). One answered with an error is
+        counted in its model's statistics here; one answered with outputs
+        where its timings are known (`_count_success`)."""
+        began = time.monotonic()
+        try:
+            return await self._serve(
+                model, inputs, slo_ms=slo_ms, request_id=request_id, received_at=received_at
+            )
+        except ServingError:
+            now = time.monotonic()
+            arrival = began if received_at is None else min(received_at, began)
+            self.statistics.request_failed(model, total_s=now - arrival, at_ms=_epoch_ms())
+            raise
+
+    async def _serve(
         self,
         model: str,
         inputs: dict[str, np.ndarray],
@@ -372,6 +463,7 @@ class LiveService:
             self.metrics.request_finished(
                 model, latency, queue, finished.batch.size, latency <= slo / 1000.0
             )
+            self._count_success(model, inputs, request.arrival, seen_at, finished, now)
             return InferResult(
                 model=model,
                 request_id=request_id,
@@ -386,6 +478,29 @@ class LiveService:
         finally:
             if release:
                 self._settle(model, state, slots)
+
+    def _count_success(
+        self,
+        model: str,
+        inputs: dict[str, np.ndarray],
+        arrival: float,
+        seen_at: float,
+        finished: Finished,
+        now: float,
+    ) -> None:
+        """A request answered with outputs, in its model's statistics: the
+        mapping of these times to Triton's fields is app/server/statistics.py's."""
+        self.statistics.request_succeeded(
+            model,
+            items=_items(inputs),
+            total_s=now - arrival,
+            queue_s=max(0.0, finished.started_at - arrival),
+            input_s=max(0.0, seen_at - arrival),
+            infer_s=finished.finished_at - finished.started_at,
+            output_s=max(0.0, now - finished.finished_at),
+            at_ms=_epoch_ms(),
+            batch=(finished.batch.device, finished.batch.id),
+        )
 
     def _abandoned(
         self, future: asyncio.Future, model: str, state: ModelState, slots: list[int]
@@ -429,6 +544,13 @@ class LiveService:
             device = self._device(batch.device).name
             compute_s = finished.finished_at - finished.started_at
             self.metrics.batch_executed(batch.model, device, batch.size, compute_s)
+            self.statistics.batch_executed(
+                batch.model,
+                batch=(batch.device, batch.id),
+                batch_size=batch.size,
+                requests=len(batch.requests),
+                infer_s=compute_s,
+            )
 
     async def _publish_signals(self, period_s: float = 5.0) -> None:
         """Symphony's autoscaling signals (§4.4) to /metrics, every period."""
@@ -453,3 +575,15 @@ class LiveService:
             self.metrics.set_autoscale(
                 bad_rate, idle_fraction, advised_device_change(devices, bad_rate, idle_fraction)
             )
+
+
+def _items(inputs: dict[str, np.ndarray]) -> int:
+    """A request's item count: its inputs' batch dimension (1 when it has none)."""
+    for array in inputs.values():
+        return int(array.shape[0]) if array.ndim else 1
+    return 1
+
+
+def _epoch_ms() -> int:
+    """Now, in milliseconds since the epoch (Triton's `last_inference`)."""
+    return time.time_ns() // 1_000_000

@@ -45,6 +45,13 @@ class InferenceService(Protocol):
 
     def server_ready(self) -> bool: ...
 
+    def model_statistics(
+        self, name: str | None = None, version: str | None = None
+    ) -> dict[str, Any]:
+        """Triton's statistics response, `{"model_stats": [...]}`: every
+        loaded model's, or `name`'s (app/server/statistics.py)."""
+        ...
+
     def repository_index(self) -> list[dict[str, str]]:
         """[{name, version, state: READY|UNAVAILABLE|LOADING, reason}]"""
         ...

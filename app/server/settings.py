@@ -363,7 +363,7 @@ class Settings:
         metadata=_setting(
             "ADMIN_TOKEN",
             Text(metavar="TOKEN"),
-            "bearer token that management routes will require (none exists yet; see Exposure)",
+            "bearer token that management routes (model load/unload) require; see Exposure",
             shown="none",
         ),
     )
