@@ -106,7 +106,7 @@ def test_every_readme_command_is_run_or_listed_with_its_reason() -> None:
     assert len(commands) == len(set(commands)), "a command appears twice"
     assert run_set(commands) | set(NOT_RUN) == set(commands)
     assert not run_set(commands) & set(NOT_RUN)
-    assert len(client_commands(commands)) == 5
+    assert len(client_commands(commands)) == 7
     # README's test line is exactly what CI runs.
     assert CI_LINE in README.read_text()
     assert CI_LINE in (ROOT / ".ci" / "run").read_text().splitlines()
@@ -195,7 +195,7 @@ def test_quick_start_commands(serve_readme, cli_env) -> None:
         done = _bash(command.replace("localhost:8000", f"localhost:{port}"), cli_env)
         assert done.returncode == 0, (command, done.stderr)
         outputs.append(done.stdout)
-    ready, native, v2, metadata, metrics = outputs
+    ready, native, v2, metadata, metrics, unload, load = outputs
     assert ready == "200\n"
     answer = orjson.loads(native)
     assert answer["outputs"]["output"]["shape"][-1] == 16, answer
@@ -203,6 +203,10 @@ def test_quick_start_commands(serve_readme, cli_env) -> None:
     assert answer["outputs"][0]["shape"] == [1, 16], answer
     assert orjson.loads(metadata)["name"] == "mlp"
     assert all("goodput" in line for line in metrics.splitlines()) and metrics.strip()
+    # Model control: mlp unloaded, then loaded again with max_batch_size 8.
+    assert unload == "{}" and load == "{}", (unload, load)  # 200, as Triton answers
+    config = httpx.get(f"{url}/v2/models/mlp/config", timeout=10).json()
+    assert config["max_batch_size"] == 8, config
     # The gRPC example, against the same server.
     example = _python_examples()["tritonclient.grpc"]
     done = subprocess.run(
