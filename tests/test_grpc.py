@@ -247,16 +247,65 @@ async def test_service_errors_map_to_the_status_table(fake):
     # "executor exploded" stays in the log
     _, details = await fake.call("ModelInfer", infer_request("broken"))
     assert "exploded" not in details
-    for rpc, what in (
-        ("ModelStatistics", "model statistics are not implemented yet"),
-        ("RepositoryModelLoad", "loading models at run time is not implemented yet"),
-        ("RepositoryModelUnload", "unloading models at run time is not implemented yet"),
-    ):
-        request = getattr(pb, f"{rpc}Request")()
-        assert await fake.call(rpc, request) == (
-            grpc.StatusCode.UNIMPLEMENTED,
-            f"{rpc}: {what} (reason: unimplemented)",
-        )
+
+
+@pytest.mark.anyio
+async def test_statistics_and_model_control_reach_the_service(fake):
+    stats = await fake.call("ModelStatistics", pb.ModelStatisticsRequest(name="add_one"))
+    assert [(m.name, m.version, m.inference_count) for m in stats.model_stats] == [
+        ("add_one", "1", 0)
+    ]
+    every = await fake.call("ModelStatistics", pb.ModelStatisticsRequest())
+    assert {m.name for m in every.model_stats} == set(fake.service.configs)
+    code, details = await fake.call("ModelStatistics", pb.ModelStatisticsRequest(name="nope"))
+    assert code == grpc.StatusCode.NOT_FOUND and "unknown model 'nope'" in details
+
+    load = pb.RepositoryModelLoadRequest(model_name="add_one")
+    load.parameters["config"].string_param = '{"max_batch_size": 4}'
+    assert isinstance(await fake.call("RepositoryModelLoad", load), pb.RepositoryModelLoadResponse)
+    unload = pb.RepositoryModelUnloadRequest(model_name="add_one")
+    assert isinstance(
+        await fake.call("RepositoryModelUnload", unload), pb.RepositoryModelUnloadResponse
+    )
+    assert fake.service.calls[-2:] == [
+        {"load": "add_one", "config": '{"max_batch_size": 4}'},
+        {"unload": "add_one"},
+    ]
+    load.parameters["priority"].int64_param = 3
+    code, details = await fake.call("RepositoryModelLoad", load)
+    assert code == grpc.StatusCode.INVALID_ARGUMENT and "'priority'" in details
+    code, details = await fake.call(
+        "RepositoryModelLoad", pb.RepositoryModelLoadRequest(model_name="../x")
+    )
+    assert code == grpc.StatusCode.INVALID_ARGUMENT and "invalid model name" in details
+
+
+@pytest.mark.anyio
+async def test_model_control_follows_the_admin_rules_of_the_http_routes():
+    service = FakeService()
+    unload = pb.RepositoryModelUnloadRequest(model_name="add_one")
+    # A public bind without a token: refused, as the HTTP routes are (403).
+    settings = Settings(host="0.0.0.0", grpc_port=free_port())
+    endpoint = await start_grpc_endpoint(settings, lambda: service)
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{settings.grpc_port}") as channel:
+        stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
+        with pytest.raises(grpc.aio.AioRpcError) as error:
+            await stub.RepositoryModelUnload(unload)
+        assert error.value.code() == grpc.StatusCode.PERMISSION_DENIED
+        assert "no ADMIN_TOKEN is set" in error.value.details()
+    await endpoint.stop()
+    # With a token: the call's authorization metadata must carry it (401).
+    settings = Settings(grpc_port=free_port(), admin_token="s3cret")
+    endpoint = await start_grpc_endpoint(settings, lambda: service)
+    async with grpc.aio.insecure_channel(endpoint.address) as channel:
+        stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
+        for metadata in (None, (("authorization", "Bearer wrong"),)):
+            with pytest.raises(grpc.aio.AioRpcError) as error:
+                await stub.RepositoryModelUnload(unload, metadata=metadata)
+            assert error.value.code() == grpc.StatusCode.UNAUTHENTICATED
+        await stub.RepositoryModelUnload(unload, metadata=(("authorization", "Bearer s3cret"),))
+    await endpoint.stop()
+    assert service.calls == [{"unload": "add_one"}]
 
 
 @pytest.mark.anyio

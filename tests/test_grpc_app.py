@@ -289,3 +289,36 @@ def test_sigterm_answers_every_grpc_call_and_refuses_new_ones(tmp_path, launch_d
         assert "(reason: shutting_down)" in error.message(), error
     assert f"gRPC endpoint on 127.0.0.1:{grpc_port} stopped" in log, log[-3000:]
     assert "Traceback" not in log, log[-3000:]
+
+
+def test_tritonclient_statistics_and_model_control(triton):
+    """Statistics count what was sent; unload and load go through the live
+    service (the server binds loopback without ADMIN_TOKEN: allowed)."""
+    import tritonclient.grpc as tg
+    from tritonclient.utils import InferenceServerException
+
+    def inferences() -> tuple[int, int]:
+        (stats,) = triton.get_inference_statistics("densenet121-emulated").model_stats
+        return stats.inference_stats.success.count, stats.inference_count
+
+    before_requests, before_items = inferences()
+    for items in (1, 3, 2):
+        tensor = tg.InferInput("input", [items, 16], "FP32")
+        tensor.set_data_from_numpy(np.ones((items, 16), np.float32))
+        triton.infer("densenet121-emulated", [tensor])
+    assert inferences() == (before_requests + 3, before_items + 6)
+
+    triton.unload_model("densenet121-emulated")
+    assert not triton.is_model_ready("densenet121-emulated")
+    tensor = tg.InferInput("input", [1, 16], "FP32")
+    tensor.set_data_from_numpy(np.ones((1, 16), np.float32))
+    with pytest.raises(InferenceServerException) as error:
+        triton.infer("densenet121-emulated", [tensor])
+    assert error.value.status() == "StatusCode.UNAVAILABLE"
+    assert "unloaded" in error.value.message()
+    triton.load_model("densenet121-emulated", config='{"max_batch_size": 8}')
+    assert triton.is_model_ready("densenet121-emulated")
+    assert triton.get_model_config("densenet121-emulated").config.max_batch_size == 8
+    np.testing.assert_array_equal(
+        triton.infer("densenet121-emulated", [tensor]).as_numpy("output"), np.ones((1, 16))
+    )

@@ -135,6 +135,27 @@ _bearer = HTTPBearer(
 )
 
 
+def check_management(token: str | None, host: str, presented: str | None) -> None:
+    """Whether a management request may go on: `token` is ADMIN_TOKEN (None
+    or "" for none), `host` the bind address, `presented` the request's
+    bearer token (None for none). ManagementDisabled (403) or Unauthorized
+    (401) when not; the HTTP guard and the gRPC endpoint share this."""
+    if not token:
+        if is_loopback(host):
+            return
+        raise ManagementDisabled(
+            f"management routes are disabled: the server is bound to {host!r}, which is not "
+            f"a loopback address, and no {ADMIN_TOKEN_ENV} is set"
+        )
+    if presented is None:
+        raise Unauthorized(
+            "this route needs an 'Authorization: Bearer <token>' header "
+            f"(the server's {ADMIN_TOKEN_ENV})"
+        )
+    if not hmac.compare_digest(presented.encode(), token.encode()):
+        raise Unauthorized("invalid bearer token", invalid_token=True)
+
+
 def require_token(token: str | None, *, host: str = "127.0.0.1") -> Callable[..., Awaitable[None]]:
     """A FastAPI dependency guarding management routes (see the module docstring).
 
@@ -142,26 +163,13 @@ def require_token(token: str | None, *, host: str = "127.0.0.1") -> Callable[...
     address the server binds. Errors are `ServingError`s, answered as
     `{"error", "reason"}` JSON by the handlers `install` adds.
     """
-    expected = token.encode() if token else None
+    expected = token or None
     loopback = is_loopback(host)
 
     async def guard(
         credentials: HTTPAuthorizationCredentials | None = Security(_bearer),  # noqa: B008
     ) -> None:
-        if expected is None:
-            if loopback:
-                return
-            raise ManagementDisabled(
-                f"management routes are disabled: the server is bound to {host!r}, which is not "
-                f"a loopback address, and no {ADMIN_TOKEN_ENV} is set"
-            )
-        if credentials is None:
-            raise Unauthorized(
-                "this route needs an 'Authorization: Bearer <token>' header "
-                f"(the server's {ADMIN_TOKEN_ENV})"
-            )
-        if not hmac.compare_digest(credentials.credentials.encode(), expected):
-            raise Unauthorized("invalid bearer token", invalid_token=True)
+        check_management(expected, host, credentials.credentials if credentials else None)
 
     # Whether a request needs no token (loopback, none set): the OpenAPI
     # document then says the bearer token is optional (app.api.repository_routes).
@@ -175,6 +183,7 @@ __all__ = [
     "InvalidModelName",
     "ManagementDisabled",
     "Unauthorized",
+    "check_management",
     "check_model_name",
     "exposure_warning",
     "is_loopback",

@@ -18,6 +18,7 @@ from pydantic import BaseModel, Field
 from app.api.context import ApiContext, lookup_model
 from app.api.openapi import NOT_FOUND_RESPONSES
 from app.errors import ModelNotReady
+from app.server.service import InferenceService
 
 
 class StatDuration(BaseModel):
@@ -57,10 +58,11 @@ class ModelStatisticsResponse(BaseModel):
     model_stats: list[ModelStatistics]
 
 
-def model_statistics(ctx: ApiContext, name: str | None, version: str | None) -> dict[str, Any]:
+def model_statistics(
+    service: InferenceService, name: str | None, version: str | None
+) -> dict[str, Any]:
     """Every loaded model's statistics, or one model's (404 unknown model or
-    version, 503 a model that is unavailable)."""
-    service = ctx.get_service()
+    version, 503 a model that is unavailable); HTTP's and gRPC's."""
     if name is None:
         return service.model_statistics()
     config = lookup_model(service, name, version)
@@ -84,7 +86,7 @@ def add_statistics_routes(router: APIRouter, ctx: ApiContext) -> None:
         operation_id="v2_models_stats",
     )
     async def get_models_stats() -> dict[str, Any]:
-        return model_statistics(ctx, None, None)
+        return model_statistics(ctx.get_service(), None, None)
 
     @router.get(
         "/v2/models/{name}/stats",
@@ -95,7 +97,7 @@ def add_statistics_routes(router: APIRouter, ctx: ApiContext) -> None:
         operation_id="v2_model_stats",
     )
     async def get_model_stats(name: str) -> dict[str, Any]:
-        return model_statistics(ctx, name, None)
+        return model_statistics(ctx.get_service(), name, None)
 
     @router.get(
         "/v2/models/{name}/versions/{version}/stats",
@@ -106,4 +108,4 @@ def add_statistics_routes(router: APIRouter, ctx: ApiContext) -> None:
         operation_id="v2_model_version_stats",
     )
     async def get_model_version_stats(name: str, version: str) -> dict[str, Any]:
-        return model_statistics(ctx, name, version)
+        return model_statistics(ctx.get_service(), name, version)

@@ -17,7 +17,7 @@ The modules, from the socket inwards:
 
     lifecycle   start and stop the server in the app's lifespan (GRPC_PORT on HOST)
     servicer    the RPCs: health, metadata, config, readiness, inference, index
-    extensions  statistics and model control: UNIMPLEMENTED for now
+    extensions  statistics and model control; the RPCs not served (UNIMPLEMENTED)
     status      ServingError → gRPC status code, in one table
     tensors     ModelInferRequest → tensors (app.api.tensors' checks), results → response
     metadata    model metadata and Triton's ModelConfig from our ModelConfig

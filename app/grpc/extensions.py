@@ -1,12 +1,20 @@
-"""The RPCs this endpoint does not serve (yet), each answered UNIMPLEMENTED
-with a message saying what is missing.
+"""Triton's extensions over gRPC, each a mixin of the servicer
+(app.grpc.servicer), and the RPCs this endpoint does not serve, answered
+UNIMPLEMENTED with a message saying what is missing.
 
-Statistics (`ModelStatistics`) and model control (`RepositoryModelLoad`,
-`RepositoryModelUnload`) are Triton extensions still to come: each is a
-mixin of its own, so that an implementation replaces its mixin here and the
-servicer (app.grpc.servicer) stays as it is. A mixin's RPCs reach the server
-through `self.get_service()` and answer through app.grpc.status.answer.
-The shared-memory, streaming, trace and log RPCs are not supported.
+- Statistics (`ModelStatistics`): the HTTP route's report
+  (app.api.statistics_routes.model_statistics), as Triton's message.
+- Model control (`RepositoryModelLoad`, `RepositoryModelUnload`): the live
+  service's load and unload, behind the same admin rule as the HTTP routes
+  (app.api.security.check_management): the bearer token comes in the call's
+  `authorization` metadata (`Bearer <ADMIN_TOKEN>`); 401 → UNAUTHENTICATED,
+  403 → PERMISSION_DENIED. A load's config override is the `config`
+  parameter (a JSON string), as tritonclient's `load_model(config=...)`
+  sends it.
+
+A mixin's RPCs reach the server through `self.get_service()` and answer
+through app.grpc.status.answer. The shared-memory, streaming, trace and log
+RPCs are not supported.
 """
 
 from __future__ import annotations
@@ -14,33 +22,93 @@ from __future__ import annotations
 from typing import Any
 
 import grpc
+from google.protobuf import json_format
+from tritonclient.grpc import service_pb2 as pb
 
-from app.grpc.status import unimplemented
+from app.api.security import check_management, check_model_name
+from app.api.statistics_routes import model_statistics
+from app.errors import InvalidInput, ServingError
+from app.grpc.status import answer, unimplemented
 
 Context = grpc.aio.ServicerContext
 
 
+class ModelControlDisabled(ServingError):
+    """The service behind the endpoint cannot load or unload models."""
+
+    status = 501
+    reason = "not_supported"
+
+
 class StatisticsRpcs:
-    """Triton's statistics extension: not implemented yet."""
+    """Triton's statistics extension."""
+
+    get_service: Any
 
     async def ModelStatistics(self, request: Any, context: Context) -> Any:
-        await unimplemented("ModelStatistics: model statistics are not implemented yet").abort(
-            context
-        )
+        async def work() -> pb.ModelStatisticsResponse:
+            service = self.get_service()
+            report = model_statistics(service, request.name or None, request.version or None)
+            return json_format.ParseDict(report, pb.ModelStatisticsResponse())
+
+        return await answer(context, "ModelStatistics", work)
 
 
 class ModelControlRpcs:
-    """Triton's model-control extension: not implemented yet."""
+    """Triton's model-control extension."""
+
+    get_service: Any
+    admin_token: str | None
+    bind_host: str
+
+    def _check_admin(self, context: Context) -> None:
+        presented = None
+        for key, value in context.invocation_metadata() or ():
+            if key.lower() == "authorization":
+                scheme, _, credentials = str(value).partition(" ")
+                presented = credentials.strip() if scheme.lower() == "bearer" else ""
+        check_management(self.admin_token, self.bind_host, presented)
 
     async def RepositoryModelLoad(self, request: Any, context: Context) -> Any:
-        await unimplemented(
-            "RepositoryModelLoad: loading models at run time is not implemented yet"
-        ).abort(context)
+        async def work() -> pb.RepositoryModelLoadResponse:
+            self._check_admin(context)
+            name = check_model_name(request.model_name)
+            override = None
+            for key, parameter in request.parameters.items():
+                if key != "config":
+                    raise InvalidInput(
+                        f"load parameter {key!r} is not supported (only 'config', a JSON model "
+                        "config override)"
+                    )
+                if parameter.WhichOneof("parameter_choice") != "string_param":
+                    raise InvalidInput("load parameter 'config' must be a string (JSON)")
+                override = parameter.string_param
+            load = getattr(self.get_service(), "load_model", None)
+            if load is None:
+                raise ModelControlDisabled("this server cannot load models")
+            await load(name, override)
+            return pb.RepositoryModelLoadResponse()
+
+        return await answer(context, "RepositoryModelLoad", work)
 
     async def RepositoryModelUnload(self, request: Any, context: Context) -> Any:
-        await unimplemented(
-            "RepositoryModelUnload: unloading models at run time is not implemented yet"
-        ).abort(context)
+        async def work() -> pb.RepositoryModelUnloadResponse:
+            self._check_admin(context)
+            name = check_model_name(request.model_name)
+            # tritonclient always sends unload_dependents; with no ensembles
+            # here no model depends on another, so either value means the same.
+            unknown = sorted(set(request.parameters) - {"unload_dependents"})
+            if unknown:
+                raise InvalidInput(
+                    f"unload parameters {unknown} are not supported (only unload_dependents)"
+                )
+            unload = getattr(self.get_service(), "unload_model", None)
+            if unload is None:
+                raise ModelControlDisabled("this server cannot unload models")
+            await unload(name)
+            return pb.RepositoryModelUnloadResponse()
+
+        return await answer(context, "RepositoryModelUnload", work)
 
 
 _SHARED_MEMORY = "the shared-memory extension is not supported"

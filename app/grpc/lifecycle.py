@@ -104,7 +104,13 @@ async def start_grpc_endpoint(
             ("grpc.max_send_message_length", -1),
         ]
     )
-    servicer = InferenceServicer(get_service, limits, server_version())
+    servicer = InferenceServicer(
+        get_service,
+        limits,
+        server_version(),
+        admin_token=settings.admin_token,
+        bind_host=settings.host,
+    )
     service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(servicer, server)
     address = grpc_address(settings.host, settings.grpc_port)
     try:

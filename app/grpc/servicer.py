@@ -36,7 +36,7 @@ from app.server.service import InferenceService
 
 # Triton extensions this endpoint serves (statistics and model control will
 # add theirs; binary tensor data is HTTP's: gRPC always carries raw bytes).
-EXTENSIONS = ["model_configuration"]
+EXTENSIONS = ["model_configuration", "statistics", "model_repository"]
 
 Context = grpc.aio.ServicerContext
 
@@ -55,10 +55,15 @@ class InferenceServicer(
         get_service: Callable[[], InferenceService],
         limits: RequestLimits,
         server_version: str,
+        *,
+        admin_token: str | None = None,
+        bind_host: str = "127.0.0.1",
     ) -> None:
         self.get_service = get_service
         self.limits = limits
         self.server_version = server_version
+        self.admin_token = admin_token  # model control (app.grpc.extensions)
+        self.bind_host = bind_host
 
     # -- server -------------------------------------------------------------------------
 

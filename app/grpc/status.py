@@ -45,6 +45,7 @@ CODE_OF_HTTP_STATUS: dict[int, grpc.StatusCode] = {
     422: grpc.StatusCode.INVALID_ARGUMENT,
     429: grpc.StatusCode.RESOURCE_EXHAUSTED,
     500: grpc.StatusCode.INTERNAL,
+    501: grpc.StatusCode.UNIMPLEMENTED,
     503: grpc.StatusCode.UNAVAILABLE,
 }
 
