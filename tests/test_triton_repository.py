@@ -15,6 +15,7 @@ import numpy as np
 import onnx
 import onnxruntime
 import pytest
+import tritonclient.grpc as tritongrpc
 import tritonclient.http as tritonhttp
 import yaml
 from onnx import TensorProto, helper
@@ -32,6 +33,7 @@ from app.server.metrics import Metrics
 from app.server.profiling import device_tag, find_or_measure
 from app.server.settings import Settings
 from app.server.startup import ModelState, StartupFailed
+from bench.daemon_launcher import free_port
 
 SIMPLE_PBTXT = """
 name: "simple"
@@ -461,14 +463,15 @@ def test_outputs_of_both_versions_differ(tmp_path: Path) -> None:
 def triton_server(tmp_path_factory, launch_daemon):
     repo = tmp_path_factory.mktemp("triton-repo")
     directory = _triton_model(repo)
+    grpc_port = free_port()
     handle = launch_daemon(
         repo,
         cpu_slices=1,
         threads_per_slice=1,
         emulated_devices=0,
-        extra_env={"PROFILE_BATCH_SIZES": "1,8"},
+        extra_env={"PROFILE_BATCH_SIZES": "1,8", "GRPC_PORT": str(grpc_port)},
     )
-    return {"url": handle.url, "model": directory}
+    return {"url": handle.url, "grpc": f"127.0.0.1:{grpc_port}", "model": directory}
 
 
 @pytest.mark.slow
@@ -479,18 +482,27 @@ def test_tritonclient_infers_on_the_served_version(triton_server):
         assert client.is_server_ready() and client.is_model_ready("simple")
         metadata = client.get_model_metadata("simple")
         assert metadata["versions"] == ["2"]
-        x = np.arange(4, dtype=np.float32).reshape(1, 4)
+        x = np.arange(16, dtype=np.float32).reshape(4, 4)  # a request of 4 items
         expected = onnxruntime.InferenceSession(str(server["model"] / "2" / "model.onnx")).run(
             None, {"INPUT0": x}
         )[0]
         for version in ("", "2"):
-            tensor = tritonhttp.InferInput("INPUT0", [1, 4], "FP32")
+            tensor = tritonhttp.InferInput("INPUT0", [4, 4], "FP32")
             tensor.set_data_from_numpy(x, binary_data=True)
             result = client.infer("simple", [tensor], model_version=version)
             np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), expected)
         np.testing.assert_array_equal(expected, 2 * x)
     finally:
         client.close()
+    grpc_client = tritongrpc.InferenceServerClient(server["grpc"])
+    try:
+        tensor = tritongrpc.InferInput("INPUT0", [4, 4], "FP32")
+        tensor.set_data_from_numpy(x)
+        result = grpc_client.infer("simple", [tensor], model_version="2")
+        np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), expected)
+        assert result.get_response().parameters["batch_size"].int64_param >= 4
+    finally:
+        grpc_client.close()
     index = httpx.post(f"{server['url']}/v2/repository/index").json()
     assert {(e["version"], e["state"]) for e in index if e["name"] == "simple"} == {("2", "READY")}
     r = httpx.get(f"{server['url']}/v2/models/simple/versions/1/ready")
