@@ -22,7 +22,8 @@ return one, so that a stage boundary is a single tensor:
   order) and each next one on the previous one's tensor, returning the
   last one's result (read from the TorchScript graph, so the check is
   exact): the first child is the *head* that takes the inputs; after it
-  one tensor flows, and the children that follow are the layers;
+  one tensor flows, and the children that follow are the layers (the
+  children of a Sequential among them too);
 * anything else: with one input, the whole module is one layer; with
   several inputs or a dict, the whole module is the head and there are no
   layers: it runs unstaged, stoppable only before it starts (a logged note
@@ -139,6 +140,9 @@ def structure(module: Any, config: ModelConfig) -> Structure:
         found = Structure(False, None, list(module.children()) or [module], "sequential")
     else:
         chain = chain_children(module)
+        if chain is not None:
+            # A Sequential child's own children are layers too.
+            chain = chain[:1] + [layer for child in chain[1:] for layer in _unrolled(child)]
         if chain is not None and len(chain) > 1:
             head = chain[0] if several else None
             found = Structure(False, head, chain[1:] if several else chain, "chain")
@@ -156,6 +160,12 @@ def structure(module: Any, config: ModelConfig) -> Structure:
             "modules after which one tensor flows",
         )
     return found
+
+
+def _unrolled(module: Any) -> list[Any]:
+    if getattr(module, "original_name", "") == "Sequential":
+        return list(module.children()) or [module]
+    return [module]
 
 
 def named_outputs(result: Any, config: ModelConfig) -> dict[str, Any]:
