@@ -10,7 +10,8 @@ the same checks (app/repository/loader.py). What maps:
 
 * `platform: onnxruntime_onnx` / `backend: onnxruntime` → backend onnx
   (`model.onnx`); `pytorch_libtorch` / `pytorch` → backend torch
-  (`model.pt`, a TorchScript file; one input, one output). Neither given:
+  (`model.pt`, a TorchScript file; its inputs and outputs are the config's
+  in order, or by name through dicts: app/runtime/torch_model.py). Neither given:
   whichever default file the version directory holds.
 * `version_policy`: `latest {num_versions}` (Triton's default, 1), `all`,
   `specific {versions}` over the numeric subdirectories. One version is

@@ -16,11 +16,27 @@ synchronises the stream first, else the host would queue every kernel ahead
 and read the flag long before the GPU reaches the exit point. A model the
 runner cannot script also runs from Python.
 
-Models. `model_file` is a TorchScript file (`torch.jit.save`) of an
-`nn.Sequential`; its (top-level) children are the *layers*, the units an
-exit point can sit between. Any other module is one
-layer: it runs, but can only be stopped before it starts. One input tensor,
-one output tensor (the config's first input and output).
+Models. `model_file` is a TorchScript file (`torch.jit.save`). Its inputs
+and outputs match the config's by position (forward(*inputs), returning a
+tensor or a tuple/list of them) or by name (a dict in, a dict out), and its
+*layers*, the units an exit point can sit between, each take one tensor and
+return one: app/runtime/torch_model.py says which modules have which. In
+short: an `nn.Sequential` of one input is cut between its top-level
+children; a module of several inputs is cut only when its forward is a
+chain of its children after the first of which one tensor flows (that
+first child, the *head*, runs as a stage of its own, then an exit point);
+any other module of several inputs, or of a dict, runs unstaged and can
+only be stopped before it starts (a stop during the batch waits for its
+end and the batch's answers are delivered: never lost, never twice), and
+so does a single-input module that is neither a Sequential nor a chain.
+Between stages one tensor flows because the scripted runner and the exit
+points carry exactly one; cutting where several flow would need a runner
+per model signature.
+
+Load checks with a dry run on zeros of the config's input shapes (batch 1,
+a variable dimension taken as 1): forward must accept them, return as many
+outputs as the config declares (or every name it declares, for a dict),
+each of the config's datatype and shape; an error names the tensor.
 
 Exit points. Too few leave a long preemption delay (the rest of the current
 stage); too many slow every batch down (each exit point costs a flag check,
@@ -61,6 +77,14 @@ import numpy as np
 from app.optional import import_torch
 from app.repository.config import ModelConfig
 from app.runtime.backend import Terminated
+from app.runtime.torch_model import (
+    check_output,
+    extra_outputs,
+    log,
+    named_outputs,
+    sample_inputs,
+    structure,
+)
 
 
 @dataclass
@@ -76,25 +100,21 @@ class ExitPlan:
     expected_delay_ms: float = 0.0
     overhead_ms: float = 0.0
     pinned: bool = False
+    # A head (torch_model.Structure) runs first as a stage of its own; an
+    # exit point follows it when there are layers (not counted above).
+    head: bool = False
 
     def describe(self) -> str:
+        if self.layers == 0:
+            return "unstaged: no exit point (a stop waits for the batch to end)"
         how = "pinned" if self.pinned else f"profiled at batch {self.batch}"
         total = sum(self.layer_ms)
+        head = "a head taking the inputs, then " if self.head else ""
         return (
-            f"{self.exit_points} exit points over {self.layers} layers ({how}; "
+            f"{head}{self.exit_points} exit points over {self.layers} layers ({how}; "
             f"batch {total:.2f} ms, expected stop delay {self.expected_delay_ms:.2f} ms, "
             f"exit cost {self.exit_cost_ms * 1000:.1f} µs each)"
         )
-
-
-def top_layers(module: Any) -> list[Any]:
-    """The children of an nn.Sequential (scripted or not), else [module].
-    Only the top level: group cheap layers into one child (e.g. a
-    Sequential(conv, relu) block) to keep them under one exit point."""
-    name = getattr(module, "original_name", type(module).__name__)
-    if name != "Sequential":
-        return [module]
-    return list(module.children()) or [module]
 
 
 def cut(layer_ms: list[float], exit_points: int) -> list[int]:
@@ -166,8 +186,8 @@ _RUNNER: Any = None
 
 
 class TorchBackend:
-    """A TorchScript `nn.Sequential` on a CPU slice or one CUDA device, run
-    stage by stage with exit points (see the module docstring)."""
+    """A TorchScript module on a CPU slice or one CUDA device, run stage by
+    stage with exit points (see the module docstring)."""
 
     def __init__(self, device_kind: str = "cpu", device_index: int = 0, threads: int = 1):
         self.device_kind = device_kind
@@ -178,14 +198,14 @@ class TorchBackend:
         self.module: Any = None  # the whole loaded module (no exit points)
         self._torch: Any = None
         self._device: Any = None
+        self._config: ModelConfig | None = None
+        self._head: Any = None  # takes the inputs (torch_model.Structure)
+        self._dict_input = False
         self._layers: list[Any] = []
         self._stages: list[Any] = []
         self._runner: Any = None  # scripted runner of the current stages (CPU)
         self._runners: dict[tuple[int, ...], Any] = {}
         self._scripted = False
-        self._input = ""
-        self._output = ""
-        self._dtype: Any = None
         # The preemption flag: flag[0] != 0 means stop at the next exit point.
         self._flag: Any = None
         self._flag_np = np.zeros(1, dtype=np.uint8)
@@ -196,10 +216,8 @@ class TorchBackend:
         self._torch = torch
         if config.model_file is None:
             raise ValueError(f"model {config.name!r}: torch backend needs a model_file")
-        if len(config.inputs) != 1 or len(config.outputs) != 1:
-            raise ValueError(
-                f"model {config.name!r}: the torch backend runs one input to one output"
-            )
+        if not config.inputs or not config.outputs:
+            raise ValueError(f"model {config.name!r}: the torch backend needs inputs and outputs")
         if self.device_kind == "cuda":
             if not torch.cuda.is_available():
                 raise RuntimeError("device kind 'cuda' but torch sees no CUDA device")
@@ -217,34 +235,73 @@ class TorchBackend:
             module = torch.jit.load(str(config.model_file), map_location=self._device)
         module.eval()
         self.module = module
-        self._layers = top_layers(module)
-        self._scripted = self._device.type == "cpu" and self._try_runner()
-        self._input = config.inputs[0].name
-        self._output = config.outputs[0].name
-        self._dtype = config.inputs[0].dtype
-        item = config.inputs[0].item_shape
-        batch = max(1, config.max_batch_size // 2)
-        sample = np.random.default_rng(0).standard_normal((batch, *item)).astype(self._dtype)
+        self._config = config
+        found = structure(module, config)
+        self._dict_input, self._head, self._layers = found.dict_input, found.head, found.layers
+        self._check_dry_run(config)
+        self._scripted = bool(self._layers) and self._device.type == "cpu" and self._try_runner()
+        n = len(self._layers)
         pinned = config.extra.get("exit_points")
         if pinned is not None:
             if not isinstance(pinned, int) or isinstance(pinned, bool) or pinned < 0:
                 raise ValueError(
                     f"model {config.name!r}: parameters.exit_points must be an integer ≥ 0"
                 )
-            k = min(pinned, len(self._layers) - 1)
-            self.plan = ExitPlan(len(self._layers), k, cut([1.0] * len(self._layers), k))
+            k = max(0, min(pinned, n - 1))
+            self.plan = ExitPlan(n, k, cut([1.0] * n, k) if n else [0, 0])
             self.plan.pinned = True
-        else:
-            self.plan = self._profile_plan(sample)
-        self._set_stages(self.plan.stage_bounds)
-        self._runners = {tuple(self.plan.stage_bounds): self._runner}  # drop the others
-        out = self._forward(sample[:1])
-        want = config.outputs[0].item_shape
-        if tuple(out.shape[1:]) != tuple(want):
+        elif n:
+            batch = max(1, config.max_batch_size // 2)
+            self.plan = self._profile_plan(self._head_output(sample_inputs(config, batch)))
+        else:  # unstaged: the head is the whole model
+            self.plan = ExitPlan(0, 0, [0, 0])
+        self.plan.head = self._head is not None
+        if n:
+            self._set_stages(self.plan.stage_bounds)
+            self._runners = {tuple(self.plan.stage_bounds): self._runner}  # drop the others
+        log.info("model %r (%s): %s", config.name, found.kind, self.plan.describe())
+
+    def _check_dry_run(self, config: ModelConfig) -> None:
+        """forward on zeros of the config's input shapes: a clear error when
+        it fails or its outputs do not match the config (module docstring)."""
+        zeros = [self._tensor(x) for x in sample_inputs(config, 1, zeros=True)]
+        try:
+            with self._torch.inference_mode():
+                result = self._call(self.module, zeros)
+        except Exception as exc:
+            shapes = ", ".join(f"{s.name} {list(s.shape)} {s.datatype}" for s in config.inputs)
             raise ValueError(
-                f"model {config.name!r}: output {self._output!r} has item shape "
-                f"{list(out.shape[1:])}, the config says {list(want)}"
+                f"model {config.name!r}: a dry run on zeros of the config's inputs "
+                f"({shapes}) failed: {exc}"
+            ) from exc
+        outputs = named_outputs(result, config)
+        for spec in config.outputs:
+            check_output(config, spec, outputs[spec.name], 1)
+        extra = extra_outputs(result, config)
+        if extra:
+            log.warning(
+                "model %r: forward returns outputs the config does not declare, not served: %s",
+                config.name,
+                extra,
             )
+
+    def _tensor(self, array: np.ndarray) -> Any:
+        return self._torch.from_numpy(np.ascontiguousarray(array)).to(self._device)
+
+    def _call(self, module: Any, tensors: list[Any]) -> Any:
+        """`module` on the config's inputs: positionally, or as one dict."""
+        if self._dict_input:
+            assert self._config is not None
+            return module({s.name: t for s, t in zip(self._config.inputs, tensors, strict=True)})
+        return module(*tensors)
+
+    def _head_output(self, arrays: list[np.ndarray]) -> Any:
+        """What flows into the first layer: the head's tensor, or the input."""
+        tensors = [self._tensor(a) for a in arrays]
+        if self._head is None:
+            return tensors[0]
+        with self._torch.inference_mode():
+            return self._call(self._head, tensors)
 
     def _try_runner(self) -> bool:
         try:
@@ -276,9 +333,9 @@ class TorchBackend:
         if self._device.type == "cuda":
             self._torch.cuda.current_stream(self._device).synchronize()
 
-    def _profile_plan(self, sample: np.ndarray, repeats: int = 7) -> ExitPlan:
+    def _profile_plan(self, x: Any, repeats: int = 7) -> ExitPlan:
+        """`x`: what flows into the first layer, at the profiling batch."""
         torch = self._torch
-        x = torch.from_numpy(sample).to(self._device)
         n = len(self._layers)
         none_bounds, every_bounds = [0, n], list(range(n + 1))
         per_layer: list[list[float]] = [[] for _ in range(n)]
@@ -325,7 +382,7 @@ class TorchBackend:
             stage_bounds=bounds,
             layer_ms=layer_ms,
             exit_cost_ms=exit_cost_ms,
-            batch=len(sample),
+            batch=len(x),
             expected_delay_ms=expected_delay(layer_ms, bounds),
             overhead_ms=k * exit_cost_ms,
         )
@@ -378,19 +435,34 @@ class TorchBackend:
                 x = layer(x)
         return x
 
-    def _forward(self, batch: np.ndarray) -> np.ndarray:
+    def _forward(self, *arrays: np.ndarray) -> Any:
+        """The config's inputs (arrays in its order) through the head, an
+        exit point and the stages; forward's result, on the CPU."""
         torch = self._torch
         with torch.inference_mode():
-            x = torch.from_numpy(np.ascontiguousarray(batch, dtype=self._dtype))
-            y = self._run_stages(x.to(self._device))
-            return y.to("cpu").numpy()
+            tensors = [self._tensor(a) for a in arrays]
+            if self._head is None:
+                x = tensors[0]
+            else:
+                x = self._call(self._head, tensors)
+                if not self._layers:
+                    return _to_cpu(x)
+                # Exit point after the head (on a GPU once it has finished).
+                self._sync()
+                if self._flag_np[0]:
+                    raise Terminated("run terminated at an exit point")
+            return _to_cpu(self._run_stages(x))
 
     def run(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         if self._flag_np[0]:
             # Stopped before the first stage (the executor arms the flag
             # per batch, see reset()).
             raise Terminated("run terminated before it started")
-        return {self._output: self._forward(inputs[self._input])}
+        config = self._config
+        assert config is not None, "run before load"
+        arrays = [np.asarray(inputs[s.name], dtype=s.dtype) for s in config.inputs]
+        result = named_outputs(self._forward(*arrays), config)
+        return {name: value.numpy() for name, value in result.items()}
 
     def terminate(self) -> None:
         self._flag_np[0] = 1
@@ -401,3 +473,12 @@ class TorchBackend:
         for one batch never stops the next and one sent just before the run
         begins is not lost."""
         self._flag_np[0] = 0
+
+
+def _to_cpu(result: Any) -> Any:
+    """forward's result (a tensor, a tuple/list or a dict of them) on the CPU."""
+    if isinstance(result, dict):
+        return {k: _to_cpu(v) for k, v in result.items()}
+    if isinstance(result, tuple | list):
+        return type(result)(_to_cpu(v) for v in result)
+    return result.to("cpu") if hasattr(result, "to") else result
