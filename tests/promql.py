@@ -41,9 +41,7 @@ def _walk(node: Any, names: set[str]) -> str:
     if kind_of == "VectorSelector":
         if node.name:
             names.add(node.name)
-        names.update(
-            m.value for m in node.matchers.matchers if m.name == "__name__" and m.value
-        )
+        names.update(m.value for m in node.matchers.matchers if m.name == "__name__" and m.value)
         return VECTOR
     if kind_of == "MatrixSelector":
         _walk(node.vector_selector, names)
