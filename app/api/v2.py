@@ -21,6 +21,7 @@ from typing import Any
 
 import numpy as np
 from fastapi.responses import Response
+from pydantic import BaseModel
 
 from app.api import models as m
 from app.api.bodies import TensorJSONResponse, dumps_json, is_uint, result_output
@@ -110,6 +111,7 @@ def decode_inputs(
         extra = (params.model_extra or {}) if params is not None else {}
         if "shared_memory_region" in extra:
             raise InvalidInput(f"input '{inp.name}': the shared-memory extension is not supported")
+        refuse_unknown_parameters(f"input '{inp.name}'", params)
         size = params.binary_data_size if params is not None else None
         if size is not None:
             if inp.data is not None:
@@ -142,6 +144,18 @@ class V2Call:
     outputs: list[tuple[str, bool]] | None  # requested_outputs
 
 
+def refuse_unknown_parameters(where: str, params: BaseModel | None) -> None:
+    """A parameter this server does not act on is a 400 naming it, never
+    ignored (Triton's priority, timeout and sequence parameters included)."""
+    extra = sorted((params.model_extra or {}) if params is not None else {})
+    if extra:
+        known = ", ".join(name for name in type(params).model_fields)
+        raise InvalidInput(
+            f"{where}: unsupported parameter {', '.join(map(repr, extra))} "
+            f"(this server takes {known})"
+        )
+
+
 def v2_call(
     config: ModelConfig,
     req: m.V2InferRequest,
@@ -150,6 +164,9 @@ def v2_call(
     max_elements: int,
 ) -> V2Call:
     """Decode and check `req` for `config` (the arguments as `decode_inputs`)."""
+    refuse_unknown_parameters("request", req.parameters)
+    for out in req.outputs or ():
+        refuse_unknown_parameters(f"output '{out.name}'", out.parameters)
     inputs = decode_inputs(config, req, binary, header_length, max_elements)
     return V2Call(
         inputs=inputs,
