@@ -6,6 +6,7 @@ no triton extra). Against the app itself: tests/test_grpc_app.py.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import socket
 import sys
@@ -391,3 +392,23 @@ async def test_without_the_triton_extra_http_only_with_a_warning(monkeypatch, ca
     assert "pip install 'deadline-serve[triton]'" in caplog.text
     assert "GRPC_PORT is" in caplog.text and "serving HTTP only" in caplog.text
     assert lifecycle.EXTRA in caplog.text
+
+
+@pytest.mark.anyio
+async def test_an_idle_connection_is_closed_after_the_keep_alive_timeout():
+    service = FakeService()
+    settings = Settings(grpc_port=free_port(), keep_alive_timeout_s=0.3)
+    endpoint = await start_grpc_endpoint(settings, lambda: service)
+    try:
+        async with grpc.aio.insecure_channel(endpoint.address) as channel:
+            stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
+            assert (await stub.ServerLive(pb.ServerLiveRequest())).live
+            assert channel.get_state() == grpc.ChannelConnectivity.READY
+            for _ in range(40):  # the server's GOAWAY: the channel goes idle
+                await asyncio.sleep(0.05)
+                if channel.get_state() == grpc.ChannelConnectivity.IDLE:
+                    break
+            assert channel.get_state() == grpc.ChannelConnectivity.IDLE
+            assert (await stub.ServerLive(pb.ServerLiveRequest())).live  # reconnects
+    finally:
+        await endpoint.stop()

@@ -14,6 +14,13 @@ loop, one process and one service — and stops it after the service:
 - the largest message the server receives is the largest of the models'
   request limits (app.api.limits, computed at start from the models then
   served); each request is then held to its own model's limit;
+- connections: one idle for `KEEP_ALIVE_TIMEOUT_S` is closed (gRPC's
+  `max_connection_idle`, a GOAWAY the client's channel reconnects after),
+  one with calls in flight is not; calls in progress at once are capped at
+  the HTTP connection cap (`MAX_CONNECTIONS`), beyond which a call is
+  answered RESOURCE_EXHAUSTED. grpcio has no cap on connections themselves
+  or timeout on a slow request's head: what HTTP's guarded protocol does
+  per connection (app.api.connection) is not done here;
 - at shutdown the endpoint keeps accepting while the service drains, so a
   call that arrives then is answered UNAVAILABLE `shutting_down` by the
   service (LiveService.begin_shutdown), like an HTTP request; those
@@ -94,16 +101,20 @@ async def start_grpc_endpoint(
 
     from app.api.context import server_version
     from app.api.limits import RequestLimits
+    from app.server.connection_limits import connection_limits
 
     limits = RequestLimits(settings.max_body_bytes, settings.max_json_bytes)
     largest = limits.any_model(get_service())
-    server = grpc.aio.server(
-        options=[
-            ("grpc.so_reuseport", 0),
-            ("grpc.max_receive_message_length", largest.bytes),
-            ("grpc.max_send_message_length", -1),
-        ]
-    )
+    connections = connection_limits(settings)
+    options: list[tuple[str, Any]] = [
+        ("grpc.so_reuseport", 0),
+        ("grpc.max_receive_message_length", largest.bytes),
+        ("grpc.max_send_message_length", -1),
+    ]
+    if connections.keep_alive_timeout_s > 0:
+        idle_ms = max(1, int(connections.keep_alive_timeout_s * 1000))
+        options.append(("grpc.max_connection_idle_ms", idle_ms))
+    server = grpc.aio.server(options=options, maximum_concurrent_rpcs=connections.max_connections)
     servicer = InferenceServicer(
         get_service,
         limits,
