@@ -9,6 +9,8 @@ request's items, and the outputs have batch dimension n.
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
@@ -25,6 +27,7 @@ from app.api.tensors import (
     check_shape,
     datatype_name,
     decode_json_tensor,
+    json_data,
     resolve_slo,
     spec_map,
 )
@@ -73,11 +76,17 @@ async def infer(ctx: ApiContext, request: Request) -> Response:
     arrays = []
     for name in result.outputs:
         arr = np.ascontiguousarray(np.atleast_1d(result_output(result, name)))
-        arrays.append(arr)
+        data: Any = arr
+        if arr.dtype == object:  # BYTES: nested lists of strings
+            strings = np.empty(arr.size, dtype=object)
+            strings[:] = json_data(name, arr)
+            data = strings.reshape(arr.shape).tolist()
+        else:
+            arrays.append(arr)
         outputs[name] = {
             "shape": [int(d) for d in arr.shape],
             "datatype": datatype_name(arr.dtype),
-            "data": arr,
+            "data": data,
         }
     return TensorJSONResponse(
         {
