@@ -23,6 +23,7 @@ from app.api.openapi import ERROR_RESPONSES, json_body
 from app.api.received import received_at
 from app.api.tensors import (
     batch_items,
+    bytes_elements,
     check_input_names,
     check_shape,
     datatype_name,
@@ -78,9 +79,7 @@ async def infer(ctx: ApiContext, request: Request) -> Response:
         arr = np.ascontiguousarray(np.atleast_1d(result_output(result, name)))
         data: Any = arr
         if arr.dtype == object:  # BYTES: nested lists of strings
-            strings = np.empty(arr.size, dtype=object)
-            strings[:] = json_data(name, arr)
-            data = strings.reshape(arr.shape).tolist()
+            data = bytes_elements(json_data(name, arr), arr.shape).tolist()
         else:
             arrays.append(arr)
         outputs[name] = {

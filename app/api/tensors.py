@@ -184,27 +184,47 @@ def _as_numeric_array(name: str, spec: TensorSpec, data: Any) -> np.ndarray:
     return out
 
 
-def _as_bytes_array(name: str, spec: TensorSpec, data: Any) -> np.ndarray:
-    """JSON strings (flat or nested lists) → object array of their UTF-8 bytes."""
-    try:
-        raw = np.array(data, dtype=object)
-    except (ValueError, TypeError, RecursionError):
+def bytes_elements(values: Sequence[bytes | str], shape: Sequence[int]) -> np.ndarray:
+    """An object array of BYTES elements, shaped `shape`: the one place the
+    API builds an object array. Each element is a `bytes` (or `str`) object
+    that the JSON or protobuf parser, or a length prefix's slice, made:
+    tensor memory is never read as Python objects."""
+    out = np.empty(len(values), dtype=object)
+    out[:] = list(values)
+    return out.reshape(tuple(shape))
+
+
+def _flatten_nested(name: str, data: Any) -> tuple[list[Any], tuple[int, ...]]:
+    """JSON elements (flat or nested lists) → (elements in row-major order, shape)."""
+    if not isinstance(data, list):
+        return [data], ()
+    if not data:
+        return [], (0,)
+    parts = [_flatten_nested(name, item) for item in data]
+    shapes = {shape for _, shape in parts}
+    if len(shapes) != 1:
         raise InvalidInput(
             f"input '{name}': data is not a rectangular array of BYTES elements "
             "(nested lists of unequal lengths?)"
-        ) from None
-    out = np.empty(raw.shape, dtype=object)
-    flat_in, flat_out = raw.reshape(-1), out.reshape(-1)
-    for i, value in enumerate(flat_in):
+        )
+    return [v for values, _ in parts for v in values], (len(data), *shapes.pop())
+
+
+def _as_bytes_array(name: str, spec: TensorSpec, data: Any) -> np.ndarray:
+    """JSON strings (flat or nested lists) → object array of their UTF-8 bytes."""
+    values, shape = _flatten_nested(name, data)
+    encoded: list[bytes] = []
+    for i, value in enumerate(values):
         if not isinstance(value, str):
             raise InvalidInput(
                 f"input '{name}': BYTES elements are strings in JSON, got "
                 f"{type(value).__name__} {value!r:.40}"
             )
         try:
-            flat_out[i] = value.encode()
+            encoded.append(value.encode())
         except UnicodeEncodeError:
             raise InvalidInput(f"input '{name}': element {i} is not valid Unicode text") from None
+    out = bytes_elements(encoded, shape)
     check_bytes(name, spec, out)
     return out
 
@@ -303,7 +323,7 @@ def decode_binary_bytes(
     """A BYTES tensor from its binary form: per element a 4-byte little-endian
     length and that many bytes; exactly the shape's count of elements."""
     count = math.prod(shape)
-    out = np.empty(count, dtype=object)
+    elements: list[bytes] = []
     offset, size = 0, len(buf)
     for i in range(count):
         if offset + 4 > size:
@@ -318,15 +338,16 @@ def decode_binary_bytes(
                 f"input '{name}': binary BYTES element {i} says {length} bytes, "
                 f"{size - offset} are left"
             )
-        out[i] = bytes(buf[offset : offset + length])
+        elements.append(bytes(buf[offset : offset + length]))
         offset += length
     if offset != size:
         raise InvalidInput(
             f"input '{name}': {size - offset} bytes after the {count} BYTES elements "
             f"of shape {_fmt_shape(shape)}"
         )
+    out = bytes_elements(elements, shape)
     check_bytes(name, spec, out)
-    return out.reshape(shape)
+    return out
 
 
 def batch_items(inputs: Mapping[str, np.ndarray]) -> int:

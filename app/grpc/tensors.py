@@ -34,6 +34,7 @@ from tritonclient.grpc import service_pb2 as pb
 from app.api.bodies import result_output
 from app.api.tensors import (
     batch_items,
+    bytes_elements,
     check_bytes,
     check_datatype,
     check_input_names,
@@ -178,10 +179,9 @@ def _decode_typed_bytes(
             f"input '{name}': shape {list(shape)} needs {count} elements, "
             f"contents.bytes_contents has {len(values)}"
         )
-    out = np.empty(count, dtype=object)
-    out[:] = values
+    out = bytes_elements(values, shape)
     check_bytes(name, spec, out)
-    return out.reshape(shape)
+    return out
 
 
 def request_slo_ms(request: pb.ModelInferRequest) -> float | None:
