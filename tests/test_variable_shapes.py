@@ -1,7 +1,8 @@
 """Variable dimensions (a sequence length, bounded by max_shape; padded
-where the config says so) and BYTES tensors: shared-memory rows, the
-executor's shape groups, and the daemon end to end with tritonclient,
-answers equal to ONNX Runtime's run of the same file.
+where the config says so) and BYTES tensors: configs, shared-memory rows,
+the executor's shape groups, HTTP and gRPC decoding, body limits, and the
+daemon end to end with tritonclient (HTTP and gRPC), answers equal to ONNX
+Runtime's run of the same file.
 
 Models built here with onnx.helper (opset 20):
   seq_sum:    x FP32 [n, L] → ReduceSum over L (keepdims) → y [n, 1]; L ≤ 16,
@@ -356,3 +357,74 @@ def test_grpc_bytes_and_sequences_equal_onnx_runtime(tmp_path_factory, launch_da
         assert res.as_numpy("match").tolist() == [[True], [False]]
     finally:
         client.close()
+
+
+# ------------------------------------------------------------------ decoding
+
+
+def _bytes_config() -> ModelConfig:
+    text = TensorSpec("t", "BYTES", (-1, 2), max_bytes=3)
+    return _config((text,), (text,))
+
+
+def test_binary_bytes_are_length_prefixed_and_checked():
+    from app.api.tensors import decode_binary_tensor, output_bytes
+
+    spec = _bytes_config().inputs[0]
+    blob = b"\x02\x00\x00\x00ab\x00\x00\x00\x00"
+    got = decode_binary_tensor("t", spec, memoryview(blob), (1, 2))
+    assert got.tolist() == [[b"ab", b""]]
+    assert output_bytes(got) == blob  # the same form on the way out
+    for bad, message in [
+        (blob[:-1], "ends after 1 of the 2 elements"),
+        (blob + b"x", "1 bytes after the 2 BYTES elements"),
+        (b"\x09\x00\x00\x00ab", "element 0 says 9 bytes, 2 are left"),
+        (b"\x04\x00\x00\x00abcd\x00\x00\x00\x00", "element 0 has 4 bytes, more than"),
+        (b"\x01\x00\x00\x00\xff\x00\x00\x00\x00", "element 0 is not UTF-8 text"),
+    ]:
+        with pytest.raises(InvalidInput, match=message):
+            decode_binary_tensor("t", spec, memoryview(bad), (1, 2))
+
+
+def test_json_bytes_are_strings():
+    from app.api.tensors import decode_json_tensor, json_data
+
+    spec = _bytes_config().inputs[0]
+    got = decode_json_tensor("t", spec, ["ab", "é"], (1, 2))
+    assert got.tolist() == [[b"ab", "é".encode()]]
+    assert json_data("t", got) == ["ab", "é"]
+    assert decode_json_tensor("t", spec, [["x", "y"]], None).shape == (1, 2)  # native nesting
+    with pytest.raises(InvalidInput, match="BYTES elements are strings in JSON, got int"):
+        decode_json_tensor("t", spec, ["ab", 3], (1, 2))
+    with pytest.raises(InvalidInput, match="not a rectangular array of BYTES"):
+        decode_json_tensor("t", spec, [["a"], ["b", "c"]], None)
+    with pytest.raises(InvalidInput, match="output 't' holds bytes that are not UTF-8"):
+        json_data("t", np.array([b"\xff"], dtype=object))
+
+
+def test_grpc_bytes_contents_and_raw_contents():
+    from tritonclient.grpc import service_pb2 as pb
+
+    from app.grpc.tensors import decode_inputs
+
+    config = _bytes_config()
+    request = pb.ModelInferRequest(model_name="v")
+    tensor = request.inputs.add(name="t", datatype="BYTES", shape=[1, 2])
+    tensor.contents.bytes_contents.extend([b"ab", b"c"])
+    assert decode_inputs(config, request, 1000)["t"].tolist() == [[b"ab", b"c"]]
+    tensor.contents.bytes_contents[1] = b"long"
+    with pytest.raises(InvalidInput, match="element 1 has 4 bytes, more than the tensor's"):
+        decode_inputs(config, request, 1000)
+    tensor.ClearField("contents")
+    request.raw_input_contents.append(b"\x01\x00\x00\x00a\x01\x00\x00\x00b")
+    assert decode_inputs(config, request, 1000)["t"].tolist() == [[b"a", b"b"]]
+
+
+def test_body_limits_count_bounds():
+    from app.api.limits import ELEMENT_SLACK, HEADER_ALLOWANCE, model_body_limit
+
+    x = TensorSpec("x", "FP32", (-1, -1), max_shape=(-1, 16))
+    text = TensorSpec("t", "BYTES", (-1, 2), max_bytes=3)
+    per_item = 16 * (24 + ELEMENT_SLACK) + 2 * (6 * 3 + 2 + ELEMENT_SLACK)
+    config = _config((x, text), (x,))
+    assert model_body_limit(config, 1 << 30) == HEADER_ALLOWANCE + 8 * per_item
