@@ -313,7 +313,34 @@ def test_cli_builds_missing_files(repo: Path, capsys: pytest.CaptureFixture[str]
         ),
         (
             {"outputs": [{"name": "y", "datatype": "FP32", "shape": [-1, -1]}]},
-            "outputs[0] (y).shape: dimension -1 in [-1, -1] must be a positive integer",
+            "outputs[0] (y).max_shape: shape [-1, -1] has variable dimension(s) [1]: "
+            "add max_shape, their bounds (e.g. max_shape: [-1, 128])",
+        ),
+        (
+            {"inputs": [{"name": "t", "datatype": "BYTES", "shape": [1]}]},
+            "inputs[0] (t).max_bytes: a BYTES tensor needs max_bytes, its longest element",
+        ),
+        (
+            {"inputs": [{"name": "x", "datatype": "FP32", "shape": [8], "max_bytes": 4}]},
+            "inputs[0] (x).max_bytes: only BYTES tensors have max_bytes, this one is FP32",
+        ),
+        (
+            {"inputs": [{"name": "x", "datatype": "FP32", "shape": [-1, -1], "max_shape": [0]}]},
+            "inputs[0] (x).max_shape: dimension 1 is variable: its bound must be ≥ 1, got 0",
+        ),
+        (
+            {"inputs": [{"name": "x", "datatype": "FP32", "shape": [8], "pad": [True]}]},
+            "inputs[0] (x).pad: dimension(s) [1] are fixed in shape [-1, 8]: only -1 pads",
+        ),
+        (
+            {
+                "inputs": [{"name": "x", "datatype": "FP32", "shape": [-1, -1], "max_shape": [9]}],
+                "outputs": [
+                    {"name": "y", "datatype": "FP32", "shape": [-1, -1], "max_shape": [9],
+                     "follows": ["x:1"]}
+                ],
+            },
+            "outputs[0] (y).follows: dimension 1: input 'x' has no padded dimension 1",
         ),
         (
             {"inputs": [{"name": "x", "datatype": "FP32", "shape": [2], "dims": [2]}]},

@@ -17,9 +17,9 @@ the tensors):
   size has the same limit (413 as soon as it is passed, so a bomb is never
   decoded whole) and the compressed body is never held whole before decoding.
   An unsupported Content-Encoding is a 415 before the body is read;
-- one item per request (batch dimension 1: the scheduler forms batches up to
-  the model's max_batch_size), tensor shapes fixed by the model config (a
-  variable dimension is bounded by the body limit; app.api.tensors), numbers
+- up to max_batch_size items per request (the batch dimension), tensor
+  shapes fixed by the model config but for its variable dimensions, each at
+  most its bound (max_shape), BYTES elements at most max_bytes, numbers
   within their datatype's range (app.api.tensors), and a per-request SLO of
   at most `MAX_SLO_MS` (1 hour).
 
@@ -35,7 +35,9 @@ model with a variable dimension takes larger tensors as binary data only.
 
 Nothing from the network is unpickled or evaluated: JSON is parsed by
 pydantic/json, and binary tensor data is read with `numpy.frombuffer` as one
-of the numeric datatypes of the model config (never an object dtype).
+of the numeric datatypes of the model config; a BYTES tensor's elements are
+sliced out as `bytes` by their length prefixes (an object array of bytes,
+never unpickled).
 
 Request bodies are read and validated by the handlers (not by FastAPI's body
 parameters) so that binary bodies, gzip/deflate request compression and

@@ -19,11 +19,15 @@ what its largest well-formed request can take, generously counted:
   pretty-printed lists. It is never less than the element's binary size, so
   the same bound covers binary tensor data (exactly elements × itemsize
   bytes) and any mix of binary and JSON inputs;
+- a BYTES element: its longest JSON string, `max_bytes` bytes each
+  written as a 6-byte \\u escape (`\\u00XX`) at worst, plus the quotes and
+  `ELEMENT_SLACK` — never less than its binary form, 4 + max_bytes;
 - `HEADER_ALLOWANCE` (64 KiB): the JSON around the data — tensor names,
   shapes, datatypes, parameters, the request id, requested outputs;
-- an input with a variable dimension (-1 beyond the batch one) has no fixed
-  size: its model's limit is `max_body_bytes` (MAX_BODY_BYTES), which is
-  also the ceiling of every model's limit.
+- an input with a variable dimension (-1 beyond the batch one) counts at
+  its bound (`max_shape`); one without a bound (a config read before
+  bounds were required) falls back to `max_body_bytes` (MAX_BODY_BYTES),
+  which is also the ceiling of every model's limit.
 
 The limit applies to the body as sent and, for a gzip/deflate body, to its
 decoded size as well (app.api.bodies). The v2 routes know the model from the
@@ -92,15 +96,18 @@ class BodyLimit:
 
 def element_bytes(spec: TensorSpec) -> int:
     """The most bytes one element of `spec` takes in a request body (JSON or binary)."""
+    if spec.datatype == "BYTES":
+        longest = int(spec.max_bytes or 0)
+        return max(6 * longest + 2 + ELEMENT_SLACK, 4 + longest)
     return max(_NUMBER_TEXT[spec.datatype] + ELEMENT_SLACK, spec.dtype.itemsize)
 
 
 def tensor_bytes(spec: TensorSpec) -> int | None:
     """The most bytes one item of a tensor of `spec` takes (batch dimension
-    1); None when a dimension is variable."""
-    if any(d < 0 for d in spec.item_shape):
+    1), variable dimensions at their bound; None when one has no bound."""
+    if any(d < 0 for d in spec.slot_shape):
         return None
-    return math.prod(spec.item_shape) * element_bytes(spec)
+    return math.prod(spec.slot_shape) * element_bytes(spec)
 
 
 def model_body_limit(config: ModelConfig, max_body_bytes: int) -> int:

@@ -9,6 +9,8 @@ request's items, and the outputs have batch dimension n.
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
@@ -21,10 +23,12 @@ from app.api.openapi import ERROR_RESPONSES, json_body
 from app.api.received import received_at
 from app.api.tensors import (
     batch_items,
+    bytes_elements,
     check_input_names,
     check_shape,
     datatype_name,
     decode_json_tensor,
+    json_data,
     resolve_slo,
     spec_map,
 )
@@ -73,11 +77,15 @@ async def infer(ctx: ApiContext, request: Request) -> Response:
     arrays = []
     for name in result.outputs:
         arr = np.ascontiguousarray(np.atleast_1d(result_output(result, name)))
-        arrays.append(arr)
+        data: Any = arr
+        if arr.dtype == object:  # BYTES: nested lists of strings
+            data = bytes_elements(json_data(name, arr), arr.shape).tolist()
+        else:
+            arrays.append(arr)
         outputs[name] = {
             "shape": [int(d) for d in arr.shape],
             "datatype": datatype_name(arr.dtype),
-            "data": arr,
+            "data": data,
         }
     return TensorJSONResponse(
         {

@@ -7,7 +7,14 @@ scheduler counts the n items toward its batch size and keeps the request
 whole; the answer's outputs have batch dimension n.
 
 Binary tensor data (KServe's binary extension) is little-endian, row-major;
-BOOL is one byte per element (0 or 1).
+BOOL is one byte per element (0 or 1); a BYTES element is a 4-byte
+little-endian length followed by that many bytes, as the binary-tensor
+extension specifies. In JSON a BYTES element is a string. A BYTES element
+is at most its tensor's `max_bytes` and UTF-8 text (ONNX string tensors
+hold text); BYTES outputs are answered as strings in JSON, or binary.
+
+A variable dimension (-1 in the config) takes any length up to its bound
+(`max_shape`); a longer one is a 400 naming the tensor and the bound.
 
 JSON numbers must fit the input's datatype: an integer out of the integer
 type's range, or a finite number beyond FP16's or FP32's largest finite value
@@ -46,6 +53,10 @@ def _fmt_shape(shape: Sequence[int | str]) -> str:
     return "[" + ", ".join(str(d) for d in shape) + "]"
 
 
+def is_bytes(spec: TensorSpec) -> bool:
+    return spec.datatype == "BYTES"
+
+
 def expected_shape(spec: TensorSpec) -> list[int]:
     """The shape of a one-item request: batch dimension 1, -1 for any size."""
     return [1, *spec.item_shape] if spec.shape else []
@@ -55,7 +66,9 @@ def _expected_text(spec: TensorSpec, max_batch: int = 1) -> str:
     exp = expected_shape(spec)
     text = _fmt_shape(exp)
     if any(d < 0 for d in exp):
-        text += " (-1: any size)"
+        text += " (-1: any size" + (
+            f" up to max_shape {list(spec.max_shape)})" if spec.max_shape else ")"
+        )
     if max_batch > 1 and exp:
         items = _fmt_shape(["n", *spec.item_shape])  # type: ignore[list-item]
         text += f" (or n items: {items}, n ≤ max_batch_size {max_batch})"
@@ -102,6 +115,13 @@ def check_shape(
             raise InvalidInput(
                 f"input '{name}': expected shape {_expected_text(spec, max_batch)}, "
                 f"got {_fmt_shape(shape)}"
+            )
+    for i, (got, bound) in enumerate(zip(shape[1:], spec.slot_shape, strict=True), start=1):
+        if 0 <= bound < got:
+            raise InvalidInput(
+                f"input '{name}': dimension {i} is {got}, more than its bound {bound} "
+                f"(max_shape {_fmt_shape(spec.max_shape or spec.shape)} in the model config), "
+                f"in shape {_fmt_shape(shape)}"
             )
     if max_elements is not None:
         count = math.prod(shape)
@@ -164,6 +184,68 @@ def _as_numeric_array(name: str, spec: TensorSpec, data: Any) -> np.ndarray:
     return out
 
 
+def bytes_elements(values: Sequence[bytes | str], shape: Sequence[int]) -> np.ndarray:
+    """An object array of BYTES elements, shaped `shape`: the one place the
+    API builds an object array. Each element is a `bytes` (or `str`) object
+    that the JSON or protobuf parser, or a length prefix's slice, made:
+    tensor memory is never read as Python objects."""
+    out = np.empty(len(values), dtype=object)
+    out[:] = list(values)
+    return out.reshape(tuple(shape))
+
+
+def _flatten_nested(name: str, data: Any) -> tuple[list[Any], tuple[int, ...]]:
+    """JSON elements (flat or nested lists) → (elements in row-major order, shape)."""
+    if not isinstance(data, list):
+        return [data], ()
+    if not data:
+        return [], (0,)
+    parts = [_flatten_nested(name, item) for item in data]
+    shapes = {shape for _, shape in parts}
+    if len(shapes) != 1:
+        raise InvalidInput(
+            f"input '{name}': data is not a rectangular array of BYTES elements "
+            "(nested lists of unequal lengths?)"
+        )
+    return [v for values, _ in parts for v in values], (len(data), *shapes.pop())
+
+
+def _as_bytes_array(name: str, spec: TensorSpec, data: Any) -> np.ndarray:
+    """JSON strings (flat or nested lists) → object array of their UTF-8 bytes."""
+    values, shape = _flatten_nested(name, data)
+    encoded: list[bytes] = []
+    for i, value in enumerate(values):
+        if not isinstance(value, str):
+            raise InvalidInput(
+                f"input '{name}': BYTES elements are strings in JSON, got "
+                f"{type(value).__name__} {value!r:.40}"
+            )
+        try:
+            encoded.append(value.encode())
+        except UnicodeEncodeError:
+            raise InvalidInput(f"input '{name}': element {i} is not valid Unicode text") from None
+    out = bytes_elements(encoded, shape)
+    check_bytes(name, spec, out)
+    return out
+
+
+def check_bytes(name: str, spec: TensorSpec, values: np.ndarray) -> None:
+    """Each element of a BYTES tensor: at most `max_bytes`, UTF-8 text."""
+    limit = spec.max_bytes
+    for i, value in enumerate(values.reshape(-1)):
+        if limit is not None and len(value) > limit:
+            raise InvalidInput(
+                f"input '{name}': element {i} has {len(value)} bytes, more than the "
+                f"tensor's max_bytes {limit}"
+            )
+        try:
+            value.decode()
+        except UnicodeDecodeError:
+            raise InvalidInput(
+                f"input '{name}': element {i} is not UTF-8 text (ONNX string tensors hold text)"
+            ) from None
+
+
 def _check_float_range(name: str, spec: TensorSpec, raw: np.ndarray, out: np.ndarray) -> None:
     """A finite value that became ±Inf in `out` was out of the datatype's
     range (NaN and ±Inf given as such are data, not errors)."""
@@ -199,7 +281,9 @@ def decode_json_tensor(
     Otherwise (v2, or native {data, shape}) the elements are flat or nested,
     and their count must equal the shape's.
     """
-    arr = _as_numeric_array(name, spec, data)
+    arr = (
+        _as_bytes_array(name, spec, data) if is_bytes(spec) else _as_numeric_array(name, spec, data)
+    )
     if shape is None:
         full = check_shape(name, spec, arr.shape, batch_optional=True, max_batch=max_batch)
         return arr.reshape(full)
@@ -216,6 +300,8 @@ def decode_binary_tensor(
     name: str, spec: TensorSpec, buf: memoryview, shape: tuple[int, ...]
 ) -> np.ndarray:
     """A tensor from its binary bytes (already checked: len(buf) == binary_data_size)."""
+    if is_bytes(spec):
+        return decode_binary_bytes(name, spec, buf, shape)
     count = math.prod(shape)
     want = count * spec.dtype.itemsize
     if len(buf) != want:
@@ -229,6 +315,39 @@ def decode_binary_tensor(
     if arr.dtype != spec.dtype:  # big-endian host
         arr = arr.astype(spec.dtype)
     return arr.reshape(shape)
+
+
+def decode_binary_bytes(
+    name: str, spec: TensorSpec, buf: memoryview, shape: tuple[int, ...]
+) -> np.ndarray:
+    """A BYTES tensor from its binary form: per element a 4-byte little-endian
+    length and that many bytes; exactly the shape's count of elements."""
+    count = math.prod(shape)
+    elements: list[bytes] = []
+    offset, size = 0, len(buf)
+    for i in range(count):
+        if offset + 4 > size:
+            raise InvalidInput(
+                f"input '{name}': binary BYTES data ends after {i} of the {count} elements "
+                f"of shape {_fmt_shape(shape)} (each: a 4-byte length, then its bytes)"
+            )
+        length = int.from_bytes(buf[offset : offset + 4], "little")
+        offset += 4
+        if offset + length > size:
+            raise InvalidInput(
+                f"input '{name}': binary BYTES element {i} says {length} bytes, "
+                f"{size - offset} are left"
+            )
+        elements.append(bytes(buf[offset : offset + length]))
+        offset += length
+    if offset != size:
+        raise InvalidInput(
+            f"input '{name}': {size - offset} bytes after the {count} BYTES elements "
+            f"of shape {_fmt_shape(shape)}"
+        )
+    out = bytes_elements(elements, shape)
+    check_bytes(name, spec, out)
+    return out
 
 
 def batch_items(inputs: Mapping[str, np.ndarray]) -> int:
@@ -290,10 +409,33 @@ def resolve_slo(config: ModelConfig, slo_ms: float | None) -> float | None:
 
 
 def output_bytes(arr: np.ndarray) -> bytes:
-    """Binary tensor data of an output: little-endian, row-major."""
+    """Binary tensor data of an output: little-endian, row-major (BYTES:
+    each element's 4-byte length, then its bytes)."""
     arr = np.asarray(arr)
+    if arr.dtype == object:
+        return b"".join(
+            len(v).to_bytes(4, "little") + v for v in (_as_element(x) for x in arr.reshape(-1))
+        )
     arr = arr.astype(arr.dtype.newbyteorder("<"), copy=False)
     return np.ascontiguousarray(arr).tobytes()
+
+
+def _as_element(value: Any) -> bytes:
+    return value.encode() if isinstance(value, str) else bytes(value)
+
+
+def json_data(name: str, arr: np.ndarray) -> Any:
+    """An output's elements for a JSON answer, flat: the array (numbers), or
+    strings (BYTES, which must be UTF-8 text: else ask for binary data)."""
+    flat = np.ascontiguousarray(np.asarray(arr).reshape(-1))
+    if flat.dtype != object:
+        return flat
+    try:
+        return [_as_element(v).decode() for v in flat]
+    except UnicodeDecodeError:
+        raise InvalidInput(
+            f"output '{name}' holds bytes that are not UTF-8 text: ask for it as binary data"
+        ) from None
 
 
 def spec_map(specs: Sequence[TensorSpec]) -> Mapping[str, TensorSpec]:

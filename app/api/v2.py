@@ -34,6 +34,7 @@ from app.api.tensors import (
     datatype_name,
     decode_binary_tensor,
     decode_json_tensor,
+    json_data,
     output_bytes,
     resolve_slo,
     spec_map,
@@ -231,9 +232,10 @@ def build_response(
             entry["parameters"] = {"binary_data_size": len(blob)}
             blobs.append(blob)
         else:
-            data = np.ascontiguousarray(arr.reshape(-1))
+            data = json_data(name, arr)
             entry["data"] = data
-            arrays.append(data)
+            if isinstance(data, np.ndarray):
+                arrays.append(data)
         outputs.append(entry)
     body: dict[str, Any] = {"model_name": config.name, "model_version": config.version}
     request_id = req.id if req.id is not None else result.request_id

@@ -10,12 +10,15 @@ An input's elements come either in `raw_input_contents` (for every input or
 for none, in input order, as Triton requires: little-endian, row-major, BOOL
 one byte of 0 or 1) or in the typed `contents` field for its datatype —
 `int_contents` for INT8/16/32, `uint_contents` for UINT8/16/32, `int64_contents`,
-`uint64_contents`, `fp32_contents`, `fp64_contents`, `bool_contents`; FP16 has
-no typed field and goes raw. Typed values are range-checked like JSON numbers
-(300 in an INT8 tensor is refused, never wrapped).
+`uint64_contents`, `fp32_contents`, `fp64_contents`, `bool_contents`,
+`bytes_contents` for BYTES; FP16 has no typed field and goes raw. Typed
+values are range-checked like JSON numbers (300 in an INT8 tensor is
+refused, never wrapped). A BYTES tensor's raw contents are its elements
+each after a 4-byte little-endian length, as in the HTTP binary form; its
+elements are checked alike (max_bytes, UTF-8).
 
-Outputs are returned in `raw_output_contents`, in the order of
-`outputs`; the answer's `parameters` carry where the request's time went
+Outputs are returned in `raw_output_contents` (BYTES: length-prefixed
+elements), in the order of `outputs`; the answer's `parameters` carry where the request's time went
 (queue_ms, exec_ms, batch_size, device, ...), as an HTTP v2 answer's do.
 """
 
@@ -31,6 +34,8 @@ from tritonclient.grpc import service_pb2 as pb
 from app.api.bodies import result_output
 from app.api.tensors import (
     batch_items,
+    bytes_elements,
+    check_bytes,
     check_datatype,
     check_input_names,
     check_shape,
@@ -115,6 +120,8 @@ def _check_input_parameters(name: str, parameters: Mapping[str, pb.InferParamete
 def _decode_raw(
     name: str, spec: TensorSpec, data: bytes, index: int, shape: tuple[int, ...]
 ) -> np.ndarray:
+    if spec.datatype == "BYTES":  # length-prefixed elements, checked as they are read
+        return decode_binary_tensor(name, spec, memoryview(data), shape)
     want = math.prod(shape) * spec.dtype.itemsize
     if len(data) != want:
         raise InvalidInput(
@@ -128,6 +135,8 @@ def _decode_typed(
     name: str, spec: TensorSpec, contents: pb.InferTensorContents, shape: tuple[int, ...]
 ) -> np.ndarray:
     given = [field.name for field, _ in contents.ListFields()]
+    if spec.datatype == "BYTES":
+        return _decode_typed_bytes(name, spec, contents, shape, given)
     typed = TYPED_FIELDS.get(spec.datatype)
     if typed is None:
         raise InvalidInput(
@@ -148,6 +157,31 @@ def _decode_typed(
     values = np.array(getattr(contents, field), dtype=wire_dtype)
     # the HTTP API's check of JSON numbers: element count and datatype range
     return decode_json_tensor(name, spec, values, shape)  # type: ignore[arg-type]
+
+
+def _decode_typed_bytes(
+    name: str,
+    spec: TensorSpec,
+    contents: pb.InferTensorContents,
+    shape: tuple[int, ...],
+    given: list[str],
+) -> np.ndarray:
+    others = [g for g in given if g != "bytes_contents"]
+    if others:
+        raise InvalidInput(
+            f"input '{name}': contents.{others[0]} is given, but a BYTES tensor takes "
+            "its elements in contents.bytes_contents (or raw_input_contents)"
+        )
+    values = list(contents.bytes_contents)
+    count = math.prod(shape)
+    if len(values) != count:
+        raise InvalidInput(
+            f"input '{name}': shape {list(shape)} needs {count} elements, "
+            f"contents.bytes_contents has {len(values)}"
+        )
+    out = bytes_elements(values, shape)
+    check_bytes(name, spec, out)
+    return out
 
 
 def request_slo_ms(request: pb.ModelInferRequest) -> float | None:

@@ -1,8 +1,15 @@
 """A model's configuration as the server uses it (parsed from config.yaml,
 or from a Triton config.pbtxt by app/repository/triton_config.py).
 
-Datatypes are the KServe v2 names (FP32, INT64, ...). Shapes include the batch
-dimension first as -1, as in Triton's config for models with batching.
+Datatypes are the KServe v2 names (FP32, INT64, ..., BYTES). Shapes include
+the batch dimension first as -1, as in Triton's config for models with
+batching; another dimension may be -1 too (variable, e.g. a sequence length)
+when `max_shape` bounds it.
+
+Shared memory holds every tensor at its bound (`TensorSpec.slot_shape`):
+variable dimensions at their `max_shape`, a BYTES element as a 4-byte
+length and `max_bytes` bytes (`BYTES_HEADER` + max_bytes). A request's own
+shape travels with it in its slot (app/runtime/arena.py).
 """
 
 from __future__ import annotations
@@ -12,7 +19,8 @@ from pathlib import Path
 
 import numpy as np
 
-# KServe v2 / Triton datatype names → numpy dtypes (BYTES is not supported yet).
+# KServe v2 / Triton datatype names → numpy dtypes (BYTES: an object array of
+# bytes, one element per string).
 DATATYPES: dict[str, np.dtype] = {
     "BOOL": np.dtype(np.bool_),
     "UINT8": np.dtype(np.uint8),
@@ -26,14 +34,29 @@ DATATYPES: dict[str, np.dtype] = {
     "FP16": np.dtype(np.float16),
     "FP32": np.dtype(np.float32),
     "FP64": np.dtype(np.float64),
+    "BYTES": np.dtype(object),
 }
+BYTES_HEADER = 4  # a BYTES element's length prefix: 4 bytes, little-endian
 
 
 @dataclass(frozen=True)
 class TensorSpec:
+    """One input or output. Every per-dimension tuple is aligned with
+    `shape` (batch dimension first); the loader checks how they agree."""
+
     name: str
     datatype: str  # a key of DATATYPES
-    shape: tuple[int, ...]  # batch dimension first, as -1
+    shape: tuple[int, ...]  # batch dimension first, as -1; -1 elsewhere: variable
+    # The bound of each variable dimension (-1 at the batch dimension, the
+    # fixed size elsewhere); None when no dimension but the batch one varies.
+    max_shape: tuple[int, ...] | None = None
+    # Inputs: dimensions along which requests of different lengths share a
+    # batch, padded with 0 to the batch's longest; () when none.
+    pad: tuple[bool, ...] = ()
+    # Outputs: per dimension, the (input, dimension) whose length in its
+    # request this dimension has (a padded answer is cut back to it); ().
+    follows: tuple[tuple[str, int] | None, ...] = ()
+    max_bytes: int | None = None  # BYTES: the longest element, in bytes
 
     @property
     def dtype(self) -> np.dtype:
@@ -41,12 +64,35 @@ class TensorSpec:
 
     @property
     def item_shape(self) -> tuple[int, ...]:
-        """Shape of one request's tensor without the batch dimension."""
+        """Shape of one request's tensor without the batch dimension (-1:
+        variable)."""
         return self.shape[1:]
 
     @property
+    def variable(self) -> bool:
+        """Whether a dimension other than the batch one varies."""
+        return any(d < 0 for d in self.item_shape)
+
+    @property
+    def slot_shape(self) -> tuple[int, ...]:
+        """One item's shape at its bounds: what a shared-memory slot holds."""
+        return self.item_shape if self.max_shape is None else self.max_shape[1:]
+
+    @property
+    def padded(self) -> tuple[bool, ...]:
+        """`pad` for the item dimensions (batch dimension left out)."""
+        return self.pad[1:] if self.pad else (False,) * len(self.item_shape)
+
+    @property
+    def element_nbytes(self) -> int:
+        """Bytes of one element in shared memory."""
+        if self.datatype == "BYTES":
+            return BYTES_HEADER + int(self.max_bytes or 0)
+        return self.dtype.itemsize
+
+    @property
     def item_nbytes(self) -> int:
-        return int(np.prod(self.item_shape, dtype=np.int64)) * self.dtype.itemsize
+        return int(np.prod(self.slot_shape, dtype=np.int64)) * self.element_nbytes
 
 
 @dataclass(frozen=True)

@@ -7,8 +7,8 @@ A model's directory name is its name. `config.yaml` keys (defaults in brackets):
     backend:             onnx | torch | emulated               (required)
     model_file:          path relative to the model directory  (onnx, torch: required;
                                                                 emulated: not allowed)
-    inputs:              [{name, datatype, shape}, ...]         (required, non-empty)
-    outputs:             [{name, datatype, shape}, ...]         (required, non-empty)
+    inputs:              [{name, datatype, shape, ...}, ...]    (required, non-empty)
+    outputs:             [{name, datatype, shape, ...}, ...]    (required, non-empty)
     max_batch_size:      integer ≥ 1                            (required)
     slo_ms:              number > 0                             (required)
     allow_slo_loosening: bool                                   [false]
@@ -24,10 +24,24 @@ A model's directory name is its name. `config.yaml` keys (defaults in brackets):
     instance_group:      Triton's [{kind, count, gpus}, ...] → devices (not
                          with `devices`); app/repository/triton_fields.py
 
-`datatype` is a KServe v2 name (FP32, INT64, ... see config.DATATYPES). A
-`shape` may be written with or without the leading batch dimension -1 (`[4096]`
-and `[-1, 4096]` mean the same); every other dimension must be a positive
-integer. Every error names the file and the field.
+`datatype` is a KServe v2 name (FP32, INT64, ..., BYTES; config.DATATYPES).
+A `shape` may be written with or without the leading batch dimension -1
+(`[4096]` and `[-1, 4096]` mean the same); another dimension is a positive
+integer, or -1 (variable, e.g. a sequence length) bounded by the tensor's
+`max_shape`. A tensor's other keys — `max_shape`, `pad` (inputs: pad
+requests of different lengths into one batch), `follows` (outputs: cut a
+padded answer back to each request's length), `max_bytes` (BYTES) — are
+app/repository/tensor_fields.py's; e.g.::
+
+    inputs:
+      - {name: tokens, datatype: FP32, shape: [-1, -1], max_shape: [-1, 128],
+         pad: [false, true]}
+    outputs:
+      - {name: scores, datatype: FP32, shape: [-1, -1], max_shape: [-1, 128],
+         follows: [null, "tokens:1"]}
+
+Variable dimensions and BYTES tensors are served by the onnx backend. Every
+error names the file and the field.
 
 A model without a `profile` is measured by the profiler at load; the measured
 table is cached in the profile cache directory (app/repository/profiles.py).
@@ -47,7 +61,8 @@ from pathlib import Path
 from typing import Any
 
 from app.config_fields import FieldReader, read_yaml
-from app.repository.config import DATATYPES, ModelConfig, ProfileSpec, TensorSpec
+from app.repository.config import ModelConfig, ProfileSpec
+from app.repository.tensor_fields import check_backend, check_follows, parse_tensors
 from app.repository.triton_config import TRITON_CONFIG_FILE, triton_document
 from app.repository.triton_fields import parse_dynamic_batching, parse_instance_groups
 from app.scheduling.profile import LatencyProfile
@@ -77,7 +92,6 @@ _CONFIG_KEYS = frozenset(
     }
 )
 _REQUIRED_KEYS = ("backend", "inputs", "outputs", "max_batch_size", "slo_ms")
-_TENSOR_KEYS = frozenset({"name", "datatype", "shape"})
 _PROFILE_KEYS = frozenset({"alpha_ms", "beta_ms", "latency_ms"})
 
 
@@ -146,8 +160,10 @@ def parse_model_config(
         ctx.fail("backend", f"unknown backend {backend!r}; expected one of {list(BACKENDS)}")
 
     model_file = _parse_model_file(ctx, doc, backend, directory)
-    inputs = _parse_tensors(ctx, doc["inputs"], "inputs")
-    outputs = _parse_tensors(ctx, doc["outputs"], "outputs")
+    inputs = parse_tensors(ctx, doc["inputs"], "inputs")
+    outputs = parse_tensors(ctx, doc["outputs"], "outputs")
+    check_follows(ctx, inputs, outputs)
+    check_backend(ctx, backend, inputs + outputs)
     max_batch = ctx.number(doc, "max_batch_size", "max_batch_size", at_least=1, integer=True)
     slo_ms = ctx.number(doc, "slo_ms", "slo_ms", above=0.0)
 
@@ -242,47 +258,6 @@ def _parse_model_file(ctx: FieldReader, doc: Mapping, backend: str, directory: P
     if not path.is_file():
         ctx.fail("model_file", f"model file not found: {path}")
     return path
-
-
-def _parse_tensors(ctx: FieldReader, raw: Any, where: str) -> tuple[TensorSpec, ...]:
-    if not isinstance(raw, list) or not raw:
-        ctx.fail(where, "must be a non-empty list of {name, datatype, shape}")
-    specs: list[TensorSpec] = []
-    seen: set[str] = set()
-    for i, entry in enumerate(raw):
-        w = f"{where}[{i}]"
-        ctx.keys(entry, w, _TENSOR_KEYS, required=("name", "datatype", "shape"))
-        name = entry["name"]
-        if not isinstance(name, str) or not name:
-            ctx.fail(f"{w}.name", f"must be a non-empty string, got {name!r}")
-        if name in seen:
-            ctx.fail(f"{w}.name", f"duplicate tensor name {name!r}")
-        seen.add(name)
-        w = f"{where}[{i}] ({name})"
-        datatype = entry["datatype"]
-        if not isinstance(datatype, str) or datatype.upper() not in DATATYPES:
-            ctx.fail(
-                f"{w}.datatype",
-                f"unknown datatype {datatype!r}; expected one of {list(DATATYPES)}",
-            )
-        specs.append(TensorSpec(name, datatype.upper(), _parse_shape(ctx, entry["shape"], w)))
-    return tuple(specs)
-
-
-def _parse_shape(ctx: FieldReader, raw: Any, where: str) -> tuple[int, ...]:
-    if not isinstance(raw, list):
-        ctx.fail(f"{where}.shape", f"must be a list of dimensions like [-1, 4096], got {raw!r}")
-    dims = list(raw)
-    if dims and dims[0] == -1:
-        dims = dims[1:]
-    for d in dims:
-        if isinstance(d, bool) or not isinstance(d, int) or d < 1:
-            ctx.fail(
-                f"{where}.shape",
-                f"dimension {d!r} in {raw} must be a positive integer "
-                "(only the leading batch dimension may be -1)",
-            )
-    return (-1, *dims)
 
 
 def parse_profile(

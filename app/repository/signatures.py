@@ -17,6 +17,7 @@ ONNX_TO_V2 = {
     5: "INT16",
     6: "INT32",
     7: "INT64",
+    8: "BYTES",  # STRING
     9: "BOOL",
     10: "FP16",
     11: "FP64",
@@ -32,6 +33,7 @@ ORT_TO_V2 = {
     "tensor(int32)": "INT32",
     "tensor(int64)": "INT64",
     "tensor(bool)": "BOOL",
+    "tensor(string)": "BYTES",
     "tensor(float16)": "FP16",
     "tensor(double)": "FP64",
     "tensor(uint32)": "UINT32",
@@ -77,7 +79,8 @@ def ort_signature(session: Any) -> tuple[Signature, Signature]:
 def signature_problems(config: ModelConfig, inputs: Signature, outputs: Signature) -> list[str]:
     """How the config's tensors disagree with a model's signature (empty when
     they agree). A symbolic model dimension matches anything; the config's
-    batch dimension -1 matches a symbolic one."""
+    -1 (the batch dimension, or a variable one) matches a symbolic one and
+    not a fixed one (the model would refuse other lengths)."""
     problems: list[str] = []
     for kind, declared, actual in (
         ("input", config.inputs, inputs),

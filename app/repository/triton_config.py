@@ -27,6 +27,19 @@ the same checks (app/repository/loader.py). What maps:
   DEFAULT_SLO_MS, with a warning), `allow_slo_loosening`, `profile` (YAML,
   e.g. `"{alpha_ms: 0.5, beta_ms: 2}"`), `description`, and the backend
   options `exit_points` (torch) and `preemption_delay_ms` (emulated).
+* A tensor's keys beyond `dims` (app/repository/tensor_fields.py) through
+  `parameters` too, each a YAML mapping of tensor name → value written as
+  in config.yaml, the batch dimension left out as in `dims`: `max_shape`
+  bounds dims -1 (required for them), `pad` lets requests of different
+  lengths share a padded batch, `follows` cuts an output back to each
+  request's length, `max_bytes` bounds a TYPE_STRING (BYTES) element
+  (required for it)::
+
+      input [{ name: "tokens" data_type: TYPE_FP32 dims: [ -1 ] }]
+      output [{ name: "scores" data_type: TYPE_FP32 dims: [ -1 ] }]
+      parameters { key: "max_shape" value { string_value: "{tokens: [128], scores: [128]}" } }
+      parameters { key: "pad" value { string_value: "{tokens: [true]}" } }
+      parameters { key: "follows" value { string_value: "{scores: [tokens:1]}" } }
 
 Every other field the file sets (ListFields) is a warning naming it, except
 sequence batching and ensembles, whose requests cannot be served one by one
@@ -78,6 +91,7 @@ _INPUT_SUPPORTED = frozenset({"name", "data_type", "dims"})
 _OUTPUT_SUPPORTED = frozenset({"name", "data_type", "dims"})
 _OUR_PARAMETERS = ("slo_ms", "allow_slo_loosening", "profile", "description")
 _BACKEND_PARAMETERS = ("exit_points", "preemption_delay_ms")
+_TENSOR_PARAMETERS = ("max_shape", "pad", "follows", "max_bytes")
 
 
 def model_config_pb2() -> Any:
@@ -292,6 +306,8 @@ def _parameters(
             if text.strip().lower() not in ("true", "false"):
                 ctx.fail(where, f'must be "true" or "false", got {text!r}')
             doc[key] = text.strip().lower() == "true"
+        elif key in _TENSOR_PARAMETERS:
+            _tensor_parameter(ctx, where, key, text, doc)
         elif key == "profile" or key in _BACKEND_PARAMETERS:
             try:
                 value = yaml.safe_load(text)
@@ -304,7 +320,7 @@ def _parameters(
         else:
             warn(
                 f"{where} is not used by this server (ours: "
-                f"{', '.join(_OUR_PARAMETERS + _BACKEND_PARAMETERS)})"
+                f"{', '.join(_OUR_PARAMETERS + _BACKEND_PARAMETERS + _TENSOR_PARAMETERS)})"
             )
     if "slo_ms" not in doc:
         warn(
@@ -314,3 +330,38 @@ def _parameters(
         doc["slo_ms"] = DEFAULT_SLO_MS
     if backend_options:
         doc["parameters"] = backend_options
+    for kind, tensors in (("input", doc["inputs"]), ("output", doc["outputs"])):
+        for tensor in tensors:
+            if -1 in tensor["shape"][1:] and "max_shape" not in tensor:
+                bound = [128 if d < 0 else d for d in tensor["shape"][1:]]
+                ctx.fail(
+                    f"{kind} ({tensor['name']}).dims",
+                    f"{tensor['shape'][1:]} has a variable dimension: bound it with "
+                    'parameters { key: "max_shape" value { string_value: '
+                    f'"{{{tensor["name"]}: {bound}}}" }} }}',
+                )
+            if tensor["datatype"] == "BYTES" and "max_bytes" not in tensor:
+                ctx.fail(
+                    f"{kind} ({tensor['name']}).data_type",
+                    "TYPE_STRING needs the longest element's bytes: "
+                    'parameters { key: "max_bytes" value { string_value: '
+                    f'"{{{tensor["name"]}: 256}}" }} }}',
+                )
+
+
+def _tensor_parameter(
+    ctx: FieldReader, where: str, key: str, text: str, doc: dict[str, Any]
+) -> None:
+    """`parameters[max_shape]` etc.: {tensor name: value} onto the document's
+    tensors (values written without the batch dimension, as `dims`)."""
+    try:
+        value = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        ctx.fail(where, f"not valid YAML: {exc}")
+    if not isinstance(value, dict) or not value:
+        ctx.fail(where, f'must map tensor names to values, e.g. "{{x: [128]}}", got {text!r}')
+    tensors = {t["name"]: t for t in [*doc["inputs"], *doc["outputs"]]}
+    for name, entry in value.items():
+        if name not in tensors:
+            ctx.fail(where, f"no tensor {name!r} (the model has {sorted(tensors)})")
+        tensors[name][key] = entry

@@ -8,7 +8,7 @@ computed from the model's TensorSpecs::
     slot k: [in_0 | in_1 | ... | out_0 | out_1 | ...]   (slot_nbytes, aligned)
     segment: slot 0, slot 1, ..., slot capacity-1
 
-Every tensor therefore has a strided view of shape (capacity, *item_shape)
+Every tensor therefore has a strided view of shape (capacity, *slot_shape)
 over the whole segment. The executor gathers a batch with one fancy-indexing
 copy of that view (`view[slots]`) and scatters outputs with one assignment;
 the parent writes a request's inputs with one copy and reads its outputs with
@@ -21,6 +21,15 @@ consecutive and the arena never fragments. The memory stays what
 `capacity` bounds the items in flight per model, not the requests. Sizing
 slots per request instead would reserve max_batch_size rows for every
 request, most of them one item.
+
+Variable dimensions and BYTES (app/runtime/tensor_rows.py): a slot holds
+a tensor at its bound (`TensorSpec.slot_shape`; a BYTES element as its
+4-byte length and `max_bytes` bytes, a trailing uint8 axis of the view);
+a tensor with a variable dimension also has its item's actual shape in the
+slot (int32 per dimension, beside the data): the parent writes an input's,
+the executor reads it (`item_shapes`), and writes each output's
+(`scatter(..., shapes)`), which the parent reads back to cut the answer.
+A request's rows share one shape.
 
 Ownership: the parent creates the segment (`Arena.create`) and is the only
 side that unlinks it (`close_and_unlink`, also run by a finalizer at exit and
@@ -51,6 +60,7 @@ import numpy as np
 
 from app.errors import InvalidInput
 from app.repository.config import ModelConfig, TensorSpec
+from app.runtime.tensor_rows import pack_bytes, region, unpack_bytes
 
 ALIGN = 64
 # Prefix of every segment we create (tests and operators can find ours in /dev/shm).
@@ -67,11 +77,13 @@ def _segment_name(model: str) -> str:
 
 
 def _check_spec(model: str, spec: TensorSpec) -> None:
-    if any(d < 0 for d in spec.item_shape):
+    if any(d < 0 for d in spec.slot_shape):
         raise ValueError(
-            f"model {model!r} tensor {spec.name!r}: only the batch dimension may be "
-            f"dynamic in a shared-memory arena, got shape {list(spec.shape)}"
+            f"model {model!r} tensor {spec.name!r}: shape {list(spec.shape)} has a variable "
+            "dimension without a bound (max_shape)"
         )
+    if spec.datatype == "BYTES" and not spec.max_bytes:
+        raise ValueError(f"model {model!r} tensor {spec.name!r}: BYTES without max_bytes")
 
 
 def compute_layout(config: ModelConfig, capacity: int, name: str) -> dict[str, Any]:
@@ -83,13 +95,20 @@ def compute_layout(config: ModelConfig, capacity: int, name: str) -> dict[str, A
     for role, specs in (("inputs", config.inputs), ("outputs", config.outputs)):
         for spec in specs:
             _check_spec(config.name, spec)
-            tensors[role][spec.name] = {
+            is_bytes = spec.datatype == "BYTES"
+            entry: dict[str, Any] = {
                 "offset": offset,
-                "dtype": spec.dtype.str,
-                "shape": list(spec.item_shape),
+                "dtype": np.dtype(np.uint8).str if is_bytes else spec.dtype.str,
+                "shape": [*spec.slot_shape, *([spec.element_nbytes] if is_bytes else [])],
                 "nbytes": spec.item_nbytes,
+                "max_bytes": spec.max_bytes,
+                "dims_offset": None,  # where the item's actual shape is, if variable
             }
             offset += _align(max(spec.item_nbytes, 1))
+            if spec.variable:
+                entry["dims_offset"] = offset
+                offset += _align(4 * len(spec.item_shape))
+            tensors[role][spec.name] = entry
     slot_nbytes = max(_align(offset), ALIGN)
     return {
         "name": name,
@@ -144,6 +163,9 @@ class Arena:
         self.capacity: int = int(layout["capacity"])
         self.model: str = layout["model"]
         self._views: dict[str, dict[str, np.ndarray]] = {"inputs": {}, "outputs": {}}
+        # Variable tensors: (capacity, ndim) int32 views of each item's shape.
+        self._dims: dict[str, dict[str, np.ndarray]] = {"inputs": {}, "outputs": {}}
+        self._max_bytes: dict[str, int] = {}  # BYTES tensors (names unique per role)
         stride = int(layout["slot_nbytes"])
         for role in ("inputs", "outputs"):
             for tname, t in layout[role].items():
@@ -157,6 +179,17 @@ class Arena:
                     offset=int(t["offset"]),
                     strides=(stride, *item.strides),
                 )
+                if t.get("max_bytes"):
+                    self._max_bytes[f"{role}:{tname}"] = int(t["max_bytes"])
+                if t.get("dims_offset") is not None:
+                    ndim = len(shape) - (1 if t.get("max_bytes") else 0)
+                    self._dims[role][tname] = np.ndarray(
+                        (self.capacity, ndim),
+                        dtype=np.int32,
+                        buffer=shm.buf,
+                        offset=int(t["dims_offset"]),
+                        strides=(stride, 4),
+                    )
         self._free: list[int] = list(range(self.capacity - 1, -1, -1))
         self._in_use: set[int] = set()
         self._finalizer = weakref.finalize(self, _release_segment, shm, owner)
@@ -229,7 +262,8 @@ class Arena:
 
     def write_rows(self, slots: list[int], inputs: Mapping[str, np.ndarray]) -> None:
         """Copy a request's inputs, shape (len(slots), *item_shape), row i
-        into `slots[i]`."""
+        into `slots[i]`; a variable dimension at most its bound, a BYTES
+        tensor an object array of bytes of at most max_bytes each."""
         for slot in slots:
             self._check_slot(slot)
         views = self._views["inputs"]
@@ -244,30 +278,67 @@ class Arena:
         rows = len(slots)
         for name, view in views.items():
             array = np.asarray(inputs[name])
-            expected = (rows, *view.shape[1:])
-            if array.dtype != view.dtype:
+            max_bytes = self._max_bytes.get(f"inputs:{name}")
+            dims = self._dims["inputs"].get(name)
+            bound = view.shape[1:-1] if max_bytes else view.shape[1:]
+            want = np.dtype(object) if max_bytes else view.dtype
+            if array.dtype != want:
                 raise InvalidInput(
                     f"model {self.model!r} input {name!r}: dtype {array.dtype} "
-                    f"but the model expects {view.dtype}"
+                    f"but the model expects {want}"
                 )
-            if array.shape != expected:
+            item = array.shape[1:]
+            if (
+                array.ndim != 1 + len(bound)
+                or array.shape[0] != rows
+                or (dims is None and item != bound)
+            ):
                 raise InvalidInput(
                     f"model {self.model!r} input {name!r}: shape {list(array.shape)} "
-                    f"but the model expects {list(expected)}"
+                    f"but the model expects {[rows, *bound]}"
+                    + (" (at most, per dimension)" if dims is not None else "")
                 )
-            if rows == 1:
+            over = [i for i, (d, b) in enumerate(zip(item, bound, strict=True)) if d > b]
+            if over:
+                i = over[0]
+                raise InvalidInput(
+                    f"model {self.model!r} input {name!r}: dimension {i + 1} is {item[i]}, "
+                    f"more than its bound {bound[i]} (max_shape {[-1, *bound]})"
+                )
+            if max_bytes:
+                try:
+                    array = pack_bytes(array, max_bytes, f"model {self.model!r} input {name!r}")
+                except ValueError as exc:
+                    raise InvalidInput(str(exc)) from None
+            if dims is not None:
+                corner = region(item)
+                for i, slot in enumerate(slots):
+                    view[slot][corner] = array[i]
+                    dims[slot] = item
+            elif rows == 1:
                 np.copyto(view[slots[0]], array[0])
             else:
                 view[np.asarray(slots, dtype=np.intp)] = array
 
     def read_rows(self, slots: list[int]) -> dict[str, np.ndarray]:
-        """A request's outputs, shape (len(slots), *item_shape): copies."""
+        """A request's outputs, shape (len(slots), *item_shape) — a variable
+        output at the shape its executor wrote, BYTES as object arrays of
+        bytes: copies."""
         for slot in slots:
             self._check_slot(slot)
-        if len(slots) == 1:
-            return self.read_outputs(slots[0])
         index = np.asarray(slots, dtype=np.intp)
-        return {name: view[index] for name, view in self._views["outputs"].items()}
+        out = {}
+        for name, view in self._views["outputs"].items():
+            dims = self._dims["outputs"].get(name)
+            if dims is not None:
+                corner = region(dims[slots[0]])  # a request's rows share one shape
+                data = np.stack([view[slot][corner] for slot in slots])
+            elif len(slots) == 1:
+                data = view[slots[0] : slots[0] + 1].copy()
+            else:
+                data = view[index]
+            out[name] = unpack_bytes(data) if f"outputs:{name}" in self._max_bytes else data
+        return out
 
     @property
     def free_slots(self) -> int:
@@ -279,7 +350,8 @@ class Arena:
 
     # ------------------------------------------------------- tensors (parent)
     def write_inputs(self, slot: int, inputs: Mapping[str, np.ndarray]) -> None:
-        """Copy one request's inputs into `slot` (one copy per tensor).
+        """Copy one request's inputs into `slot` (one copy per tensor), for
+        fixed-shape numeric tensors (`write_rows` takes every kind).
 
         Each array must have the spec's dtype and shape `item_shape` or
         `(1, *item_shape)`; every input must be present and nothing else.
@@ -314,15 +386,13 @@ class Arena:
     def read_outputs(self, slot: int, copy: bool = True) -> dict[str, np.ndarray]:
         """One request's outputs, each with batch dimension 1.
 
-        With ``copy=False`` the arrays are views into shared memory: use them
-        before `release(slot)`.
+        With ``copy=False`` the arrays of fixed-shape numeric outputs are
+        views into shared memory: use them before `release(slot)`.
         """
+        if copy or self._dims["outputs"] or self._max_bytes:
+            return self.read_rows([slot])
         self._check_slot(slot)
-        out = {}
-        for name, view in self._views["outputs"].items():
-            v = view[slot : slot + 1]
-            out[name] = v.copy() if copy else v
-        return out
+        return {name: view[slot : slot + 1] for name, view in self._views["outputs"].items()}
 
     def input_view(self, name: str, slot: int) -> np.ndarray:
         """Writable view of one input tensor in `slot` (item_shape, no batch dim),
@@ -331,29 +401,83 @@ class Arena:
         return self._views["inputs"][name][slot]
 
     # ----------------------------------------------------- batches (executor)
-    def gather(self, input_name: str, slots: list[int]) -> np.ndarray:
-        """The batch (len(slots), *item_shape) of one input: one copy."""
-        view = self._views["inputs"][input_name]
-        return np.ascontiguousarray(view[np.asarray(slots, dtype=np.intp)])
-
-    def scatter(self, output_name: str, slots: list[int], batch_output: np.ndarray) -> None:
-        """Write row i of `batch_output` into slot `slots[i]`: one copy."""
-        view = self._views["outputs"][output_name]
-        expected = (len(slots), *view.shape[1:])
-        batch_output = np.asarray(batch_output)
-        if batch_output.shape != expected:
-            raise ValueError(
-                f"model {self.model!r} output {output_name!r}: backend returned shape "
-                f"{list(batch_output.shape)}, expected {list(expected)}"
+    def item_shapes(self, input_name: str, slots: list[int]) -> list[tuple[int, ...]]:
+        """Each slot's item shape of one input (as its request wrote it)."""
+        dims = self._dims["inputs"].get(input_name)
+        if dims is None:
+            view = self._views["inputs"][input_name]
+            bound = (
+                view.shape[1:-1] if f"inputs:{input_name}" in self._max_bytes else view.shape[1:]
             )
-        if batch_output.dtype != view.dtype and not np.can_cast(
+            return [tuple(bound)] * len(slots)
+        return [tuple(int(d) for d in dims[slot]) for slot in slots]
+
+    def gather(
+        self, input_name: str, slots: list[int], shape: tuple[int, ...] | None = None
+    ) -> np.ndarray:
+        """The batch (len(slots), *item_shape) of one input: one copy. With
+        `shape` (a variable input): each row's own corner, the rest 0 (a
+        BYTES element: empty), for rows of that shape or padded to it."""
+        view = self._views["inputs"][input_name]
+        index = np.asarray(slots, dtype=np.intp)
+        if shape is None:
+            data = np.ascontiguousarray(view[index])
+        else:
+            dims = self._dims["inputs"][input_name]
+            data = np.zeros((len(slots), *shape, *view.shape[1 + len(shape) :]), view.dtype)
+            for i, slot in enumerate(slots):
+                corner = region(dims[slot])
+                data[i][corner] = view[slot][corner]
+        return unpack_bytes(data) if f"inputs:{input_name}" in self._max_bytes else data
+
+    def scatter(
+        self,
+        output_name: str,
+        slots: list[int],
+        batch_output: np.ndarray,
+        shapes: list[tuple[int, ...]] | None = None,
+    ) -> None:
+        """Write row i of `batch_output` into slot `slots[i]`: one copy. A
+        variable output's row i is cut to `shapes[i]` (None: the batch's
+        item shape), which must be within the bound, and that shape is
+        written beside it."""
+        view = self._views["outputs"][output_name]
+        max_bytes = self._max_bytes.get(f"outputs:{output_name}")
+        dims = self._dims["outputs"].get(output_name)
+        bound = view.shape[1:-1] if max_bytes else view.shape[1:]
+        batch_output = np.asarray(batch_output)
+        what = f"model {self.model!r} output {output_name!r}"
+        if dims is None:
+            expected = (len(slots), *bound)
+            if batch_output.shape != expected:
+                raise ValueError(
+                    f"{what}: backend returned shape {list(batch_output.shape)}, "
+                    f"expected {list(expected)}"
+                )
+        elif batch_output.ndim != 1 + len(bound) or len(batch_output) != len(slots):
+            raise ValueError(
+                f"{what}: backend returned shape {list(batch_output.shape)}, expected "
+                f"{[len(slots), *bound]} at most"
+            )
+        if max_bytes:
+            batch_output = pack_bytes(batch_output, max_bytes, what)
+        elif batch_output.dtype != view.dtype and not np.can_cast(
             batch_output.dtype, view.dtype, casting="same_kind"
         ):
             raise ValueError(
-                f"model {self.model!r} output {output_name!r}: backend returned dtype "
-                f"{batch_output.dtype}, expected {view.dtype}"
+                f"{what}: backend returned dtype {batch_output.dtype}, expected {view.dtype}"
             )
-        view[np.asarray(slots, dtype=np.intp)] = batch_output
+        if dims is None:
+            view[np.asarray(slots, dtype=np.intp)] = batch_output
+            return
+        rows = shapes or [tuple(batch_output.shape[1 : 1 + len(bound)])] * len(slots)
+        for i, slot in enumerate(slots):
+            item = rows[i]
+            if any(d > b for d, b in zip(item, bound, strict=True)):
+                raise ValueError(f"{what}: shape {list(item)} exceeds its bound {list(bound)}")
+            corner = region(item)
+            view[slot][corner] = batch_output[i][corner]
+            dims[slot] = item
 
     @property
     def input_names(self) -> list[str]:

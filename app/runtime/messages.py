@@ -137,7 +137,15 @@ def config_to_dict(config: ModelConfig) -> dict[str, Any]:
     """A ModelConfig as plain picklable builtins (sent to executors)."""
 
     def tensor(s: TensorSpec) -> dict[str, Any]:
-        return {"name": s.name, "datatype": s.datatype, "shape": list(s.shape)}
+        return {
+            "name": s.name,
+            "datatype": s.datatype,
+            "shape": list(s.shape),
+            "max_shape": None if s.max_shape is None else list(s.max_shape),
+            "pad": list(s.pad),
+            "follows": [None if f is None else list(f) for f in s.follows],
+            "max_bytes": s.max_bytes,
+        }
 
     p = config.profile
     return {
@@ -174,7 +182,18 @@ def config_from_dict(d: dict[str, Any] | ModelConfig) -> ModelConfig:
         return d
 
     def tensor(t: dict[str, Any]) -> TensorSpec:
-        return TensorSpec(t["name"], t["datatype"], tuple(int(x) for x in t["shape"]))
+        bounds = t.get("max_shape")
+        return TensorSpec(
+            t["name"],
+            t["datatype"],
+            tuple(int(x) for x in t["shape"]),
+            max_shape=None if bounds is None else tuple(int(x) for x in bounds),
+            pad=tuple(bool(x) for x in t.get("pad") or ()),
+            follows=tuple(
+                None if f is None else (str(f[0]), int(f[1])) for f in t.get("follows") or ()
+            ),
+            max_bytes=t.get("max_bytes"),
+        )
 
     p = d.get("profile")
     return ModelConfig(

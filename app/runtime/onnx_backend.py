@@ -1,6 +1,11 @@
 """ONNX Runtime backend: one `InferenceSession` per model on a CPU slice or a
 CUDA device; preemption through `RunOptions.terminate` (checked between
-graph nodes)."""
+graph nodes).
+
+BYTES tensors are ONNX STRING tensors: ORT takes an object array of `str`
+(it would turn a `bytes` element into its repr), so BYTES inputs are decoded
+as UTF-8 here (the API has refused elements that are not UTF-8); string
+outputs come back as `str` and are stored as their UTF-8 bytes."""
 
 from __future__ import annotations
 
@@ -25,6 +30,7 @@ _ORT_TYPES = {
     "tensor(float16)": "FP16",
     "tensor(float)": "FP32",
     "tensor(double)": "FP64",
+    "tensor(string)": "BYTES",
 }
 
 
@@ -47,6 +53,16 @@ def _check_io(model: str, role: str, spec: TensorSpec, node: Any) -> None:
                 f"model {model!r} {role} {spec.name!r}: config shape {list(spec.shape)}, "
                 f"the ONNX model has {shape}"
             )
+
+
+def _as_ort(array: np.ndarray) -> np.ndarray:
+    """A BYTES (object) array as ORT's string tensors want it: `str` elements."""
+    if array.dtype != object:
+        return array
+    flat = [v.decode() if isinstance(v, bytes) else v for v in array.reshape(-1)]
+    out = np.empty(len(flat), dtype=object)
+    out[:] = flat
+    return out.reshape(array.shape)
 
 
 class OnnxBackend:
@@ -122,8 +138,9 @@ class OnnxBackend:
         options = ort.RunOptions()
         with self._lock:
             self._run_options = options
+        feed = {name: _as_ort(array) for name, array in inputs.items()}
         try:
-            results = self.session.run(self._output_names, inputs, options)
+            results = self.session.run(self._output_names, feed, options)
         except Exception as exc:
             if options.terminate:
                 raise Terminated("run terminated") from exc

@@ -136,12 +136,17 @@ def _triton_parameters(parameters: Any) -> dict[str, Any]:
     return out
 
 
+def triton_type(datatype: str) -> str:
+    """Triton's data_type name of a v2 datatype (BYTES is TYPE_STRING)."""
+    return "TYPE_STRING" if datatype == "BYTES" else f"TYPE_{datatype}"
+
+
 def _fixed_fields(config: ModelConfig) -> dict[str, Any]:
     """The identity and tensors, as GET /v2/models/{m}/config renders them."""
 
     def tensors(specs: Any) -> list[dict[str, Any]]:
         return [
-            {"name": s.name, "data_type": f"TYPE_{s.datatype}", "dims": list(s.item_shape)}
+            {"name": s.name, "data_type": triton_type(s.datatype), "dims": list(s.item_shape)}
             for s in specs
         ]
 
