@@ -336,8 +336,13 @@ def test_cli_builds_missing_files(repo: Path, capsys: pytest.CaptureFixture[str]
             {
                 "inputs": [{"name": "x", "datatype": "FP32", "shape": [-1, -1], "max_shape": [9]}],
                 "outputs": [
-                    {"name": "y", "datatype": "FP32", "shape": [-1, -1], "max_shape": [9],
-                     "follows": ["x:1"]}
+                    {
+                        "name": "y",
+                        "datatype": "FP32",
+                        "shape": [-1, -1],
+                        "max_shape": [9],
+                        "follows": ["x:1"],
+                    }
                 ],
             },
             "outputs[0] (y).follows: dimension 1: input 'x' has no padded dimension 1",
