@@ -609,6 +609,37 @@ def test_tritonclient_infers_on_every_version_served(all_versions_server):
     metrics = httpx.get(f"{url}/metrics").text
     assert "simple@" not in metrics
 
+    # Model control acts on every version of the model.
+    assert httpx.post(f"{url}/v2/repository/models/simple/unload").status_code == 200
+    index = httpx.post(f"{url}/v2/repository/index").json()
+    assert sorted((e["version"], e["state"], e["reason"]) for e in index) == [
+        ("1", "UNAVAILABLE", "unloaded"),
+        ("2", "UNAVAILABLE", "unloaded"),
+    ]
+    for path in ("simple/versions/1", "simple"):
+        r = httpx.post(f"{url}/v2/models/{path}/infer", json=_json_body(x))
+        assert r.status_code == 503 and r.json()["error"] == "model 'simple' is unloaded", r.text
+    assert httpx.post(f"{url}/v2/repository/models/simple/load").status_code == 200
+    index = httpx.post(f"{url}/v2/repository/index").json()
+    assert sorted((e["version"], e["state"]) for e in index) == [("1", "READY"), ("2", "READY")]
+    for version, factor in (("1", 1), ("2", 2)):
+        r = httpx.post(f"{url}/v2/models/simple/versions/{version}/infer", json=_json_body(x))
+        assert r.status_code == 200, r.text
+        assert r.json()["outputs"][0]["data"] == (factor * x).ravel().tolist()
+
+
+def _json_body(x: np.ndarray) -> dict[str, object]:
+    return {
+        "inputs": [
+            {
+                "name": "INPUT0",
+                "datatype": "FP32",
+                "shape": list(x.shape),
+                "data": x.ravel().tolist(),
+            }
+        ]
+    }
+
 
 @pytest.mark.slow
 def test_a_model_that_fails_to_load_stops_start_up(tmp_path: Path, run_module):

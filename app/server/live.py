@@ -120,6 +120,8 @@ class LiveService:
         # Model control (app/server/model_control.py): models being loaded or
         # unloaded ("loading", "unloading"), which take no requests.
         self.control_state: dict[str, str] = {}
+        # Each served model's version, kept for the index once it is unloaded.
+        self.versions: dict[str, str] = {}
         self._control_lock = asyncio.Lock()
 
     # ------------------------------------------------------------- lifecycle
@@ -141,6 +143,7 @@ class LiveService:
         self.unavailable.update(unavailable)
         for name, state in self.models.items():
             self.statistics.add_model(name, state.config.version, state.config.model_name)
+            self.versions[name] = state.config.version
         self._check_loaded(self.models)
         for state in self.models.values():
             device = self._device(state.devices[0])
@@ -363,7 +366,7 @@ class LiveService:
             index.append(
                 {
                     "name": name,
-                    "version": version or "1",
+                    "version": version or self.versions.get(key, "1"),
                     "state": "LOADING" if loading else "UNAVAILABLE",
                     "reason": self._relative(reason),
                 }

@@ -311,6 +311,7 @@ async def _load(service: LiveService, config: ModelConfig) -> None:
     service.models[name] = state
     service.unavailable.pop(name, None)
     service.statistics.add_model(name, config.version, config.model_name)
+    service.versions[name] = config.version
     log.info("loaded model %s on devices %s", name, list(hosts))
 
 
