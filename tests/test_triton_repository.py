@@ -20,6 +20,9 @@ import tritonclient.http as tritonhttp
 import yaml
 from onnx import TensorProto, helper
 
+from app.api.context import lookup_model
+from app.api.security import InvalidModelName
+from app.errors import ModelNotFound, ModelUnloaded
 from app.repository.loader import load_model_config, load_repository
 from app.repository.profiles import default_profile_cache_dir, fit_problems, read_profile_cache
 from app.runtime.devices import ExecutorDevice
@@ -97,31 +100,40 @@ def test_a_triton_users_repository_loads_unchanged(tmp_path: Path) -> None:
         "queue_timeout_ms": 20.0,
         "max_queue_size": 64,
     }
-    assert config.unserved_versions == ()
+    assert config.versions == () and config.served_versions == ("2",)
 
 
 @pytest.mark.parametrize(
-    ("policy", "served", "unserved"),
+    ("policy", "default", "others"),
     [
         ("", "2", ()),
         ("version_policy: { latest { num_versions: 1 } }", "2", ()),
         ("version_policy: { latest { num_versions: 2 } }", "2", ("1",)),
         ("version_policy: { all { } }", "2", ("1",)),
         ("version_policy: { specific { versions: [ 1 ] } }", "1", ()),
+        ("version_policy: { specific { versions: [ 1, 2 ] } }", "2", ("1",)),
     ],
 )
-def test_version_policy_selects_the_served_version(
-    tmp_path: Path, policy: str, served: str, unserved: tuple[str, ...]
+def test_version_policy_serves_every_selected_version(
+    tmp_path: Path, policy: str, default: str, others: tuple[str, ...]
 ) -> None:
     _triton_model(tmp_path, SIMPLE_PBTXT + policy)
     index = load_repository(tmp_path)
+    assert sorted(index.models) == sorted(["simple", *(f"simple@{v}" for v in others)])
     config = index.models["simple"]
-    assert config.version == served and config.unserved_versions == unserved
-    assert config.model_file is not None and config.model_file.parent.name == served
-    notes = index.warnings.get("simple", [])
-    assert len(notes) == (1 if unserved else 0)
-    if unserved:
-        assert "version_policy selects versions [1, 2]" in notes[0]
+    assert config.version == default and config.model_name == "simple"
+    assert config.served_versions == tuple(sorted((default, *others)))
+    assert config.model_file is not None and config.model_file.parent.name == default
+    for version in others:
+        other = index.models[f"simple@{version}"]
+        assert other.model_name == "simple" and other.version == version
+        assert other.served_versions == config.served_versions
+        assert other.model_file is not None and other.model_file.parent.name == version
+        assert other.inputs == config.inputs and other.outputs == config.outputs
+    assert index.warnings.get("simple", []) == []
+    assert {(e["name"], e["version"]) for e in index.index()} == {
+        ("simple", v) for v in config.served_versions
+    }
 
 
 def test_specific_version_without_directory_is_an_error(tmp_path: Path) -> None:
@@ -302,11 +314,13 @@ class _AlivePool:
 
 
 def _started(tmp_path: Path, settings: Settings) -> LiveService:
-    """A LiveService as start-up leaves it: `simple` served, `broken` failed."""
+    """A LiveService as start-up leaves it: `simple` served (versions 1 and
+    2), `broken` failed."""
     _triton_model(tmp_path / "models", SIMPLE_PBTXT + "version_policy: { all { } }")
-    config = load_repository(tmp_path / "models").models["simple"]
+    models = load_repository(tmp_path / "models").models
     service = LiveService(settings, Metrics())
-    service.models["simple"] = ModelState(config, arena=None, devices=(0,))  # type: ignore[arg-type]
+    for key, config in models.items():
+        service.models[key] = ModelState(config, arena=None, devices=(0,))  # type: ignore[arg-type]
     service.unavailable["broken"] = f"{tmp_path}/models/broken/config.pbtxt: max_batch_size: bad"
     service.pool = _AlivePool()  # type: ignore[assignment]
     service.ready = True
@@ -323,7 +337,7 @@ def test_strict_readiness(tmp_path: Path) -> None:
     assert not relaxed.server_ready()  # none loaded: never ready
 
 
-def test_index_gives_the_reason_and_the_versions_not_served(tmp_path: Path) -> None:
+def test_index_gives_the_reason_and_every_version_served(tmp_path: Path) -> None:
     service = _started(tmp_path, Settings(repository=tmp_path / "models"))
     assert service.repository_index() == [
         {
@@ -332,14 +346,27 @@ def test_index_gives_the_reason_and_the_versions_not_served(tmp_path: Path) -> N
             "state": "UNAVAILABLE",
             "reason": "broken/config.pbtxt: max_batch_size: bad",
         },
-        {
-            "name": "simple",
-            "version": "1",
-            "state": "UNAVAILABLE",
-            "reason": "not served: one version per model is, 2",
-        },
+        {"name": "simple", "version": "1", "state": "READY", "reason": ""},
         {"name": "simple", "version": "2", "state": "READY", "reason": ""},
     ]
+    assert service.model_names() == ["simple"]
+
+
+def test_a_name_and_version_resolve_to_the_versions_served_model(tmp_path: Path) -> None:
+    service = _started(tmp_path, Settings(repository=tmp_path / "models"))
+    default = lookup_model(service, "simple")
+    assert (default.name, default.version) == ("simple", "2")
+    assert lookup_model(service, "simple", "2") is default
+    one = lookup_model(service, "simple", "1")
+    assert (one.name, one.model_name, one.version) == ("simple@1", "simple", "1")
+    assert one.model_file is not None and one.model_file.parent.name == "1"
+    with pytest.raises(ModelNotFound, match=r"has no version '3' \(available: 1, 2\)"):
+        lookup_model(service, "simple", "3")
+    with pytest.raises(InvalidModelName):  # a key is no model name a request may give
+        lookup_model(service, "simple@1")
+    service.control_state["simple@1"] = "unloading"
+    with pytest.raises(ModelUnloaded, match="model 'simple' version '1' is unloading"):
+        lookup_model(service, "simple", "1")
 
 
 # ------------------------------------------------------------------ profiles
@@ -507,6 +534,111 @@ def test_tritonclient_infers_on_the_served_version(triton_server):
     assert {(e["version"], e["state"]) for e in index if e["name"] == "simple"} == {("2", "READY")}
     r = httpx.get(f"{server['url']}/v2/models/simple/versions/1/ready")
     assert r.status_code == 404, r.text
+
+
+@pytest.fixture(scope="module")
+def all_versions_server(tmp_path_factory, launch_daemon):
+    repo = tmp_path_factory.mktemp("triton-versions")
+    directory = _triton_model(repo, SIMPLE_PBTXT + "version_policy: { all { } }")
+    grpc_port = free_port()
+    handle = launch_daemon(
+        repo,
+        cpu_slices=1,
+        threads_per_slice=1,
+        emulated_devices=0,
+        extra_env={"PROFILE_BATCH_SIZES": "1,8", "GRPC_PORT": str(grpc_port)},
+    )
+    return {"url": handle.url, "grpc": f"127.0.0.1:{grpc_port}", "model": directory}
+
+
+@pytest.mark.slow
+def test_tritonclient_infers_on_every_version_served(all_versions_server):
+    """`all {}`: version 1 answers x, version 2 and no version 2x; each
+    version is listed, ready and counted on its own."""
+    server = all_versions_server
+    url = server["url"]
+    x = np.arange(8, dtype=np.float32).reshape(2, 4)
+    sent = {"1": 0, "2": 0}
+    client = tritonhttp.InferenceServerClient(url.removeprefix("http://"))
+    try:
+        assert client.is_server_ready()
+        assert client.is_model_ready("simple", "1") and client.is_model_ready("simple", "2")
+        assert client.get_model_metadata("simple")["versions"] == ["1", "2"]
+        assert client.get_model_metadata("simple", "1")["name"] == "simple"
+        for version, factor in (("1", 1), ("2", 2), ("", 2)):
+            tensor = tritonhttp.InferInput("INPUT0", [2, 4], "FP32")
+            tensor.set_data_from_numpy(x, binary_data=True)
+            result = client.infer("simple", [tensor], model_version=version)
+            np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), factor * x)
+            assert result.get_response()["model_name"] == "simple"
+            assert result.get_response()["model_version"] == (version or "2")
+            sent[version or "2"] += 1
+    finally:
+        client.close()
+    grpc_client = tritongrpc.InferenceServerClient(server["grpc"])
+    try:
+        assert grpc_client.get_model_metadata("simple").versions == ["1", "2"]
+        assert grpc_client.get_model_config("simple", "1").config.name == "simple"
+        tensor = tritongrpc.InferInput("INPUT0", [2, 4], "FP32")
+        tensor.set_data_from_numpy(x)
+        result = grpc_client.infer("simple", [tensor], model_version="1")
+        np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), x)
+        assert (result.get_response().model_name, result.get_response().model_version) == (
+            "simple",
+            "1",
+        )
+        sent["1"] += 1
+    finally:
+        grpc_client.close()
+    index = httpx.post(f"{url}/v2/repository/index").json()
+    assert sorted((e["name"], e["version"], e["state"]) for e in index) == [
+        ("simple", "1", "READY"),
+        ("simple", "2", "READY"),
+    ]
+    stats = httpx.get(f"{url}/v2/models/simple/stats").json()["model_stats"]
+    assert [(s["name"], s["version"], s["inference_count"]) for s in stats] == [
+        ("simple", "1", 2 * sent["1"]),
+        ("simple", "2", 2 * sent["2"]),
+    ]
+    one = httpx.get(f"{url}/v2/models/simple/versions/1/stats").json()["model_stats"]
+    assert [(s["version"], s["inference_stats"]["success"]["count"]) for s in one] == [
+        ("1", sent["1"])
+    ]
+    r = httpx.get(f"{url}/v2/models/simple/versions/3/ready")
+    assert r.status_code == 404 and "available: 1, 2" in r.text, r.text
+    metrics = httpx.get(f"{url}/metrics").text
+    assert "simple@" not in metrics
+
+    # Model control acts on every version of the model.
+    assert httpx.post(f"{url}/v2/repository/models/simple/unload").status_code == 200
+    index = httpx.post(f"{url}/v2/repository/index").json()
+    assert sorted((e["version"], e["state"], e["reason"]) for e in index) == [
+        ("1", "UNAVAILABLE", "unloaded"),
+        ("2", "UNAVAILABLE", "unloaded"),
+    ]
+    for path in ("simple/versions/1", "simple"):
+        r = httpx.post(f"{url}/v2/models/{path}/infer", json=_json_body(x))
+        assert r.status_code == 503 and r.json()["error"] == "model 'simple' is unloaded", r.text
+    assert httpx.post(f"{url}/v2/repository/models/simple/load").status_code == 200
+    index = httpx.post(f"{url}/v2/repository/index").json()
+    assert sorted((e["version"], e["state"]) for e in index) == [("1", "READY"), ("2", "READY")]
+    for version, factor in (("1", 1), ("2", 2)):
+        r = httpx.post(f"{url}/v2/models/simple/versions/{version}/infer", json=_json_body(x))
+        assert r.status_code == 200, r.text
+        assert r.json()["outputs"][0]["data"] == (factor * x).ravel().tolist()
+
+
+def _json_body(x: np.ndarray) -> dict[str, object]:
+    return {
+        "inputs": [
+            {
+                "name": "INPUT0",
+                "datatype": "FP32",
+                "shape": list(x.shape),
+                "data": x.ravel().tolist(),
+            }
+        ]
+    }
 
 
 @pytest.mark.slow

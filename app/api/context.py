@@ -62,7 +62,11 @@ def lookup_model(service: InferenceService, name: str, version: str | None = Non
     The answers name only the model asked for: not the other models (a 404
     is no directory listing). Why a model failed to load is told as the
     service words it (files relative to the repository), with any absolute
-    path left cut to its last component; the log has the whole text."""
+    path left cut to its last component; the log has the whole text.
+
+    `version` None is the model's default version (the highest it serves);
+    the config's `name` is the served model's key, which the service's
+    `infer` and `model_ready` take (app/repository/config.py: version_key)."""
     check_model_name(name)
     try:
         config = service.model_config(name)
@@ -72,9 +76,16 @@ def lookup_model(service: InferenceService, name: str, version: str | None = Non
         raise  # unloaded on request: its message names only the model
     except ModelNotReady as exc:
         raise ModelNotReady(hide_paths(exc.message)) from None
-    if version is not None and version != config.version:
+    if version is None or version == config.version:
+        return config
+    if version not in config.served_versions:
         raise ModelNotFound(
             f"model {short_repr(name)} has no version {short_repr(version)} "
-            f"(available: {config.version})"
+            f"(available: {', '.join(config.served_versions)})"
         )
-    return config
+    try:
+        return service.model_config(name, version)
+    except ModelUnloaded:
+        raise
+    except ModelNotReady as exc:
+        raise ModelNotReady(hide_paths(exc.message)) from None

@@ -149,7 +149,9 @@ class RequestLimits:
         if size == self.max_body_bytes:
             limit = self.server
         else:
-            limit = BodyLimit(size, f"the limit for model '{config.name}', from its input shapes")
+            limit = BodyLimit(
+                size, f"the limit for model '{config.model_name}', from its input shapes"
+            )
         self._by_model[key] = (config, limit)
         return limit
 

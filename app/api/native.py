@@ -67,7 +67,7 @@ async def infer(ctx: ApiContext, request: Request) -> Response:
     batch_items(inputs)
     slo_ms = resolve_slo(config, req.slo_ms)
     result = await service.infer(
-        req.model,
+        config.name,
         inputs,
         slo_ms=slo_ms,
         request_id=req.id,

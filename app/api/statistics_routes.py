@@ -66,10 +66,11 @@ def model_statistics(
     if name is None:
         return service.model_statistics()
     config = lookup_model(service, name, version)
-    report = service.model_statistics(config.name, config.version)
+    # No version: every version the model serves, as Triton reports it.
+    report = service.model_statistics(config.model_name, version)
     if not report["model_stats"]:
         # Known but not counted: a model that is not loaded (being unloaded).
-        raise ModelNotReady(f"model {config.name!r} is not loaded")
+        raise ModelNotReady(f"model {config.model_name!r} is not loaded")
     return report
 
 

@@ -371,12 +371,12 @@ def check_input_names(config: ModelConfig, names: Sequence[str]) -> None:
         seen.add(n)
         if n not in known:
             raise InvalidInput(
-                f"unknown input '{n}': model '{config.name}' has inputs {', '.join(known)}"
+                f"unknown input '{n}': model '{config.model_name}' has inputs {', '.join(known)}"
             )
     missing = [n for n in known if n not in seen]
     if missing:
         raise InvalidInput(
-            f"missing input {', '.join(repr(m) for m in missing)}: model '{config.name}' "
+            f"missing input {', '.join(repr(m) for m in missing)}: model '{config.model_name}' "
             f"needs inputs {', '.join(known)}"
         )
 
@@ -401,7 +401,7 @@ def resolve_slo(config: ModelConfig, slo_ms: float | None) -> float | None:
         )
     if slo_ms > config.slo_ms and not config.allow_slo_loosening:
         raise InvalidInput(
-            f"slo_ms {slo_ms:g} is looser than model '{config.name}' SLO of "
+            f"slo_ms {slo_ms:g} is looser than model '{config.model_name}' SLO of "
             f"{config.slo_ms:g} ms, and its config does not allow loosening "
             "(allow_slo_loosening: false)"
         )

@@ -190,7 +190,8 @@ def requested_outputs(config: ModelConfig, req: m.V2InferRequest) -> list[tuple[
     for out in req.outputs:
         if out.name not in known:
             raise InvalidInput(
-                f"unknown output '{out.name}': model '{config.name}' has outputs {', '.join(known)}"
+                f"unknown output '{out.name}': model '{config.model_name}' has outputs "
+                f"{', '.join(known)}"
             )
         if out.name in seen:
             raise InvalidInput(f"output '{out.name}' is requested more than once")
@@ -237,7 +238,7 @@ def build_response(
             if isinstance(data, np.ndarray):
                 arrays.append(data)
         outputs.append(entry)
-    body: dict[str, Any] = {"model_name": config.name, "model_version": config.version}
+    body: dict[str, Any] = {"model_name": config.model_name, "model_version": config.version}
     request_id = req.id if req.id is not None else result.request_id
     if request_id is not None:
         body["id"] = request_id

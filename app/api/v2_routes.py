@@ -85,8 +85,8 @@ def model_metadata(ctx: ApiContext, name: str, version: str | None) -> m.ModelMe
         ]
 
     return m.ModelMetadata(
-        name=config.name,
-        versions=[config.version],
+        name=config.model_name,
+        versions=list(config.served_versions),
         platform=config.backend,
         inputs=tensors(config.inputs),
         outputs=tensors(config.outputs),
@@ -105,7 +105,7 @@ def model_config(ctx: ApiContext, name: str, version: str | None) -> m.ModelConf
         ]
 
     return m.ModelConfigResponse(
-        name=config.name,
+        name=config.model_name,
         backend=config.backend,
         version=config.version,
         max_batch_size=config.max_batch_size,
@@ -123,14 +123,14 @@ def model_ready(ctx: ApiContext, name: str, version: str | None) -> m.ModelReady
     stopping); 404 unknown model or version."""
     try:
         service = ctx.get_service()
-        lookup_model(service, name, version)
+        config = lookup_model(service, name, version)
     except ModelNotReady as e:
         raise NotReady(e.message) from None
     except ServingError as e:
         if e.status < 500:
             raise
         raise NotReady(f"model {short_repr(name)} is not ready: {hide_paths(e.message)}") from None
-    if not service.model_ready(name):
+    if not service.model_ready(config.name):
         raise NotReady(f"model {short_repr(name)} is not ready")
     return m.ModelReadyResponse(name=name, ready=True)
 
@@ -157,7 +157,7 @@ async def infer(ctx: ApiContext, name: str, version: str | None, request: Reques
         config, req, binary, None if header_value is None else len(header), limit.bytes
     )
     result = await service.infer(
-        name,
+        config.name,
         call.inputs,
         slo_ms=call.slo_ms,
         request_id=call.request_id,

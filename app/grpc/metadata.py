@@ -37,8 +37,8 @@ def model_metadata(config: ModelConfig) -> pb.ModelMetadataResponse:
         ]
 
     return pb.ModelMetadataResponse(
-        name=config.name,
-        versions=[config.version],
+        name=config.model_name,
+        versions=list(config.served_versions),
         platform=config.backend,
         inputs=tensors(config.inputs),
         outputs=tensors(config.outputs),
@@ -47,7 +47,7 @@ def model_metadata(config: ModelConfig) -> pb.ModelMetadataResponse:
 
 def model_config(config: ModelConfig) -> mc.ModelConfig:
     out = mc.ModelConfig(
-        name=config.name,
+        name=config.model_name,
         platform=config.backend,
         backend=config.backend,
         max_batch_size=config.max_batch_size,

@@ -91,10 +91,10 @@ class InferenceServicer(
         async def work() -> pb.ModelReadyResponse:
             service = self.get_service()
             try:
-                lookup_model(service, request.name, request.version or None)
+                config = lookup_model(service, request.name, request.version or None)
             except ModelNotReady:  # known, and failed to load or no device can run it
                 return pb.ModelReadyResponse(ready=False)
-            return pb.ModelReadyResponse(ready=bool(service.model_ready(request.name)))
+            return pb.ModelReadyResponse(ready=bool(service.model_ready(config.name)))
 
         return await answer(context, "ModelReady", work)
 
@@ -129,7 +129,7 @@ class InferenceServicer(
             chosen = tensors.requested_outputs(config, request)
             slo_ms = resolve_slo(config, tensors.request_slo_ms(request))
             result = await service.infer(
-                name,
+                config.name,
                 inputs,
                 slo_ms=slo_ms,
                 request_id=request.id or None,

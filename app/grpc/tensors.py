@@ -211,7 +211,7 @@ def requested_outputs(config: ModelConfig, request: pb.ModelInferRequest) -> lis
     for output in request.outputs:
         if output.name not in known:
             raise InvalidInput(
-                f"unknown output '{output.name}': model '{config.name}' has outputs "
+                f"unknown output '{output.name}': model '{config.model_name}' has outputs "
                 f"{', '.join(known)}"
             )
         if output.name in chosen:
@@ -235,7 +235,7 @@ def build_response(
     result: InferResult,
     chosen: Sequence[str],
 ) -> pb.ModelInferResponse:
-    response = pb.ModelInferResponse(model_name=config.name, model_version=config.version)
+    response = pb.ModelInferResponse(model_name=config.model_name, model_version=config.version)
     request_id = request.id or result.request_id
     if request_id:
         response.id = request_id

@@ -148,6 +148,39 @@ class ModelConfig:
     description: str = ""
     extra: dict[str, object] = field(default_factory=dict)
     batching: BatchingSpec | None = None  # dynamic_batching, when the config has one
-    # Versions the version policy selected beyond the one served (a model
-    # serves one version: the highest selected).
-    unserved_versions: tuple[str, ...] = ()
+    # Every version of the model that is served (its version policy's
+    # selection), in increasing order; () means just `version`.
+    versions: tuple[str, ...] = ()
+
+    @property
+    def model_name(self) -> str:
+        """The model's name as users know it: `name` is the served model's
+        key, which for a version other than the default one is
+        `version_key(model_name, version)`."""
+        return self.name.partition(VERSION_KEY_SEP)[0]
+
+    @property
+    def served_versions(self) -> tuple[str, ...]:
+        return self.versions or (self.version,)
+
+
+# A model with several versions serves each as a model of its own. The
+# default version (the highest selected, used when a request names none, as
+# Triton does) is served under the model's name; every other one under
+# `name@version`, a key no model name can be ('@' is not allowed in one), so
+# it never collides and is never reachable by a name a user sends.
+VERSION_KEY_SEP = "@"
+
+
+def version_key(name: str, version: str) -> str:
+    """The served-model key of `name`'s version `version` (not the default one)."""
+    return f"{name}{VERSION_KEY_SEP}{version}"
+
+
+def shown_model(key: str, quote: bool = True) -> str:
+    """A served model's key as users read it: the model's name, and the
+    version when the key is not the name (`'simple' version '1'`)."""
+    name, _, version = key.partition(VERSION_KEY_SEP)
+    if quote:
+        return f"{name!r} version {version!r}" if version else repr(name)
+    return f"{name} version {version}" if version else name

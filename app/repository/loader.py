@@ -61,7 +61,7 @@ from pathlib import Path
 from typing import Any
 
 from app.config_fields import FieldReader, read_yaml
-from app.repository.config import ModelConfig, ProfileSpec
+from app.repository.config import ModelConfig, ProfileSpec, version_key
 from app.repository.tensor_fields import check_backend, check_follows, parse_tensors
 from app.repository.triton_config import TRITON_CONFIG_FILE, triton_document
 from app.repository.triton_fields import parse_dynamic_batching, parse_instance_groups
@@ -119,7 +119,16 @@ def load_model_config(directory: Path, warn: Warn | None = None) -> ModelConfig:
     """Parse and validate `<directory>/config.yaml` or `<directory>/config.pbtxt`
     (one of them); the model's name is the directory's name. Fields without
     effect go to `warn` (default: logged). Raises ValueError naming the file
-    and the field."""
+    and the field. The model's default version; `load_model_versions` gives
+    every version served."""
+    return load_model_versions(directory, warn)[0]
+
+
+def load_model_versions(directory: Path, warn: Warn | None = None) -> list[ModelConfig]:
+    """Every version of the model in `directory` that is served, the default
+    one (served under the model's name) first, then the others its version
+    policy selects (a config.pbtxt's), each named `version_key(name, v)`
+    and reading `<v>/<model file>`. Errors as `load_model_config`."""
     directory = Path(directory)
     yaml_path, pbtxt_path = directory / CONFIG_FILE, directory / TRITON_CONFIG_FILE
     path = pbtxt_path if pbtxt_path.is_file() and not yaml_path.is_file() else yaml_path
@@ -132,11 +141,21 @@ def load_model_config(directory: Path, warn: Warn | None = None) -> ModelConfig:
     if yaml_path.is_file() and pbtxt_path.is_file():
         raise ValueError(f"{directory}: has both {CONFIG_FILE} and {TRITON_CONFIG_FILE}; keep one")
     if path == pbtxt_path:
-        doc, unserved = triton_document(directory, warn)
+        doc, others = triton_document(directory, warn)
         config = parse_model_config(doc, directory, source=str(path), warn=warn)
-        return replace(config, unserved_versions=unserved)
+        if not others:
+            return [config]
+        versions = tuple(sorted((config.version, *others), key=int))
+        configs = [replace(config, versions=versions)]
+        filename = doc["model_file"].partition("/")[2]
+        for version in others:
+            other_doc = dict(doc, model_file=f"{version}/{filename}", version=version)
+            other = parse_model_config(other_doc, directory, source=str(path), warn=warn)
+            key = version_key(config.name, version)
+            configs.append(replace(other, name=key, versions=versions))
+        return configs
     doc = read_yaml(path, "model config")
-    return parse_model_config(doc, directory, source=str(path), warn=warn)
+    return [parse_model_config(doc, directory, source=str(path), warn=warn)]
 
 
 def _log_warning(model: str) -> Warn:
@@ -310,6 +329,8 @@ class RepositoryIndex:
     """The models of a repository that loaded, and why the others did not."""
 
     root: Path
+    # served model key → config: a model's name for its default version,
+    # `version_key(name, version)` for each other version it serves
     models: dict[str, ModelConfig] = field(default_factory=dict)
     errors: dict[str, str] = field(default_factory=dict)  # model name → error message
     # model name (or skipped directory) → fields without effect, as logged
@@ -322,14 +343,14 @@ class RepositoryIndex:
         """KServe v2 repository index entries, sorted by name; UNAVAILABLE
         entries carry the load error as `reason`."""
         rows = [
-            {"name": n, "version": c.version, "state": "READY", "reason": ""}
-            for n, c in self.models.items()
+            {"name": c.model_name, "version": c.version, "state": "READY", "reason": ""}
+            for c in self.models.values()
         ]
         rows += [
             {"name": n, "version": "", "state": "UNAVAILABLE", "reason": e}
             for n, e in self.errors.items()
         ]
-        return sorted(rows, key=lambda r: r["name"])
+        return sorted(rows, key=lambda r: (r["name"], r["version"]))
 
 
 def load_repository(root: Path) -> RepositoryIndex:
@@ -354,10 +375,12 @@ def load_repository(root: Path) -> RepositoryIndex:
             warn(f"skipped: the directory has no {CONFIG_FILE} or {TRITON_CONFIG_FILE}")
             continue
         try:
-            index.models[sub.name] = load_model_config(sub, warn)
+            versions = load_model_versions(sub, warn)
         except ValueError as exc:
             index.errors[sub.name] = str(exc)
             log.warning("model %s is unavailable: %s", sub.name, exc)
+            continue
+        index.models.update((config.name, config) for config in versions)
     index.warnings = {name: notes for name, notes in index.warnings.items() if notes}
     return index
 
@@ -367,6 +390,7 @@ __all__ = [
     "CONFIG_FILE",
     "RepositoryIndex",
     "load_model_config",
+    "load_model_versions",
     "load_repository",
     "parse_model_config",
     "validate_model_name",

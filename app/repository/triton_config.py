@@ -14,9 +14,9 @@ the same checks (app/repository/loader.py). What maps:
   in order, or by name through dicts: app/runtime/torch_model.py). Neither given:
   whichever default file the version directory holds.
 * `version_policy`: `latest {num_versions}` (Triton's default, 1), `all`,
-  `specific {versions}` over the numeric subdirectories. One version is
-  served per model, the highest selected; others selected are a warning and
-  appear in the repository index as not served.
+  `specific {versions}` over the numeric subdirectories. Every version
+  selected is served (app/repository/config.py: `version_key`); the
+  highest is the default, used when a request names no version.
 * `max_batch_size` (≥ 1: requests are batched along an implicit first
   dimension that `dims` leave out), `input`/`output` with `data_type`
   (TYPE_FP32 → FP32 …) and `dims`. For ONNX both may be left out: they are
@@ -109,8 +109,10 @@ def triton_document(
     directory: Path, warn: Callable[[str], None]
 ) -> tuple[dict[str, Any], tuple[str, ...]]:
     """`<directory>/config.pbtxt` as a config.yaml document (what
-    app.repository.loader.parse_model_config takes) and the versions the
-    policy selects that are not served; unsupported fields go to `warn`.
+    app.repository.loader.parse_model_config takes), for the default
+    version (the highest selected), and the other versions the policy
+    selects (each served from `<version>/<file>` with the same config);
+    unsupported fields go to `warn`.
     Raises ValueError naming the file and the field."""
     from google.protobuf import json_format, text_format
 
@@ -134,12 +136,7 @@ def triton_document(
 
     backend, default_file = _backend(ctx, msg, directory)
     filename = msg.default_model_filename or default_file
-    served, unserved = _select_versions(ctx, msg, directory, filename)
-    if unserved:
-        warn(
-            f"version_policy selects versions {sorted(int(v) for v in [served, *unserved])}; "
-            f"one version is served per model: {served} (not served: {', '.join(unserved)})"
-        )
+    served, others = _select_versions(ctx, msg, directory, filename)
     model_file = f"{served}/{filename}"
     max_batch = msg.max_batch_size
     inputs = [
@@ -172,7 +169,7 @@ def triton_document(
     if msg.instance_group:
         doc["instance_group"] = [_as_dict(json_format, g) for g in msg.instance_group]
     _parameters(ctx, {k: v.string_value for k, v in msg.parameters.items()}, doc, warn)
-    return doc, unserved
+    return doc, others
 
 
 def _as_dict(json_format: Any, message: Any) -> dict[str, Any]:
@@ -213,7 +210,8 @@ def _version_dirs(directory: Path) -> list[Path]:
 def _select_versions(
     ctx: FieldReader, msg: Any, directory: Path, filename: str
 ) -> tuple[str, tuple[str, ...]]:
-    """The version served and the other versions the policy selects."""
+    """The default version (the highest selected) and the other versions
+    the policy selects, in increasing order."""
     available = [int(p.name) for p in _version_dirs(directory)]
     if not available:
         ctx.fail("version_policy", f"no version directory (e.g. {directory.name}/1/{filename})")

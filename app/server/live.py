@@ -21,6 +21,13 @@ counts a request answered with an error, `_count_success` one answered with
 outputs, `_on_batch` each batch once. Models are loaded and unloaded while
 serving by app/server/model_control.py (`load_model`, `unload_model`); a
 model in `control_state` takes no requests.
+
+Every version a model serves is a served model of its own here (its own
+arena, executor load and scheduling-core entry), keyed as
+app/repository/config.py's `version_key` says: the model's name for its
+default version. `model_config(name, version)` resolves a name and version
+to that key; every answer, statistic and metric names the model and version,
+never the key (metrics count a model's versions together, by model name).
 """
 
 from __future__ import annotations
@@ -43,7 +50,7 @@ from app.errors import (
     ServingError,
     ShuttingDown,
 )
-from app.repository.config import ModelConfig
+from app.repository.config import VERSION_KEY_SEP, ModelConfig, shown_model, version_key
 from app.runtime.devices import ExecutorDevice
 from app.runtime.events import DeviceDown, DeviceUp, ExecutorEvent
 from app.runtime.pool import ExecutorPool
@@ -67,12 +74,13 @@ def request_items(config: ModelConfig, inputs: dict[str, np.ndarray]) -> int:
     sizes = {int(np.shape(a)[0]) if np.ndim(a) else 1 for a in inputs.values()}
     if len(sizes) != 1:
         raise InvalidInput(
-            f"model {config.name!r}: the inputs disagree on the batch dimension: {sorted(sizes)}"
+            f"model {config.model_name!r}: the inputs disagree on the batch dimension: "
+            f"{sorted(sizes)}"
         )
     (items,) = sizes
     if not 1 <= items <= config.max_batch_size:
         raise InvalidInput(
-            f"model {config.name!r}: the batch dimension must be between 1 and the model's "
+            f"model {config.model_name!r}: the batch dimension must be between 1 and the model's "
             f"max_batch_size ({config.max_batch_size}), got {items}"
         )
     return items
@@ -112,6 +120,8 @@ class LiveService:
         # Model control (app/server/model_control.py): models being loaded or
         # unloaded ("loading", "unloading"), which take no requests.
         self.control_state: dict[str, str] = {}
+        # Each served model's version, kept for the index once it is unloaded.
+        self.versions: dict[str, str] = {}
         self._control_lock = asyncio.Lock()
 
     # ------------------------------------------------------------- lifecycle
@@ -132,7 +142,8 @@ class LiveService:
         )
         self.unavailable.update(unavailable)
         for name, state in self.models.items():
-            self.statistics.add_model(name, state.config.version)
+            self.statistics.add_model(name, state.config.version, state.config.model_name)
+            self.versions[name] = state.config.version
         self._check_loaded(self.models)
         for state in self.models.values():
             device = self._device(state.devices[0])
@@ -248,15 +259,16 @@ class LiveService:
     # ----------------------------------------------------------- model control
 
     async def load_model(self, name: str, config_override: str | None = None) -> None:
-        """(Re)load `name` from the repository, optionally with a config
-        override (JSON), without a restart (app/server/model_control.py)."""
+        """(Re)load `name`, every version it serves, from the repository,
+        optionally with a config override (JSON) for all of them, without a
+        restart (app/server/model_control.py)."""
         async with self._control_lock:
             self._check_serving()
             await model_control.load(self, name, config_override)
 
     async def unload_model(self, name: str) -> None:
-        """Unload `name`: it takes no new requests, those accepted are
-        answered, then its executors and arena let go of it."""
+        """Unload `name`, every version: it takes no new requests, those
+        accepted are answered, then its executors and arenas let go of it."""
         async with self._control_lock:
             self._check_serving()
             await model_control.unload(self, name)
@@ -270,18 +282,34 @@ class LiveService:
     # ------------------------------------------------------------- service API
 
     def model_names(self) -> list[str]:
-        return sorted(self.models)
+        return sorted({state.config.model_name for state in self.models.values()})
 
-    def model_config(self, name: str) -> ModelConfig:
+    def model_config(self, name: str, version: str | None = None) -> ModelConfig:
+        """The config of `name`'s `version` (None: its default version); its
+        `name` is the key `infer`, `model_ready` and the others take."""
+        config = self._model_config(name)
+        if version is None or version == config.version:
+            return config
+        key = version_key(name, version)
+        if key in self.control_state or key in self.models or key in self.unavailable:
+            return self._model_config(key)
+        raise ModelNotFound(
+            f"model {name!r} has no version {version!r} "
+            f"(available: {', '.join(config.served_versions)})"
+        )
+
+    def _model_config(self, name: str) -> ModelConfig:
+        """The config of the served model `name` (a version key)."""
+        shown = shown_model(name)
         if name in self.control_state:
-            raise ModelUnloaded(f"model {name!r} is {self.control_state[name]}")
+            raise ModelUnloaded(f"model {shown} is {self.control_state[name]}")
         state = self.models.get(name)
         if state is None:
             if self.unavailable.get(name) == model_control.UNLOADED:
-                raise ModelUnloaded(f"model {name!r} is unloaded")
+                raise ModelUnloaded(f"model {shown} is unloaded")
             if name in self.unavailable:
                 reason = self._relative(self.unavailable[name])
-                raise ModelNotReady(f"model {name!r} is unavailable: {reason}")
+                raise ModelNotReady(f"model {shown} is unavailable: {reason}")
             raise ModelNotFound(f"unknown model {name!r}; models: {', '.join(self.model_names())}")
         return state.config
 
@@ -311,38 +339,34 @@ class LiveService:
             "devices_alive": len(alive),
             "devices_total": len(self.devices),
             "models_unavailable": sorted(
-                n for n in self.models if not self.model_ready(n) and n not in self.control_state
+                shown_model(n, quote=False)
+                for n in self.models
+                if not self.model_ready(n) and n not in self.control_state
             ),
-            "models_failed": sorted(self.failed()) if self.settings.strict_readiness else [],
+            "models_failed": (
+                sorted(shown_model(n, quote=False) for n in self.failed())
+                if self.settings.strict_readiness
+                else []
+            ),
         }
 
     def repository_index(self) -> list[dict[str, str]]:
         index = [
             {
-                "name": name,
+                "name": state.config.model_name,
                 "version": state.config.version,
                 "state": "READY" if self.model_ready(name) else "UNAVAILABLE",
                 "reason": self.control_state.get(name, ""),
             }
             for name, state in self.models.items()
         ]
-        # Versions the version policy selected but not served (one is per model).
-        index += [
-            {
-                "name": name,
-                "version": version,
-                "state": "UNAVAILABLE",
-                "reason": f"not served: one version per model is, {state.config.version}",
-            }
-            for name, state in self.models.items()
-            for version in state.config.unserved_versions
-        ]
-        for name, reason in self.unavailable.items():
-            loading = self.control_state.get(name) == "loading"
+        for key, reason in self.unavailable.items():
+            loading = self.control_state.get(key) == "loading"
+            name, _, version = key.partition(VERSION_KEY_SEP)
             index.append(
                 {
                     "name": name,
-                    "version": "1",
+                    "version": version or self.versions.get(key, "1"),
                     "state": "LOADING" if loading else "UNAVAILABLE",
                     "reason": self._relative(reason),
                 }
@@ -407,7 +431,7 @@ class LiveService:
                 raise InvalidInput(f"slo_ms must be > 0, got {slo_ms}")
             if slo_ms > slo and not config.allow_slo_loosening:
                 raise InvalidInput(
-                    f"slo_ms {slo_ms} is looser than model {model!r}'s SLO of {slo} ms; "
+                    f"slo_ms {slo_ms} is looser than model {shown_model(model)}'s SLO of {slo} ms; "
                     "the model config does not allow loosening"
                 )
             slo = slo_ms
@@ -415,19 +439,19 @@ class LiveService:
         limit = self.settings.max_queue
         outstanding = self._outstanding.get(model, 0)
         if limit and outstanding >= limit:
-            self.metrics.request_dropped(model, "queue_full")
+            self.metrics.request_dropped(metric_label(model), "queue_full")
             raise Overloaded(
-                f"model {model!r}: queue full ({limit} requests waiting)", "queue_full"
+                f"model {shown_model(model)}: queue full ({limit} requests waiting)", "queue_full"
             )
         items = request_items(config, inputs)
         slots = state.arena.acquire_rows(items)
         if slots is None:
-            self.metrics.request_dropped(model, "overloaded")
+            self.metrics.request_dropped(metric_label(model), "overloaded")
             raise Overloaded(
-                f"model {model!r}: {self.settings.arena_slots} items in flight "
+                f"model {shown_model(model)}: {self.settings.arena_slots} items in flight "
                 f"(ARENA_SLOTS; this request has {items})"
             )
-        self.metrics.request_received(model)
+        self.metrics.request_received(metric_label(model))
         self._outstanding[model] = outstanding + 1
         release = True
         try:
@@ -447,13 +471,13 @@ class LiveService:
                 )
                 raise
             except Dropped as exc:
-                self.metrics.request_dropped(model, exc.reason)
+                self.metrics.request_dropped(metric_label(model), exc.reason)
                 raise
             except ShuttingDown:
-                self.metrics.request_dropped(model, "shutting_down")
+                self.metrics.request_dropped(metric_label(model), "shutting_down")
                 raise
             if finished.error is not None:
-                self.metrics.request_dropped(model, "executor_failed")
+                self.metrics.request_dropped(metric_label(model), "executor_failed")
                 raise ExecutorFailed(f"executor failed: {finished.error}")
             outputs = state.arena.read_rows(slots)
             now = time.monotonic()
@@ -461,11 +485,11 @@ class LiveService:
             latency = now - request.arrival
             queue = max(0.0, finished.started_at - request.arrival)
             self.metrics.request_finished(
-                model, latency, queue, finished.batch.size, latency <= slo / 1000.0
+                metric_label(model), latency, queue, finished.batch.size, latency <= slo / 1000.0
             )
             self._count_success(model, inputs, request.arrival, seen_at, finished, now)
             return InferResult(
-                model=model,
+                model=config.model_name,
                 request_id=request_id,
                 outputs=outputs,
                 queue_ms=queue * 1000.0,
@@ -514,7 +538,7 @@ class LiveService:
     def _settle(self, model: str, state: ModelState, slots: list[int]) -> None:
         """A request is answered: its slots and its place in the queue are free."""
         self._outstanding[model] -= 1
-        self.metrics.request_answered(model)
+        self.metrics.request_answered(metric_label(model))
         state.arena.release_rows(slots)
 
     # ---------------------------------------------------------------- events
@@ -543,7 +567,7 @@ class LiveService:
         if finished.error is None:
             device = self._device(batch.device).name
             compute_s = finished.finished_at - finished.started_at
-            self.metrics.batch_executed(batch.model, device, batch.size, compute_s)
+            self.metrics.batch_executed(metric_label(batch.model), device, batch.size, compute_s)
             self.statistics.batch_executed(
                 batch.model,
                 batch=(batch.device, batch.id),
@@ -575,6 +599,12 @@ class LiveService:
             self.metrics.set_autoscale(
                 bad_rate, idle_fraction, advised_device_change(devices, bad_rate, idle_fraction)
             )
+
+
+def metric_label(key: str) -> str:
+    """A served model's `model` label in the metrics: its model's name (the
+    versions of a model are counted together)."""
+    return key.partition(VERSION_KEY_SEP)[0]
 
 
 def _items(inputs: dict[str, np.ndarray]) -> int:

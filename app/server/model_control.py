@@ -21,6 +21,10 @@ measured) and the model added to the scheduling core of exactly those
 devices (a new core when no core owns any of them). Loading a model that is
 loaded unloads it first (Triton reloads it). A model that loads on no device
 is refused (400 `load_failed`, the reason also in the index).
+
+Both act on every version the model serves (each a served model of its own,
+app/server/live.py): an unload unloads them all, a load reads them all again
+(the override applies to each), one after the other.
 """
 
 from __future__ import annotations
@@ -33,7 +37,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from app.errors import InvalidInput, LoadFailed, ModelNotFound
-from app.repository.config import ModelConfig
+from app.repository.config import VERSION_KEY_SEP, ModelConfig, shown_model
 from app.repository.loader import load_repository
 from app.runtime.arena import Arena
 from app.scheduling.model import ModelInfo
@@ -151,7 +155,7 @@ def _fixed_fields(config: ModelConfig) -> dict[str, Any]:
         ]
 
     return {
-        "name": config.name,
+        "name": config.model_name,
         "backend": config.backend,
         "version": config.version,
         "input": tensors(config.inputs),
@@ -174,14 +178,33 @@ def _positive(value: Any, what: str) -> float:
 # ------------------------------------------------------------------ unload
 
 
+def _version_keys(keys: Any, name: str) -> list[str]:
+    """Of served-model keys, those of model `name`'s versions."""
+    return [k for k in keys if k.partition(VERSION_KEY_SEP)[0] == name]
+
+
 async def unload(service: LiveService, name: str) -> None:
-    """Unload `name` (see the module docstring); returns once it is gone."""
-    state = service.models.get(name)
-    if state is None:
-        if name in service.unavailable:
-            service.unavailable[name] = UNLOADED
-            return
+    """Unload every version of `name` (see the module docstring); returns
+    once they are gone."""
+    keys = _version_keys(service.models, name)
+    failed = _version_keys(service.unavailable, name)
+    if not keys and not failed:
         raise ModelNotFound(f"unknown model {name!r}")
+    for key in failed:
+        service.unavailable[key] = UNLOADED
+    # All versions take no new request from now on, then go one by one.
+    service.control_state.update(dict.fromkeys(keys, "unloading"))
+    try:
+        for key in keys:
+            await _unload(service, key)
+    finally:
+        for key in keys:
+            service.control_state.pop(key, None)
+
+
+async def _unload(service: LiveService, name: str) -> None:
+    """Unload the served model `name` (a version key)."""
+    state = service.models[name]
     service.control_state[name] = "unloading"
     dispatcher, pool = service.dispatcher, service.pool
     assert dispatcher is not None and pool is not None
@@ -201,7 +224,9 @@ async def unload(service: LiveService, name: str) -> None:
                     if model == name:
                         pool.cancel(device, batch_id)
             if not await _wait(lambda: service.outstanding(name) == 0, grace + 1.0):
-                raise RuntimeError(f"model {name!r}: requests still unanswered after unloading")
+                raise RuntimeError(
+                    f"model {shown_model(name)}: requests still unanswered after unloading"
+                )
         del service.models[name]
         service.statistics.remove_model(name)
         await pool.remove_model(name)  # the executors let go, then the arena is unlinked
@@ -224,23 +249,35 @@ async def _wait(done: Any, seconds: float) -> bool:
 
 
 async def load(service: LiveService, name: str, override: str | None = None) -> None:
-    """(Re)load `name` from the repository (see the module docstring)."""
+    """(Re)load every version of `name` from the repository (see the module
+    docstring)."""
     settings = service.settings
     index = await asyncio.to_thread(load_repository, settings.repository)
     if name not in index.models:
         if name in index.errors:
             raise LoadFailed(f"failed to load model {name!r}: {index.errors[name]}")
         raise ModelNotFound(f"model {name!r} is not in the repository")
-    config = index.models[name]
+    configs = [index.models[key] for key in _version_keys(index.models, name)]
     if override is not None:
-        config = apply_override(config, override)
-    if name in service.models:
+        configs = [apply_override(config, override) for config in configs]
+    if _version_keys(service.models, name):
         await unload(service, name)
-    service.control_state[name] = "loading"
+    for key in _version_keys(service.unavailable, name):
+        del service.unavailable[key]  # versions the repository no longer selects go
+    keys = [config.name for config in configs]
+    service.control_state.update(dict.fromkeys(keys, "loading"))
+    failure: LoadFailed | None = None
     try:
-        await _load(service, config)
+        for config in configs:
+            try:
+                await _load(service, config)
+            except LoadFailed as exc:  # the other versions still load
+                failure = failure or exc
     finally:
-        service.control_state.pop(name, None)
+        for key in keys:
+            service.control_state.pop(key, None)
+    if failure is not None:
+        raise failure
 
 
 async def _load(service: LiveService, config: ModelConfig) -> None:
@@ -254,7 +291,7 @@ async def _load(service: LiveService, config: ModelConfig) -> None:
         reasons = "; ".join(f"{e}" for e in errors.values() if e) or "no device can run it"
         await pool.remove_model(name)
         service.unavailable[name] = reasons
-        raise LoadFailed(f"failed to load model {name!r}: {reasons}")
+        raise LoadFailed(f"failed to load model {shown_model(name)}: {reasons}")
     state = ModelState(config, arena, hosts)
     try:
         state.profile = await startup.measure_profile(
@@ -264,8 +301,8 @@ async def _load(service: LiveService, config: ModelConfig) -> None:
         if not dispatcher.add_model(info, hosts):
             if any(set(hosts) & set(group.devices) for group in dispatcher.groups):
                 raise LoadFailed(
-                    f"model {name!r} would run on devices {list(hosts)}, which other models "
-                    "share with a different set of devices; restart the server to serve it"
+                    f"model {shown_model(name)} would run on devices {list(hosts)}, which other "
+                    "models share with a different set of devices; restart the server to serve it"
                 )
             dispatcher.add_group(_new_core(service, info, hosts))
     except BaseException:
@@ -273,7 +310,8 @@ async def _load(service: LiveService, config: ModelConfig) -> None:
         raise
     service.models[name] = state
     service.unavailable.pop(name, None)
-    service.statistics.add_model(name, config.version)
+    service.statistics.add_model(name, config.version, config.model_name)
+    service.versions[name] = config.version
     log.info("loaded model %s on devices %s", name, list(hosts))
 
 

@@ -150,10 +150,13 @@ class Statistics:
         self._models: dict[str, ModelStatistics] = {}
         self._open: OrderedDict[tuple[str, Hashable], _OpenBatch] = OrderedDict()
 
-    def add_model(self, name: str, version: str) -> None:
-        """Start (or restart, on a reload) `name`'s statistics at zero."""
+    def add_model(self, name: str, version: str, model_name: str | None = None) -> None:
+        """Start (or restart, on a reload) `name`'s statistics at zero. `name`
+        is the served model's key; `model_name` (default `name`) and
+        `version` are what the report shows (each version of a model is
+        served, and counted, under a key of its own)."""
         self.remove_model(name)
-        self._models[name] = ModelStatistics(name, version)
+        self._models[name] = ModelStatistics(model_name or name, version)
 
     def remove_model(self, name: str) -> None:
         self._models.pop(name, None)
@@ -243,8 +246,9 @@ class Statistics:
         caller checks the name and version exist (unknown: an empty list)."""
         chosen = [
             stats
-            for name, stats in sorted(self._models.items())
-            if (model is None or name == model) and (version is None or stats.version == version)
+            for stats in sorted(self._models.values(), key=lambda s: (s.name, s.version))
+            if (model is None or stats.name == model)
+            and (version is None or stats.version == version)
         ]
         return {"model_stats": [stats.as_dict() for stats in chosen]}
 
