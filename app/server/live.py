@@ -60,31 +60,11 @@ from app.scheduling.types import Batch
 from app.server import model_control, startup
 from app.server.dispatcher import Dispatcher, Finished
 from app.server.heap import freeze_startup_heap, thaw_heap
-from app.server.metrics import Metrics
-from app.server.service import InferResult
+from app.server.metrics import Metrics, metric_label
+from app.server.service import InferResult, request_items
 from app.server.settings import Settings
 from app.server.startup import ModelState
 from app.server.statistics import Statistics
-
-
-def request_items(config: ModelConfig, inputs: dict[str, np.ndarray]) -> int:
-    """A request's items: its inputs' batch dimension, one n for all of
-    them, 1 ≤ n ≤ the model's max_batch_size (the HTTP layer checks this
-    first, with the tensor's name; this guards every other caller)."""
-    sizes = {int(np.shape(a)[0]) if np.ndim(a) else 1 for a in inputs.values()}
-    if len(sizes) != 1:
-        raise InvalidInput(
-            f"model {config.model_name!r}: the inputs disagree on the batch dimension: "
-            f"{sorted(sizes)}"
-        )
-    (items,) = sizes
-    if not 1 <= items <= config.max_batch_size:
-        raise InvalidInput(
-            f"model {config.model_name!r}: the batch dimension must be between 1 and the model's "
-            f"max_batch_size ({config.max_batch_size}), got {items}"
-        )
-    return items
-
 
 log = logging.getLogger("app.server")
 
@@ -487,7 +467,7 @@ class LiveService:
             self.metrics.request_finished(
                 metric_label(model), latency, queue, finished.batch.size, latency <= slo / 1000.0
             )
-            self._count_success(model, inputs, request.arrival, seen_at, finished, now)
+            self._count_success(model, items, request.arrival, seen_at, finished, now)
             return InferResult(
                 model=config.model_name,
                 request_id=request_id,
@@ -506,7 +486,7 @@ class LiveService:
     def _count_success(
         self,
         model: str,
-        inputs: dict[str, np.ndarray],
+        items: int,
         arrival: float,
         seen_at: float,
         finished: Finished,
@@ -516,7 +496,7 @@ class LiveService:
         mapping of these times to Triton's fields is app/server/statistics.py's."""
         self.statistics.request_succeeded(
             model,
-            items=_items(inputs),
+            items=items,
             total_s=now - arrival,
             queue_s=max(0.0, finished.started_at - arrival),
             input_s=max(0.0, seen_at - arrival),
@@ -599,19 +579,6 @@ class LiveService:
             self.metrics.set_autoscale(
                 bad_rate, idle_fraction, advised_device_change(devices, bad_rate, idle_fraction)
             )
-
-
-def metric_label(key: str) -> str:
-    """A served model's `model` label in the metrics: its model's name (the
-    versions of a model are counted together)."""
-    return key.partition(VERSION_KEY_SEP)[0]
-
-
-def _items(inputs: dict[str, np.ndarray]) -> int:
-    """A request's item count: its inputs' batch dimension (1 when it has none)."""
-    for array in inputs.values():
-        return int(array.shape[0]) if array.ndim else 1
-    return 1
 
 
 def _epoch_ms() -> int:

@@ -47,6 +47,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.exposition import choose_encoder
 from prometheus_client.metrics_core import Metric
 
+from app.repository.config import VERSION_KEY_SEP
 from app.server.setting_parsers import MetricPrefix
 from app.server.settings import DEFAULT_METRICS_PREFIX
 
@@ -288,3 +289,9 @@ class Metrics:
         """(body, content type): Prometheus text, or OpenMetrics if `accept` asks for it."""
         encoder, content_type = choose_encoder(accept or "")
         return encoder(self.registry), content_type
+
+
+def metric_label(key: str) -> str:
+    """A served model's `model` label in the metrics: its model's name (the
+    versions of a model are counted together)."""
+    return key.partition(VERSION_KEY_SEP)[0]

@@ -7,6 +7,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from app.errors import InvalidInput
 from app.repository.config import ModelConfig
 
 
@@ -74,3 +75,22 @@ class InferenceService(Protocol):
         the monotonic time the request reached the server (its SLO starts
         there; app/api/received.py); None means now."""
         ...
+
+
+def request_items(config: ModelConfig, inputs: dict[str, np.ndarray]) -> int:
+    """A request's items: its inputs' batch dimension, one n for all of
+    them, 1 ≤ n ≤ the model's max_batch_size (the HTTP layer checks this
+    first, with the tensor's name; this guards every other caller)."""
+    sizes = {int(np.shape(a)[0]) if np.ndim(a) else 1 for a in inputs.values()}
+    if len(sizes) != 1:
+        raise InvalidInput(
+            f"model {config.model_name!r}: the inputs disagree on the batch dimension: "
+            f"{sorted(sizes)}"
+        )
+    (items,) = sizes
+    if not 1 <= items <= config.max_batch_size:
+        raise InvalidInput(
+            f"model {config.model_name!r}: the batch dimension must be between 1 and the model's "
+            f"max_batch_size ({config.max_batch_size}), got {items}"
+        )
+    return items
