@@ -86,7 +86,19 @@ def start_daemon(
         stderr=subprocess.STDOUT,
     )
     log.close()
-    url = f"http://127.0.0.1:{port}"
+    return wait_ready(process, f"http://127.0.0.1:{port}", started, startup_timeout_s, log_path)
+
+
+def wait_ready(
+    process: subprocess.Popen,
+    url: str,
+    started: float,
+    startup_timeout_s: float,
+    log_path: Path,
+) -> DaemonHandle:
+    """The daemon's handle once `url`'s /v2/health/ready answers 200; it is
+    killed (and RuntimeError raised, with its log) if it exits or is not
+    ready within `startup_timeout_s` of `started` (time.monotonic())."""
     while time.monotonic() - started < startup_timeout_s:
         if process.poll() is not None:
             raise RuntimeError(f"daemon exited with {process.returncode}:\n{log_path.read_text()}")
@@ -97,6 +109,7 @@ def start_daemon(
             pass
         time.sleep(0.1)
     process.kill()
+    process.wait()
     raise RuntimeError(f"daemon not ready in {startup_timeout_s} s:\n{log_path.read_text()}")
 
 

@@ -381,6 +381,20 @@ def check_input_names(config: ModelConfig, names: Sequence[str]) -> None:
         )
 
 
+def check_output_names(config: ModelConfig, names: Sequence[str]) -> None:
+    """Requested outputs: each one of the model's, at most once (HTTP's and gRPC's)."""
+    known = [s.name for s in config.outputs]
+    seen: set[str] = set()
+    for n in names:
+        if n not in known:
+            raise InvalidInput(
+                f"unknown output '{n}': model '{config.model_name}' has outputs {', '.join(known)}"
+            )
+        if n in seen:
+            raise InvalidInput(f"output '{n}' is requested more than once")
+        seen.add(n)
+
+
 def check_datatype(name: str, spec: TensorSpec, datatype: str) -> None:
     if datatype != spec.datatype:
         extra = "" if datatype in DATATYPES else " (not a supported datatype)"

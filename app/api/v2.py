@@ -30,6 +30,7 @@ from app.api.tensors import (
     batch_items,
     check_datatype,
     check_input_names,
+    check_output_names,
     check_shape,
     datatype_name,
     decode_binary_tensor,
@@ -184,18 +185,9 @@ def requested_outputs(config: ModelConfig, req: m.V2InferRequest) -> list[tuple[
     default_binary = bool(params.binary_data_output) if params is not None else False
     if not req.outputs:
         return None
-    known = [s.name for s in config.outputs]
-    seen: set[str] = set()
+    check_output_names(config, [out.name for out in req.outputs])
     chosen = []
     for out in req.outputs:
-        if out.name not in known:
-            raise InvalidInput(
-                f"unknown output '{out.name}': model '{config.model_name}' has outputs "
-                f"{', '.join(known)}"
-            )
-        if out.name in seen:
-            raise InvalidInput(f"output '{out.name}' is requested more than once")
-        seen.add(out.name)
         p = out.parameters
         if p is not None and p.classification:
             raise InvalidInput(

@@ -38,6 +38,7 @@ from app.api.tensors import (
     check_bytes,
     check_datatype,
     check_input_names,
+    check_output_names,
     check_shape,
     datatype_name,
     decode_binary_tensor,
@@ -204,18 +205,11 @@ def request_slo_ms(request: pb.ModelInferRequest) -> float | None:
 
 def requested_outputs(config: ModelConfig, request: pb.ModelInferRequest) -> list[str]:
     """The outputs to return, in the order asked (every output when none is)."""
-    known = [spec.name for spec in config.outputs]
     if not request.outputs:
-        return known
+        return [spec.name for spec in config.outputs]
+    check_output_names(config, [output.name for output in request.outputs])
     chosen: list[str] = []
     for output in request.outputs:
-        if output.name not in known:
-            raise InvalidInput(
-                f"unknown output '{output.name}': model '{config.model_name}' has outputs "
-                f"{', '.join(known)}"
-            )
-        if output.name in chosen:
-            raise InvalidInput(f"output '{output.name}' is requested more than once")
         if "classification" in output.parameters:
             raise InvalidInput(
                 f"output '{output.name}': the classification extension is not supported"

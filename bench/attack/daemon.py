@@ -24,9 +24,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-import httpx
-
-from bench.daemon_launcher import REPO_ROOT, DaemonHandle, free_port
+from bench.daemon_launcher import REPO_ROOT, DaemonHandle, free_port, wait_ready
 
 NORMAL_MODEL = "tiny"
 LONG_MODEL = "long"
@@ -43,7 +41,9 @@ _MODEL = (
 )
 
 # Settings every attack's daemon starts with (the user's --set wins).
-BASE_ENV = {"CPU_SLICES": "0", "EMULATED_DEVICES": "2", "POLICY": "symphony"}
+# GRPC_PORT 0: the attacks are on the HTTP front door (and a daemon must
+# not fail to start because another holds the default gRPC port).
+BASE_ENV = {"CPU_SLICES": "0", "EMULATED_DEVICES": "2", "POLICY": "symphony", "GRPC_PORT": "0"}
 
 
 def write_repository(root: Path) -> Path:
@@ -89,19 +89,7 @@ def launch(
             stderr=subprocess.STDOUT,
             preexec_fn=_limit_files(nofile) if nofile is not None else None,
         )
-    url = f"http://127.0.0.1:{port}"
-    while time.monotonic() - started < startup_timeout_s:
-        if process.poll() is not None:
-            raise RuntimeError(f"daemon exited with {process.returncode}:\n{log_path.read_text()}")
-        try:
-            if httpx.get(f"{url}/v2/health/ready", timeout=1.0).status_code == 200:
-                return DaemonHandle(process, url, time.monotonic() - started, log_path)
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.1)
-    process.kill()
-    process.wait()
-    raise RuntimeError(f"daemon not ready in {startup_timeout_s} s:\n{log_path.read_text()}")
+    return wait_ready(process, f"http://127.0.0.1:{port}", started, startup_timeout_s, log_path)
 
 
 _RESPAWNED = re.compile(r"executor (\S+) respawned .*? again ([0-9.]+) s after it failed")
