@@ -260,12 +260,8 @@ class Arena:
         for slot in slots:
             self.release(slot)
 
-    def write_rows(self, slots: list[int], inputs: Mapping[str, np.ndarray]) -> None:
-        """Copy a request's inputs, shape (len(slots), *item_shape), row i
-        into `slots[i]`; a variable dimension at most its bound, a BYTES
-        tensor an object array of bytes of at most max_bytes each."""
-        for slot in slots:
-            self._check_slot(slot)
+    def _input_views(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """The input views, once `inputs` names every input and nothing else."""
         views = self._views["inputs"]
         missing = [n for n in views if n not in inputs]
         if missing:
@@ -275,6 +271,15 @@ class Arena:
             raise InvalidInput(
                 f"model {self.model!r}: unexpected input tensor(s) {extra}; expected {list(views)}"
             )
+        return views
+
+    def write_rows(self, slots: list[int], inputs: Mapping[str, np.ndarray]) -> None:
+        """Copy a request's inputs, shape (len(slots), *item_shape), row i
+        into `slots[i]`; a variable dimension at most its bound, a BYTES
+        tensor an object array of bytes of at most max_bytes each."""
+        for slot in slots:
+            self._check_slot(slot)
+        views = self._input_views(inputs)
         rows = len(slots)
         for name, view in views.items():
             array = np.asarray(inputs[name])
@@ -357,15 +362,7 @@ class Arena:
         `(1, *item_shape)`; every input must be present and nothing else.
         """
         self._check_slot(slot)
-        views = self._views["inputs"]
-        missing = [n for n in views if n not in inputs]
-        if missing:
-            raise InvalidInput(f"model {self.model!r}: missing input tensor(s) {missing}")
-        extra = [n for n in inputs if n not in views]
-        if extra:
-            raise InvalidInput(
-                f"model {self.model!r}: unexpected input tensor(s) {extra}; expected {list(views)}"
-            )
+        views = self._input_views(inputs)
         for name, view in views.items():
             array = np.asarray(inputs[name])
             item_shape = view.shape[1:]
