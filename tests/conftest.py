@@ -23,10 +23,12 @@ import httpx
 import pytest
 
 from app.api import create_api
+from app.api.connection import uvicorn_connection_options
 from app.server.metrics import Metrics
 from app.server.settings import SETTINGS
 from bench.daemon_launcher import DaemonHandle, free_port, start_daemon, stop_daemon
 from tests.fakes import FakeService, our_segments, segments_of
+from tests.guarded_server import quick_settings
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -195,3 +197,16 @@ def run_module(cli_env: dict[str, str]) -> Callable[..., subprocess.CompletedPro
         )
 
     return run
+
+
+@pytest.fixture(scope="module")
+def guarded_serve(uvicorn_in_thread: Callable[..., str]) -> Callable[..., tuple[str, int]]:
+    """`guarded_serve(app, **settings)`: `app` under uvicorn with the connection
+    options of those settings; (host, port)."""
+
+    def start(app: Any, **changes: Any) -> tuple[str, int]:
+        options = uvicorn_connection_options(quick_settings(**changes), devices=0, models=0)
+        host, port = uvicorn_in_thread(app, **options).rsplit(":", 1)
+        return host, int(port)
+
+    return start
