@@ -11,6 +11,7 @@ The driver (the simulator or the daemon's dispatcher) owns the clock. It calls:
     device_up(device, now)                 -> list[Decision]   # it serves again
     add_model(model, now)                  -> list[Decision]   # a model loaded
     remove_model(name, now)                -> list[Decision]   # a model unloaded
+    record_alone_time(model, app, seconds, now) -> list[Decision]  # a profiled request
 
 and carries out the decisions: Dispatch (run a batch on a device), Complete
 (answer a finished batch's requests with its outputs), Drop (answer requests
@@ -312,6 +313,20 @@ class Scheduler:
         self._fire_timers(now)
         return self._take()
 
+    def record_alone_time(self, model: str, app: str, seconds: float, now: float) -> list[Decision]:
+        """A request of `model` from application `app` ran alone for
+        `seconds` (the executors' asynchronous profiler, orloj.txt §3). The
+        driver measures; the core only takes the figure in. Policies that
+        plan with one ℓ(b) ignore it; one of a model no longer served is
+        ignored too."""
+        if not (seconds >= 0.0 and math.isfinite(seconds)):
+            raise ValueError(f"an alone-time must be a finite number ≥ 0 s, got {seconds}")
+        now = self._tick(now)
+        if model in self.models:
+            self._on_alone_time(self.models[model], app, seconds, now)
+        self._fire_timers(now)
+        return self._take()
+
     def devices_up(self) -> tuple[int, ...]:
         return self._up
 
@@ -360,6 +375,10 @@ class Scheduler:
         """Forget `name` (still in `self.models`): its per-model state and
         timers; return its queued requests (the base drops them)."""
         raise NotImplementedError
+
+    def _on_alone_time(self, model: ModelInfo, app: str, seconds: float, now: float) -> None:
+        """Take in a measured alone-time (see `record_alone_time`); by
+        default nothing: the policy plans with the profile."""
 
     # ------------------------------------------------------- helpers for policies
 

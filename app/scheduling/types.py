@@ -21,13 +21,18 @@ class Request:
 
     `items` is the request's batch dimension: how many rows it carries. The
     core counts items wherever it sizes a batch (ℓ(b) is per item, batch
-    caps are in items) and never splits a request across batches."""
+    caps are in items) and never splits a request across batches.
+
+    `app` is the application the request comes from: requests of one
+    application to one model share an execution-time distribution (orloj.txt
+    §3, per-application tracking). "" is the model's default application."""
 
     id: int
     model: str
     arrival: float
     deadline: float
     items: int = 1
+    app: str = ""
     due: float = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
