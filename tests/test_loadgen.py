@@ -522,3 +522,37 @@ def test_daemon_rejects_a_model_it_does_not_serve(daemon, tmp_path):
     workload, _ = make_workload(tmp_path, model="resnet50-emulated")
     with pytest.raises(lg.LoadGenError, match="not on the server"):
         run(daemon, workload)
+
+
+def test_variants_send_each_request_its_own_body():
+    """With a body index, request i sends body `body_index[i]` (a dynamic
+    model's requests carry different inputs) and is still timed and recorded
+    against its model."""
+    from bench.loadgen.client import Reply
+    from bench.loadgen.driver import Schedule, drive
+
+    class Recorder:
+        def __init__(self) -> None:
+            self.sent: list[int] = []
+
+        async def send(self, m: int, on_sent) -> Reply:
+            on_sent()
+            self.sent.append(m)
+            return Reply(200, b'{"timing":{"batch_size":1}}', asyncio.get_running_loop().time())
+
+    schedule = Schedule(
+        intended=np.array([0.0, 0.001, 0.002, 0.003]),
+        model_index=np.array([0, 0, 1, 0]),
+        timeouts_s=[1.0, 1.0],
+        run_limit_s=2.0,
+        body_index=np.array([3, 2, 0, 3]),
+    )
+    sender = Recorder()
+
+    async def go() -> lg.Records:
+        return await drive(schedule, asyncio.get_running_loop().time(), sender)
+
+    records = asyncio.run(go())
+    assert sender.sent == [3, 2, 0, 3]
+    assert records.model_index.tolist() == [0, 0, 1, 0]
+    assert (records.status == 200).all()

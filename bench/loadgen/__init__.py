@@ -41,7 +41,7 @@ from bench.loadgen.errors import LoadGenError, RunFailed
 from bench.loadgen.records import Records
 from bench.loadgen.report import build_document
 from bench.loadgen.results import TIMING_PARTS, LiveResult, timing_breakdown
-from bench.loadgen.run import run_load
+from bench.loadgen.run import RequestVariants, run_load
 from bench.loadgen.targets import (
     ModelTarget,
     build_body,
@@ -57,6 +57,7 @@ __all__ = [
     "LoadGenError",
     "ModelTarget",
     "Records",
+    "RequestVariants",
     "RunFailed",
     "build_body",
     "build_document",

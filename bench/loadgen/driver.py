@@ -45,6 +45,10 @@ class Schedule:
     model_index: np.ndarray  # its workload model
     timeouts_s: list[float]  # per model: SLO + margin, from the intended time
     run_limit_s: float  # stop everything then
+    # Which body each request sends (an index into the sender's bodies); None:
+    # its model's one body. Requests whose inputs differ (a dynamic model's
+    # execution time depends on them) send one of several bodies per model.
+    body_index: np.ndarray | None = None
 
 
 def run_limit(duration_s: float, timeouts_s: list[float]) -> float:
@@ -95,19 +99,21 @@ async def drive(
     intake_ms, answer_ms = rec.intake_ms, rec.answer_ms
     reasons, devices = rec.reasons, rec.devices
     timeouts = schedule.timeouts_s
+    body_index = schedule.body_index
     n = len(intended)
     done = 0
 
     async def one(i: int) -> None:
         nonlocal done
         m = int(model_index[i])
+        body = m if body_index is None else int(body_index[i])
 
         def on_sent() -> None:
             sent[i] = clock() - t0
 
         try:
             async with _deadline(t0 + intended[i] + timeouts[m]):
-                reply = await sender.send(m, on_sent)
+                reply = await sender.send(body, on_sent)
         except TimeoutError:
             reason[i] = code_of(reasons, "timeout")
         except ConnectionLost:

@@ -15,6 +15,9 @@ import dataclasses
 import math
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
 
 from app.workloads.arrivals import Arrivals, generate_arrivals
 from app.workloads.spec import Workload
@@ -34,6 +37,17 @@ MAX_CONNECTIONS = 1024  # per worker
 ProgressCallback = Callable[[int, int, int], None]  # (sent, done, total)
 
 
+@dataclass(frozen=True)
+class RequestVariants:
+    """Several request bodies, and which one each request of a run sends
+    (`body_index[i]` for the i-th arrival): for models whose execution time
+    depends on the input, each request carries its own input (and application
+    id) while the schedule stays the workload's."""
+
+    bodies: Sequence[bytes]
+    body_index: np.ndarray
+
+
 async def run_load(
     url: str,
     workload: Workload,
@@ -50,6 +64,7 @@ async def run_load(
     targets: Sequence[ModelTarget] | None = None,
     arrivals: Arrivals | None = None,
     progress: ProgressCallback | None = None,
+    variants: RequestVariants | None = None,
 ) -> LiveResult:
     """Send `workload` (at `rate_scale`, for `duration_s` or the workload's
     duration) to the server at `url`, open loop; return the measurements.
@@ -61,6 +76,8 @@ async def run_load(
     `progress(sent, done, total)` is called about ten times a second.
     `client` is the data-plane HTTP client: "raw" (pre-built request bytes
     on pooled keep-alive asyncio connections, the default) or "httpx".
+    `variants` sends request i the body `variants.bodies[variants.body_index[i]]`
+    instead of its model's one body (requests whose inputs differ).
     Raises LoadGenError (bad target/inputs) or RunFailed.
     """
     base = check_loopback(url)
@@ -84,10 +101,14 @@ async def run_load(
     # opened before the start; the pool opens the others when needed.
     conns = connections or min(MAX_CONNECTIONS, max(32, math.ceil(rate * max(timeouts)) + 16))
     warm = min(conns, math.ceil(rate * max(slo_ms) / 1000.0 * 2.0) + 16)
+    if variants is not None and len(variants.body_index) != total:
+        raise LoadGenError(
+            f"variants name a body for {len(variants.body_index)} requests, the run has {total}"
+        )
     config = ClientConfig(
         client=client,
         base_url=base,
-        bodies=[t.body for t in targets],
+        bodies=[t.body for t in targets] if variants is None else list(variants.bodies),
         connections=conns,
         warm_connections=warm,
         timeout_s=max(timeouts) + RUN_GRACE_S,
@@ -98,6 +119,7 @@ async def run_load(
             model_index=arrivals.model_index[w::workers].copy(),
             timeouts_s=timeouts,
             run_limit_s=limit,
+            body_index=None if variants is None else variants.body_index[w::workers].copy(),
         )
         for w in range(workers)
     ]
