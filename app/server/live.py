@@ -485,7 +485,7 @@ class LiveService:
                 device=self._device(finished.batch.device).name,
                 intake_ms=max(0.0, seen_at - request.arrival) * 1000.0,
                 answer_ms=max(0.0, now - finished.finished_at) * 1000.0,
-                app=app,
+                app=request.app,  # as the core saw it
             )
         finally:
             if release:
