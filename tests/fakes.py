@@ -325,7 +325,7 @@ class FakeService:
             for n in self.configs
         ]
 
-    async def infer(self, model, inputs, *, slo_ms=None, request_id=None, received_at=None):
+    async def infer(self, model, inputs, *, slo_ms=None, request_id=None, received_at=None, app=""):
         self.calls.append(
             {
                 "model": model,
@@ -333,6 +333,7 @@ class FakeService:
                 "slo_ms": slo_ms,
                 "id": request_id,
                 "received_at": received_at,
+                "app": app,
             }
         )
         config = self.configs[model]
@@ -351,7 +352,7 @@ class FakeService:
             outs = {"a2": inputs["a"] * 2, "nb": ~inputs["b"], "c": inputs["c"].copy()}
         else:
             outs = {"y": inputs["x"] + np.float32(1)}
-        return InferResult(model, request_id, outs, 1.25, 3.5, 4, "cpu:0", 0.5, 0.75)
+        return InferResult(model, request_id, outs, 1.25, 3.5, 4, "cpu:0", 0.5, 0.75, app)
 
 
 # ---------------------------------------------------------- the live driver

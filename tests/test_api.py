@@ -39,8 +39,10 @@ async def test_native_nested_list(client, service):
         "device": "cpu:0",
         "intake_ms": 0.5,
         "answer_ms": 0.75,
+        "app_id": "",
     }
     assert service.calls[-1]["id"] == "r1" and service.calls[-1]["slo_ms"] is None
+    assert service.calls[-1]["app"] == ""
 
 
 async def test_native_batch_dimension_added_and_flat_data(client, service):

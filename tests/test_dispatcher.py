@@ -58,7 +58,7 @@ def _core(policy: str, slack: dict[str, float]) -> RecordingCore:
 
 
 @pytest.mark.parametrize("slack", [{}, {"deadline_margin": 0.003, "timer_lead": 0.002}])
-@pytest.mark.parametrize("policy", ["flex", "symphony", "clockwork", "triton", "nexus"])
+@pytest.mark.parametrize("policy", ["flex", "symphony", "clockwork", "triton", "nexus", "clipper"])
 def test_simulator_and_live_dispatcher_make_the_same_decisions(policy, slack):
     arrivals, faults = _scenario()
     names = [SLOW.name, FAST.name]

@@ -161,7 +161,7 @@ class LeakyService(FakeService):
             raise OSError(2, "No such file or directory", "/srv/secret/models/explodes/model.onnx")
         return super().model_config(name)
 
-    async def infer(self, model, inputs, *, slo_ms=None, request_id=None, received_at=None):
+    async def infer(self, model, inputs, *, slo_ms=None, request_id=None, received_at=None, app=""):
         raise ExecutorFailed("executor failed: cannot map /dev/shm/ds-1234-add_one (errno 12)")
 
 

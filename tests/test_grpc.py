@@ -200,7 +200,11 @@ BAD_REQUESTS: list[tuple[str, Callable[[pb.ModelInferRequest], Any], str]] = [
     ),
     ("unknown input", lambda r: setattr(r.inputs[0], "name", "z"), "unknown input 'z'"),
     ("shared memory", _shared_memory, "input 'x': the shared-memory extension is not supported"),
-    ("parameter", _parameter, "unsupported request parameter 'priority' (supported: slo_ms)"),
+    (
+        "parameter",
+        _parameter,
+        "unsupported request parameter 'priority' (supported: slo_ms, app_id)",
+    ),
     ("slo", lambda r: setattr(r.parameters["slo_ms"], "double_param", 1e9), "slo_ms 1e+09"),
     (
         "slo text",
@@ -228,6 +232,39 @@ async def test_bad_requests_are_invalid_argument_naming_the_problem(fake, change
     assert expected in details
     assert not fake.service.calls  # nothing reached the service
     assert (await fake.call("ModelInfer", infer_request())).outputs  # still serving
+
+
+@pytest.mark.anyio
+async def test_app_id_parameter_is_passed_on_and_echoed(fake):
+    request = infer_request()
+    request.parameters["app_id"].string_param = "tenant-7"
+    reply = await fake.call("ModelInfer", request)
+    assert reply.parameters["app_id"].string_param == "tenant-7"
+    assert fake.service.calls[-1]["app"] == "tenant-7"
+    reply = await fake.call("ModelInfer", infer_request())
+    assert reply.parameters["app_id"].WhichOneof("parameter_choice") == "string_param"
+    assert reply.parameters["app_id"].string_param == ""
+    assert fake.service.calls[-1]["app"] == ""
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize(
+    ("kind", "value", "expected"),
+    [
+        ("int64_param", 7, "parameter app_id must be a string (string_param), got int64_param"),
+        ("bool_param", True, "parameter app_id must be a string (string_param), got bool_param"),
+        ("string_param", "", "app_id must be 1 to 128 printable ASCII characters"),
+        ("string_param", "x" * 129, "app_id must be 1 to 128 printable ASCII characters"),
+        ("string_param", "a\nb", "app_id must be 1 to 128 printable ASCII characters"),
+    ],
+)
+async def test_bad_app_id_is_invalid_argument_naming_it(fake, kind, value, expected):
+    request = infer_request()
+    setattr(request.parameters["app_id"], kind, value)
+    code, details = await fake.call("ModelInfer", request)
+    assert code == grpc.StatusCode.INVALID_ARGUMENT
+    assert expected in details
+    assert not fake.service.calls
 
 
 @pytest.mark.anyio

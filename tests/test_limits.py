@@ -70,7 +70,7 @@ class BundledService(FakeService):
         super().__init__()
         self.configs = bundled_configs()
 
-    async def infer(self, model, inputs, *, slo_ms=None, request_id=None, received_at=None):
+    async def infer(self, model, inputs, *, slo_ms=None, request_id=None, received_at=None, app=""):
         self.calls.append({"model": model, "inputs": inputs})
         config = self.configs[model]
         outs = {s.name: np.zeros((1, *s.item_shape), s.dtype) for s in config.outputs}

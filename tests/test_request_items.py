@@ -20,6 +20,9 @@ from app.simulation.engine import Trace, run_simulation
 from tests.fakes import devices, dispatches, drops, model
 
 POLICIES = policy_names()
+# Policies that run a request whatever its deadline (the batchers of Triton
+# and Clipper): nothing is refused for lateness before it runs.
+DEADLINE_UNAWARE = ("triton", "clipper")
 GOOD, DROPPED, LATE = int(Outcome.GOOD), int(Outcome.DROPPED), int(Outcome.LATE)
 
 
@@ -41,7 +44,7 @@ def simulate(
 
 def test_every_policy_is_covered() -> None:
     assert sorted(POLICIES) == sorted(
-        ["symphony", "symphony-wc", "flex", "flex-np", "clockwork", "nexus", "triton"]
+        ["symphony", "symphony-wc", "flex", "flex-np", "clockwork", "nexus", "triton", "clipper"]
     )
 
 
@@ -56,6 +59,7 @@ MIXED = {
     "clockwork": (8, 113, 127, 0, 48, 183),
     "nexus": (8, 156, 84, 0, 36, 264),
     "triton": (7, 33, 148, 59, 46, 79),
+    "clipper": (6, 30, 153, 57, 46, 70),
 }
 
 
@@ -109,7 +113,7 @@ def test_big_request_and_small_ones_share_a_batch_in_items(policy: str) -> None:
     assert trace.batch_size[0] >= 6
 
 
-@pytest.mark.parametrize("policy", [p for p in POLICIES if p != "triton"])
+@pytest.mark.parametrize("policy", [p for p in POLICIES if p not in DEADLINE_UNAWARE])
 def test_request_too_large_for_its_time_is_dropped_not_split(policy: str) -> None:
     # SLO 16 ms: ℓ(8) = 18 ms cannot make it, ℓ(1) = 11 ms can. The 8-item
     # request is dropped (DEADLINE) whole; the 1-item one is served alone.
@@ -130,7 +134,7 @@ def test_triton_runs_a_request_too_large_for_its_time_whole_and_late() -> None:
     assert trace.finish[0] == pytest.approx(0.018)
 
 
-@pytest.mark.parametrize("policy", [p for p in POLICIES if p != "triton"])
+@pytest.mark.parametrize("policy", [p for p in POLICIES if p not in DEADLINE_UNAWARE])
 def test_request_that_became_too_large_while_waiting_is_dropped(policy: str) -> None:
     # SLO 30 ms. 8 items at 0 run 0–18 ms. 4 items at 1 ms (due at 31 ms,
     # ℓ(4) = 14 ms) must start by 17 ms, the device is busy until 18 ms:
@@ -146,6 +150,25 @@ def test_triton_serves_the_waiting_request_late() -> None:
     trace = simulate("triton", [0.0, 0.001], [8, 4], slo_ms=30.0)
     assert trace.status.tolist() == [GOOD, LATE]
     assert trace.finish.tolist() == pytest.approx([0.018, 0.032])  # 18 + ℓ(4) = 32 ms
+    assert trace.batch_size.tolist() == [8, 4]
+
+
+def test_clipper_runs_a_request_too_large_for_its_time_late_and_drops_one_past_its_deadline():
+    # Clipper knows no latencies: the 8-item request goes alone (above the
+    # initial cap of 1) and ends at 18 ms, late; the 1-item one waits behind
+    # it and is dropped when its deadline passes, at 16 ms.
+    trace = simulate("clipper", [0.0, 0.0], [8, 1], slo_ms=16.0)
+    assert trace.status.tolist() == [LATE, DROPPED]
+    assert DROP_REASONS[int(trace.drop_reason[1])] is DropReason.DEADLINE
+    assert trace.finish.tolist() == pytest.approx([0.018, 0.016])
+    assert trace.batch_size.tolist() == [8, 0]
+
+
+def test_clipper_serves_the_waiting_request_late() -> None:
+    # Its deadline (31 ms) has not passed when the device frees at 18 ms.
+    trace = simulate("clipper", [0.0, 0.001], [8, 4], slo_ms=30.0)
+    assert trace.status.tolist() == [GOOD, LATE]
+    assert trace.finish.tolist() == pytest.approx([0.018, 0.032])
     assert trace.batch_size.tolist() == [8, 4]
 
 

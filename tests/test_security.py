@@ -120,7 +120,7 @@ class RecordingService(FakeService):
         self._seen(name)
         return super().model_ready(name)
 
-    async def infer(self, model, inputs, *, slo_ms=None, request_id=None, received_at=None):
+    async def infer(self, model, inputs, *, slo_ms=None, request_id=None, received_at=None, app=""):
         self._seen(model)
         return await super().infer(model, inputs, slo_ms=slo_ms, request_id=request_id)
 

@@ -86,7 +86,8 @@ def server(tmp_path_factory, launch_daemon):
 def test_infer_matches_onnxruntime(server):
     x = np.random.default_rng(0).standard_normal((1, 8)).astype(np.float32)
     reply = httpx.post(
-        f"{server['url']}/infer", json={"model": "dense", "inputs": {"input": x.tolist()}}
+        f"{server['url']}/infer",
+        json={"model": "dense", "inputs": {"input": x.tolist()}, "app_id": "tenant-7"},
     )
     assert reply.status_code == 200, reply.text
     body = reply.json()
@@ -95,6 +96,7 @@ def test_infer_matches_onnxruntime(server):
     (expected,) = session.run(None, {"input": x})
     assert np.allclose(got, expected, atol=1e-5)
     assert body["timing"]["batch_size"] >= 1
+    assert body["timing"]["app_id"] == "tenant-7"  # through the live service and back
 
 
 def test_tritonclient_binary_and_json(server):

@@ -16,6 +16,7 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
+from app.api.app_id import AppId
 from app.api.security import MAX_MODEL_NAME_LENGTH
 
 MAX_SLO_MS = 3_600_000.0  # 1 hour: a larger per-request SLO is a client's mistake
@@ -125,6 +126,7 @@ class InferRequest(BaseModel):
     )
     slo_ms: SloMs | None = None
     id: str | None = Field(default=None, description="Request id, echoed in the response.")
+    app_id: AppId = None
 
 
 class OutputTensor(BaseModel):
@@ -143,6 +145,9 @@ class Timing(BaseModel):
     )
     answer_ms: float = Field(
         description="End of the batch to the answer being ready to send, milliseconds."
+    )
+    app_id: str = Field(
+        description="The request's application (app_id; \"\": the model's default one)."
     )
 
 
@@ -268,6 +273,7 @@ class V2RequestParameters(BaseModel):
         description="Return outputs as binary data unless an output's binary_data says no.",
     )
     slo_ms: SloMs | None = None
+    app_id: AppId = None
 
 
 class V2InferRequest(BaseModel):
@@ -318,6 +324,9 @@ class V2ResponseParameters(BaseModel):
     device: str
     intake_ms: float
     answer_ms: float
+    app_id: str = Field(
+        description="The request's application (parameters.app_id; \"\": the model's default)."
+    )
 
 
 class V2InferResponse(BaseModel):

@@ -1,7 +1,8 @@
 """The native JSON API: `POST /infer`.
 
 A request names the model, gives its inputs by name (a nested list, or
-`{data, shape}`), and may set `slo_ms` and `id`; the answer gives each output's
+`{data, shape}`), and may set `slo_ms`, `id` and `app_id` (its application,
+app/api/app_id.py); the answer gives each output's
 shape, datatype and data, and the request's timing. An input's batch
 dimension n (1 ≤ n ≤ the model's max_batch_size; omitted: 1) is the
 request's items, and the outputs have batch dimension n.
@@ -16,6 +17,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
 from app.api import models as m
+from app.api.app_id import check_app_id
 from app.api.bodies import TensorJSONResponse, parse_body, read_body, result_output
 from app.api.context import ApiContext, lookup_model
 from app.api.errors import PayloadTooLarge
@@ -66,12 +68,14 @@ async def infer(ctx: ApiContext, request: Request) -> Response:
             )
     batch_items(inputs)
     slo_ms = resolve_slo(config, req.slo_ms)
+    app = check_app_id(req.app_id)
     result = await service.infer(
         config.name,
         inputs,
         slo_ms=slo_ms,
         request_id=req.id,
         received_at=received_at(request.scope),
+        app=app,
     )
     outputs = {}
     arrays = []
@@ -111,7 +115,8 @@ def add_native_routes(router: APIRouter, ctx: ApiContext) -> None:
         summary="Run one inference (native JSON API)",
         operation_id="infer",
         openapi_extra=json_body(
-            m.InferRequest, "Model, named input tensors, optional SLO and request id."
+            m.InferRequest,
+            "Model, named input tensors, optional SLO, request id and application id.",
         ),
     )
     async def infer_route(request: Request) -> Response:

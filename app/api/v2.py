@@ -24,6 +24,7 @@ from fastapi.responses import Response
 from pydantic import BaseModel
 
 from app.api import models as m
+from app.api.app_id import check_app_id
 from app.api.bodies import TensorJSONResponse, dumps_json, is_uint, result_output
 from app.api.errors import MalformedRequest
 from app.api.tensors import (
@@ -143,6 +144,7 @@ class V2Call:
     items: int  # the batch dimension n of every input
     slo_ms: float | None
     request_id: str | None
+    app: str  # parameters.app_id ("": the model's default application)
     outputs: list[tuple[str, bool]] | None  # requested_outputs
 
 
@@ -175,6 +177,7 @@ def v2_call(
         items=batch_items(inputs),
         slo_ms=resolve_slo(config, req.parameters.slo_ms if req.parameters else None),
         request_id=req.id,
+        app=check_app_id(req.parameters.app_id if req.parameters else None),
         outputs=requested_outputs(config, req),
     )
 

@@ -162,6 +162,7 @@ async def infer(ctx: ApiContext, name: str, version: str | None, request: Reques
         slo_ms=call.slo_ms,
         request_id=call.request_id,
         received_at=received_at(request.scope),
+        app=call.app,
     )
     return v2.build_response(config, req, result, call.outputs)
 

@@ -128,12 +128,14 @@ class InferenceServicer(
             inputs = tensors.decode_inputs(config, request, limit.bytes)
             chosen = tensors.requested_outputs(config, request)
             slo_ms = resolve_slo(config, tensors.request_slo_ms(request))
+            app = tensors.request_app_id(request)
             result = await service.infer(
                 config.name,
                 inputs,
                 slo_ms=slo_ms,
                 request_id=request.id or None,
                 received_at=received_at,
+                app=app,
             )
             return tensors.build_response(config, request, result, chosen)
 

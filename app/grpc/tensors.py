@@ -19,7 +19,8 @@ elements are checked alike (max_bytes, UTF-8).
 
 Outputs are returned in `raw_output_contents` (BYTES: length-prefixed
 elements), in the order of `outputs`; the answer's `parameters` carry where the request's time went
-(queue_ms, exec_ms, batch_size, device, ...), as an HTTP v2 answer's do.
+(queue_ms, exec_ms, batch_size, device, ...) and its application (app_id), as an HTTP v2
+answer's do.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from typing import Any
 import numpy as np
 from tritonclient.grpc import service_pb2 as pb
 
+from app.api.app_id import check_app_id
 from app.api.bodies import result_output
 from app.api.tensors import (
     batch_items,
@@ -66,8 +68,8 @@ TYPED_FIELDS: dict[str, tuple[str, np.dtype]] = {
     "FP64": ("fp64_contents", np.dtype(np.float64)),
 }
 
-# Request parameters this server takes (the SLO, as over HTTP).
-REQUEST_PARAMETERS = ("slo_ms",)
+# Request parameters this server takes (the SLO and the application id, as over HTTP).
+REQUEST_PARAMETERS = ("slo_ms", "app_id")
 
 
 def decode_inputs(
@@ -201,6 +203,18 @@ def request_slo_ms(request: pb.ModelInferRequest) -> float | None:
     if kind not in ("double_param", "int64_param", "uint64_param"):
         raise InvalidInput(f"parameter slo_ms must be a number of milliseconds, got {kind}")
     return float(getattr(param, kind))
+
+
+def request_app_id(request: pb.ModelInferRequest) -> str:
+    """The request's `app_id` parameter (a string_param, app/api/app_id.py),
+    "" (the model's default application) when not given."""
+    if "app_id" not in request.parameters:
+        return ""
+    param = request.parameters["app_id"]
+    kind = param.WhichOneof("parameter_choice")
+    if kind != "string_param":
+        raise InvalidInput(f"parameter app_id must be a string (string_param), got {kind}")
+    return check_app_id(param.string_param)
 
 
 def requested_outputs(config: ModelConfig, request: pb.ModelInferRequest) -> list[str]:

@@ -146,19 +146,21 @@ class Dispatcher:
         slo_s: float,
         *,
         received_at: float | None = None,
+        app: str = "",
     ) -> Pending:
         """Hand a request (inputs already in its arena `slots`, one per item;
         an int: one item) to its core; the caller awaits `pending.future`
         for a `Finished` or an error. Its arrival, and so its deadline, is
         `received_at` when given: the time its bytes reached the server,
-        before parsing (app/api/received.py)."""
+        before parsing (app/api/received.py). `app` is its application ("":
+        the model's default), which the core may track per application."""
         if self.closing:
             raise ShuttingDown("server is shutting down")
         group = self._by_model[model]
         now = self._clock()
         arrival = now if received_at is None else min(received_at, now)
         rows = [slots] if isinstance(slots, int) else list(slots)
-        request = Request(next(self._ids), model, arrival, arrival + slo_s, len(rows))
+        request = Request(next(self._ids), model, arrival, arrival + slo_s, len(rows), app)
         pending = Pending(request, rows, asyncio.get_running_loop().create_future())
         self.pending[request.id] = pending
         self._run(lambda: self._apply(group.scheduler.add_request(request, now)))

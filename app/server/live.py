@@ -376,6 +376,7 @@ class LiveService:
         slo_ms: float | None = None,
         request_id: str | None = None,
         received_at: float | None = None,
+        app: str = "",
     ) -> InferResult:
         """Answer one request (`_serve`). One answered with an error is
         counted in its model's statistics here; one answered with outputs
@@ -383,7 +384,12 @@ class LiveService:
         began = time.monotonic()
         try:
             return await self._serve(
-                model, inputs, slo_ms=slo_ms, request_id=request_id, received_at=received_at
+                model,
+                inputs,
+                slo_ms=slo_ms,
+                request_id=request_id,
+                received_at=received_at,
+                app=app,
             )
         except ServingError:
             now = time.monotonic()
@@ -399,6 +405,7 @@ class LiveService:
         slo_ms: float | None = None,
         request_id: str | None = None,
         received_at: float | None = None,
+        app: str = "",
     ) -> InferResult:
         if self.closing:
             raise ShuttingDown("server is shutting down")
@@ -438,7 +445,7 @@ class LiveService:
             state.arena.write_rows(slots, inputs)
             seen_at = time.monotonic()
             pending = self.dispatcher.submit_request(
-                model, slots, slo / 1000.0, received_at=received_at
+                model, slots, slo / 1000.0, received_at=received_at, app=app
             )
             try:
                 finished: Finished = await asyncio.shield(pending.future)
@@ -478,6 +485,7 @@ class LiveService:
                 device=self._device(finished.batch.device).name,
                 intake_ms=max(0.0, seen_at - request.arrival) * 1000.0,
                 answer_ms=max(0.0, now - finished.finished_at) * 1000.0,
+                app=request.app,  # as the core saw it
             )
         finally:
             if release:

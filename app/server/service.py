@@ -22,6 +22,7 @@ class InferResult:
     device: str
     intake_ms: float = 0.0  # arrival → the scheduler saw it (parsing, event loop)
     answer_ms: float = 0.0  # batch end → answer ready (report, outputs read)
+    app: str = ""  # the request's application ("": the model's default)
 
     def timing(self) -> dict[str, Any]:
         """Where the request's time went: the `timing` object of an answer."""
@@ -32,6 +33,7 @@ class InferResult:
             "device": str(self.device),
             "intake_ms": float(self.intake_ms),
             "answer_ms": float(self.answer_ms),
+            "app_id": str(self.app),
         }
 
 
@@ -68,12 +70,15 @@ class InferenceService(Protocol):
         slo_ms: float | None = None,
         request_id: str | None = None,
         received_at: float | None = None,
+        app: str = "",
     ) -> InferResult:
         """`inputs` are validated against the model config by the HTTP layer
         (names, datatypes, shapes with one batch dimension n, 1 ≤ n ≤
         max_batch_size: the request's items, answered with outputs [n, …]). `received_at`:
         the monotonic time the request reached the server (its SLO starts
-        there; app/api/received.py); None means now."""
+        there; app/api/received.py); None means now. `app`: the request's
+        application, checked by the API (app/api/app_id.py); "" is the
+        model's default one. The result echoes it."""
         ...
 
 
