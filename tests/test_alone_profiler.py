@@ -17,9 +17,10 @@ from typing import Any
 import numpy as np
 import pytest
 
+from app.repository.config import ModelConfig
 from app.runtime.alone_profiler import AloneProfiler, Sample, alone_event
 from app.runtime.arena import Arena
-from app.runtime.backends import EmulatedBackend
+from app.runtime.backends import make_backend
 from app.runtime.devices import ExecutorDevice
 from app.runtime.events import AloneStopped, AloneTimed, BatchFinished
 from app.runtime.executor import Executor
@@ -32,7 +33,16 @@ from app.server.alone_sampling import AloneSampler, alone_time_per_request
 from app.server.dispatcher import CoreGroup, Dispatcher
 from app.server.metrics import Metrics
 from app.server.settings import read_settings
-from tests.fakes import FakeClock, FakeExecutors, FakeTimer, PoolEvents, devices, emulated_config
+from tests.fakes import (
+    FakeClock,
+    FakeExecutors,
+    FakeTimer,
+    PoolEvents,
+    devices,
+    emulated_config,
+    mlp_onnx,
+    onnx_config,
+)
 from tests.fakes import model as model_info
 
 GIVE_UP_S = 10.0  # a guard against a hang, never a timing claim
@@ -207,17 +217,17 @@ def test_a_stopped_sample_is_tried_again_until_its_last_stop():
 
 
 class Watched:
-    """An emulated backend whose runs the test sees begin (`began`: the
-    rows of each call) and may hold at the gate before they begin."""
+    """A backend whose runs the test sees begin (`began`: the input of each
+    call) and may hold at the gate before they begin."""
 
-    def __init__(self, inner: EmulatedBackend) -> None:
+    def __init__(self, inner: Any) -> None:
         self.inner = inner
         self.gate = threading.Event()
         self.gate.set()
         self.began: queue.Queue[np.ndarray] = queue.Queue()
 
     def run(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        self.began.put(np.array(inputs["x"]))
+        self.began.put(np.array(next(iter(inputs.values()))))
         self.gate.wait()
         return self.inner.run(inputs)
 
@@ -225,24 +235,28 @@ class Watched:
         self.inner.terminate()
 
     def reset(self) -> None:
-        self.inner.reset()
+        if hasattr(self.inner, "reset"):
+            self.inner.reset()
 
 
 class ThreadedExecutor:
     """An Executor serving a real pipe on a thread of this process, with
-    one emulated model `emu` of latency ℓ(b) = alpha + beta·b ms."""
+    one model: by default emulated, `emu`, of latency ℓ(b) = alpha + beta·b ms."""
 
-    def __init__(self, alpha_ms: float, beta_ms: float) -> None:
-        self.config = emulated_config("emu", alpha_ms=alpha_ms, beta_ms=beta_ms)
-        self.arena = Arena.create(self.config, capacity=8)
+    def __init__(
+        self, alpha_ms: float = 0.0, beta_ms: float = 0.0, config: ModelConfig | None = None
+    ) -> None:
+        self.config = config or emulated_config("emu", alpha_ms=alpha_ms, beta_ms=beta_ms)
+        name = self.config.name
+        self.arena = Arena.create(self.config, capacity=max(8, self.config.max_batch_size))
         self.conn, child = mp.Pipe(duplex=True)
-        self.executor = Executor(child, {"name": "emulated:0", "kind": "emulated"})
-        inner = EmulatedBackend()
+        self.executor = Executor(child, {"name": "device:0", "kind": "cpu"})
+        inner = make_backend(self.config, "emulated" if name == "emu" else "cpu", 0, 1)
         inner.load(self.config)
         self.backend = Watched(inner)
-        self.executor.configs["emu"] = self.config
-        self.executor.backends["emu"] = self.backend
-        self.executor.arenas["emu"] = Arena.attach(self.arena.layout)
+        self.executor.configs[name] = self.config
+        self.executor.backends[name] = self.backend
+        self.executor.arenas[name] = Arena.attach(self.arena.layout)
         self.thread = threading.Thread(target=self.executor.serve, daemon=True)
         self.thread.start()
 
@@ -318,6 +332,32 @@ def test_a_batch_arriving_during_a_re_run_stops_it_and_runs_next():
         assert isinstance(second, Ran) and second.batch_id == 2 and second.error is None
         assert isinstance(retried, RanAlone) and retried.app == "a"
         assert retried.seconds is not None and retried.seconds >= 0.150
+    finally:
+        ex.close()
+
+
+@pytest.mark.slow
+def test_an_onnx_re_run_is_stopped_through_run_options_terminate(tmp_path):
+    """The same with ONNX Runtime: a sample of 32 rows through 128 layers
+    1024 wide (~50 ms alone on one core) is stopped between nodes when a
+    batch arrives, and measured in full once the executor idles again."""
+    path = mlp_onnx(tmp_path / "chain.onnx", 1024, 128, shared=True)
+    ex = ThreadedExecutor(config=onnx_config("chain", path, width=1024, max_batch=32))
+    try:
+        rows = list(range(32))
+        for slot in rows:
+            ex.arena.write_inputs(slot, {"x": np.full(1024, 0.01 * slot, np.float32)})
+        ex.conn.send(Run(1, "chain", rows, 0.0, ((0, 32, "a"),)))
+        first = ex.reply()
+        assert isinstance(first, Ran) and first.error is None
+        ex.backend.began.get(timeout=GIVE_UP_S)  # batch 1
+        ex.backend.began.get(timeout=GIVE_UP_S)  # its sample
+        ex.conn.send(Run(2, "chain", rows[:1], 0.0))
+        stopped, second, retried = ex.reply(), ex.reply(), ex.reply()
+        assert stopped == RanAlone("chain", "a", 32, None, 0)
+        assert isinstance(second, Ran) and second.batch_id == 2 and second.error is None
+        assert isinstance(retried, RanAlone) and retried.items == 32
+        assert retried.seconds is not None and retried.seconds > 0.0
     finally:
         ex.close()
 
