@@ -99,6 +99,9 @@ def _every_family_in_use(metrics: Metrics) -> str:
     metrics.set_autoscale(0.02, 0.1, 1)
     metrics.executor_failed("emulated:0")
     metrics.executor_restarted("emulated:0", 0.8)
+    metrics.batch_timed("m", 0.01, 0.012)
+    metrics.alone_profiled("m", 0.004, 1)
+    metrics.alone_profiled("m", None, 0)
     return metrics.render()[0].decode()
 
 

@@ -60,6 +60,7 @@ SAMPLES: dict[str, tuple[str, object]] = {
     "PROFILE_BATCH_SIZES": ("1, 3,9", (1, 3, 9)),
     "PROFILE_CACHE_DIR": ("/var/cache/ds", Path("/var/cache/ds")),
     "PROFILE_MIN_R2": ("0.5", 0.5),
+    "PROFILE_SAMPLE_RATE": ("0.25", 0.25),
 }
 
 # (variable, bad text, the error after the variable's or flag's name)
@@ -99,6 +100,10 @@ BAD: list[tuple[str, str, str]] = [
     ("PROFILE_BATCH_SIZES", "1,0", " items must be ≥ 1, got 0"),
     ("PROFILE_BATCH_SIZES", "1,x", "='1,x' is not a comma-separated list of integers"),
     ("MODEL_REPOSITORY", "", "='' is not a path"),
+    ("PROFILE_SAMPLE_RATE", "1.5", " must be 0 to 1, got 1.5"),
+    ("PROFILE_SAMPLE_RATE", "-0.1", " must be 0 to 1, got -0.1"),
+    ("PROFILE_SAMPLE_RATE", "nan", "='nan' is not a finite number"),
+    ("PROFILE_SAMPLE_RATE", "often", "='often' is not a number"),
 ]
 
 FLAG = {setting.env: setting.flag for setting in SETTINGS}
@@ -120,7 +125,7 @@ def test_flag_names_come_from_the_variables():
         "keep_alive_timeout_s", "max_header_bytes",
         "max_buffered_bytes", "max_connections", "deadline_margin_ms", "timer_lead_ms",
         "realtime_priority", "max_body_bytes", "max_json_bytes", "metrics_prefix", "admin_token",
-        "profile_batch_sizes", "profile_cache_dir", "profile_min_r2",
+        "profile_batch_sizes", "profile_cache_dir", "profile_min_r2", "profile_sample_rate",
     ]  # fmt: skip
 
 

@@ -2,7 +2,8 @@
 
 The pool posts them on the event loop's thread, in the order things
 happened: a batch finished or stopped, a device went down (its executor died
-or hung) or came back. The owner (the dispatcher) queues them and handles
+or hung) or came back, a sampled request was re-run alone (or that re-run
+was stopped). The owner (the dispatcher) queues them and handles
 each after it has carried out the decisions in hand, never re-entrantly.
 """
 
@@ -52,5 +53,33 @@ class DeviceUp:
     seconds_down: float
 
 
-ExecutorEvent = BatchFinished | BatchStopped | DeviceDown | DeviceUp
+@dataclass(frozen=True, slots=True)
+class AloneTimed:
+    """A sampled request of `model` from application `app` (`items` rows)
+    ran alone on `device` in `seconds`: the asynchronous profiler's
+    measurement (app/runtime/alone_profiler.py). `dropped`: samples the
+    executor dropped from its full backlog since its previous report."""
+
+    device: int
+    model: str
+    app: str
+    items: int
+    seconds: float
+    dropped: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class AloneStopped:
+    """A sampled request's re-run on `device` was stopped because a batch
+    (or another message) arrived, and its time discarded; `dropped` as in
+    AloneTimed."""
+
+    device: int
+    model: str
+    app: str
+    items: int
+    dropped: int = 0
+
+
+ExecutorEvent = BatchFinished | BatchStopped | DeviceDown | DeviceUp | AloneTimed | AloneStopped
 EventSink = Callable[[ExecutorEvent], None]

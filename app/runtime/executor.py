@@ -4,7 +4,9 @@ Started by `ExecutorPool` with the *spawn* context as
 ``executor_main(conn, device, log_level, realtime_priority, cancels, heartbeat)``.
 The messages on its two pipes are the dataclasses of `app.runtime.messages`:
 Load, Run, Profile and Stop on the main pipe, answered by Loaded, Ran or
-Cancelled, Profiled and Stopped; Cancel on the second, one-way pipe.
+Cancelled, Profiled and Stopped; Cancel on the second, one-way pipe. While
+its inbox is empty it re-runs sampled requests alone, each answered by
+RanAlone (the asynchronous profiler, app/runtime/alone_profiler.py).
 A thread stamps the shared `heartbeat` while the process runs, idle or busy,
 so the pool sees a stopped or frozen process (`app.runtime.watchdog`).
 
@@ -39,7 +41,9 @@ from typing import Any
 import numpy as np
 
 from app.repository.config import ModelConfig
+from app.runtime.alone_profiler import AloneProfiler, timed_alone
 from app.runtime.messages import (
+    AloneMark,
     Cancel,
     Cancelled,
     Load,
@@ -47,6 +51,7 @@ from app.runtime.messages import (
     Profile,
     Profiled,
     Ran,
+    RanAlone,
     Run,
     Stop,
     Stopped,
@@ -186,6 +191,7 @@ class Executor:
         self._current: int | None = None
         self._current_backend: Any = None
         self._wake = threading.Event()
+        self.profiler = AloneProfiler()
 
     # cancel thread ---------------------------------------------------------
     def read_cancels(self, cancels: Any) -> None:
@@ -214,13 +220,17 @@ class Executor:
     def serve(self) -> None:
         while True:
             try:
+                if self.profiler.backlog and not self.conn.poll(0):
+                    self.rerun_alone()  # the device would idle: profile
+                    continue
                 msg = self.conn.recv()
             except (EOFError, OSError):
                 self.shutdown(reply=False)
                 return
             try:
                 if isinstance(msg, Run):
-                    self.run(msg.batch_id, msg.model, list(msg.slots), float(msg.start_at))
+                    slots, start_at = list(msg.slots), float(msg.start_at)
+                    self.run(msg.batch_id, msg.model, slots, start_at, msg.alone)
                 elif isinstance(msg, Load):
                     self.load(msg.req_id, msg.configs, msg.layouts)
                 elif isinstance(msg, Unload):
@@ -238,7 +248,9 @@ class Executor:
             except Exception:  # a malformed message must not kill the loop
                 log.exception("%s: failed to handle %s", self.name, type(msg).__name__)
 
-    def send(self, msg: Loaded | Unloaded | Ran | Cancelled | Profiled | Stopped) -> None:
+    def send(
+        self, msg: Loaded | Unloaded | Ran | Cancelled | Profiled | RanAlone | Stopped
+    ) -> None:
         self.conn.send(msg)
 
     def load(self, req_id: int, configs: list[Any], layouts: dict[str, Any]) -> None:
@@ -278,6 +290,7 @@ class Executor:
     def unload(self, req_id: int, models: list[str]) -> None:
         """Drop the models' backends and detach their arenas (the parent
         unlinks them once this is answered)."""
+        self.profiler.forget(models)
         for name in models:
             self.configs.pop(name, None)
             self.backends.pop(name, None)
@@ -294,7 +307,14 @@ class Executor:
         while time.monotonic() < start_at and not self._wake.is_set():
             pass
 
-    def run(self, batch_id: int, model: str, slots: list[int], start_at: float) -> None:
+    def run(
+        self,
+        batch_id: int,
+        model: str,
+        slots: list[int],
+        start_at: float,
+        alone: tuple[AloneMark, ...] = (),
+    ) -> None:
         backend = self.backends.get(model)
         # Backends with a preemption flag (Torch) have it cleared under the
         # lock that guards terminate(), when the batch starts and ends: a stop
@@ -329,10 +349,47 @@ class Executor:
                 if reset is not None:
                     reset()
         finished = time.monotonic()
+        if error is None and alone:
+            self._keep_alone(model, slots, alone)
         if error == CANCELLED:
             self.send(Cancelled(batch_id, started, finished))
         else:
             self.send(Ran(batch_id, started, finished, error))
+
+    def _keep_alone(self, model: str, slots: list[int], alone: tuple[AloneMark, ...]) -> None:
+        """Copy the batch's sampled requests out of the arena before it is
+        answered; a failure costs the samples, never the batch."""
+        try:
+            self.profiler.keep(model, self.configs[model], self.arenas[model], slots, alone)
+        except Exception:
+            log.exception("%s: keeping samples of %s failed", self.name, model)
+
+    def rerun_alone(self) -> None:
+        """Re-run the oldest sample alone, stopped at once if a message
+        arrives meanwhile (app/runtime/alone_profiler.py)."""
+        sample = self.profiler.next()
+        backend = None if sample is None else self.backends.get(sample.model)
+        if sample is None or backend is None or not hasattr(backend, "terminate"):
+            return  # its model is gone, or its backend cannot be stopped
+        reset = getattr(backend, "reset", None)
+
+        def stop() -> None:
+            with self._lock:
+                backend.terminate()
+
+        with self._lock:
+            if reset is not None:
+                reset()
+        try:
+            seconds = timed_alone(self.conn, lambda: backend.run(sample.inputs), stop)
+        except Exception:
+            log.exception("%s: re-running a sample of %s failed", self.name, sample.model)
+            return
+        finally:
+            with self._lock:
+                if reset is not None:
+                    reset()
+        self.send(self.profiler.report(sample, seconds))
 
     def _execute(self, model: str, backend: Any, slots: list[int], started: float) -> str | None:
         from app.runtime.backend import Terminated

@@ -3,7 +3,8 @@
 Everything that crosses the pipes is one of these dataclasses, built by the
 parent (`ExecutorPool`) or by the executor from ints, floats, strings,
 lists and dicts; tensor bytes live in shared-memory arenas and never cross.
-Nothing here ever carries data from the network.
+Nothing here carries data from the network but application ids (plain
+strings the parent copies into `Run.alone`).
 
 Clock: times are `time.monotonic()` seconds — CLOCK_MONOTONIC is
 system-wide on Linux, and asyncio's `loop.time()` uses the same clock, so
@@ -39,15 +40,23 @@ class Unload:
     models: list[str]
 
 
+# A request of a batch to re-run alone once the batch has run (the
+# asynchronous profiler, app/runtime/alone_profiler.py): (its first row's
+# index in `Run.slots`, its rows, its application).
+AloneMark = tuple[int, int, str]
+
+
 @dataclass(frozen=True, slots=True)
 class Run:
     """Run a batch of `model` over arena `slots`, not before `start_at`
-    (≤ now: at once), after the batches sent before it."""
+    (≤ now: at once), after the batches sent before it. `alone`: its
+    requests sampled for re-running alone, if it runs to its end."""
 
     batch_id: int
     model: str
     slots: list[int]
     start_at: float
+    alone: tuple[AloneMark, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -125,11 +134,25 @@ class Profiled:
 
 
 @dataclass(frozen=True, slots=True)
+class RanAlone:
+    """A sampled request of `model` from application `app`, `items` rows,
+    was re-run alone in `seconds` — or, `seconds` None, stopped because a
+    message arrived, and its time discarded. `dropped`: samples dropped
+    from the executor's full backlog since its previous RanAlone."""
+
+    model: str
+    app: str
+    items: int
+    seconds: float | None
+    dropped: int = 0
+
+
+@dataclass(frozen=True, slots=True)
 class Stopped:
     """The executor finished its batches and exits."""
 
 
-FromExecutor = Loaded | Unloaded | Ran | Cancelled | Profiled | Stopped
+FromExecutor = Loaded | Unloaded | Ran | Cancelled | Profiled | RanAlone | Stopped
 
 
 # ------------------------------------------------------- config ↔ plain dict

@@ -38,6 +38,7 @@ from typing import Any
 
 from app.errors import ExecutorFailed
 from app.repository.config import ModelConfig
+from app.runtime.alone_profiler import alone_event
 from app.runtime.arena import Arena
 from app.runtime.devices import ExecutorDevice, model_allowed_on
 from app.runtime.events import (
@@ -50,6 +51,7 @@ from app.runtime.events import (
 )
 from app.runtime.executor import executor_main
 from app.runtime.messages import (
+    AloneMark,
     Cancel,
     Cancelled,
     Load,
@@ -57,6 +59,7 @@ from app.runtime.messages import (
     Profile,
     Profiled,
     Ran,
+    RanAlone,
     Run,
     Stop,
     Stopped,
@@ -338,13 +341,19 @@ class ExecutorPool(ModelChanges):
 
     # ------------------------------------------------------------- submit
     def submit(
-        self, device_id: int, batch_id: int, model: str, slots: Sequence[int], start_at: float
+        self,
+        device_id: int,
+        batch_id: int,
+        model: str,
+        slots: Sequence[int],
+        start_at: float,
+        alone: Sequence[AloneMark] = (),
     ) -> None:
         """Queue a batch on the device (non-blocking). Its inputs must already
         be in `slots` of the model's arena; outputs land in the same slots
-        before its BatchFinished is posted. Raises ExecutorFailed at once when
-        the device is dead or does not have the model (then no event
-        follows)."""
+        before its BatchFinished is posted; `alone` marks requests to re-run
+        alone (app/runtime/alone_profiler.py). Raises ExecutorFailed at once
+        when the device is dead or lacks the model (then no event follows)."""
         w = self._workers[device_id]
         if w.dead or w.loading or w.stopping or self._stopped:
             raise ExecutorFailed(f"executor {w.device.name} is not running")
@@ -357,7 +366,8 @@ class ExecutorPool(ModelChanges):
         w.inflight[batch_id] = model
         w.sizes[batch_id] = (len(slots), float(start_at))
         try:
-            self._send(w, Run(int(batch_id), model, [int(s) for s in slots], float(start_at)))
+            rows = [int(s) for s in slots]
+            self._send(w, Run(int(batch_id), model, rows, float(start_at), tuple(alone)))
         except ExecutorFailed:
             w.inflight.pop(batch_id, None)
             w.sizes.pop(batch_id, None)
@@ -566,6 +576,8 @@ class ExecutorPool(ModelChanges):
             self._resolve(msg.req_id, None)
         elif isinstance(msg, Profiled):
             self._resolve(msg.req_id, (msg.result, msg.error))
+        elif isinstance(msg, RanAlone):
+            self._post(alone_event(w.device.id, msg))
         elif isinstance(msg, Stopped):
             pass
         else:

@@ -6,12 +6,14 @@ driver only carries that out, in the shape of aioquic's asyncio protocol over
 its sans-IO connection:
 
 * inputs: a request (`submit_request`), the executor pool's typed events
-  (`post`: a batch finished or stopped, a device down or up), and one timer
+  (`post`: a batch finished or stopped, a device down or up, a request's
+  alone-time measured by the executors' profiler), and one timer
   for the cores' next wakeup (a timerfd on Linux: uvloop's own timers fire up
   to a millisecond early or late; app/server/timerfd.py);
 * outputs: a Dispatch goes to the executor of its device, a Complete resolves
   its requests' futures with the batch's report, a Drop fails them with the
-  reason, a Preempt cancels the batch on its executor.
+  reason, a Preempt cancels the batch on its executor. A dispatched batch
+  carries its requests sampled for re-running alone (app/server/alone_sampling.py).
 
 Events that arrive while decisions are carried out (an executor that dies
 under a submit posts DeviceDown at once) are queued and handled after them,
@@ -31,6 +33,7 @@ import asyncio
 import dataclasses
 import itertools
 import logging
+import random
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -38,7 +41,15 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from app.errors import Dropped, ShuttingDown
-from app.runtime.events import BatchFinished, BatchStopped, DeviceDown, DeviceUp, ExecutorEvent
+from app.runtime.events import (
+    AloneTimed,
+    BatchFinished,
+    BatchStopped,
+    DeviceDown,
+    DeviceUp,
+    ExecutorEvent,
+)
+from app.runtime.messages import AloneMark
 from app.scheduling.base import Scheduler
 from app.scheduling.model import ModelInfo
 from app.scheduling.types import (
@@ -51,6 +62,7 @@ from app.scheduling.types import (
     Preempt,
     Request,
 )
+from app.server.alone_sampling import AloneSampler, alone_time_per_request
 from app.server.timerfd import Timer, make_timer
 
 log = logging.getLogger(__name__)
@@ -60,9 +72,16 @@ class Executors(Protocol):
     """Where batches run (`app.runtime.pool.ExecutorPool`)."""
 
     def submit(
-        self, device_id: int, batch_id: int, model: str, slots: Sequence[int], start_at: float
+        self,
+        device_id: int,
+        batch_id: int,
+        model: str,
+        slots: Sequence[int],
+        start_at: float,
+        alone: Sequence[AloneMark] = (),
     ) -> None:
-        """Queue a batch on the device; raises when it cannot take it."""
+        """Queue a batch on the device; raises when it cannot take it.
+        `alone`, passed only when not empty: requests to re-run alone."""
         ...
 
     def cancel(self, device_id: int, batch_id: int) -> bool:
@@ -103,7 +122,9 @@ class Dispatcher:
     """Drives the cores of `groups` on the running event loop.
 
     `on_batch(batch, finished)`, when given, hears of every batch that ran
-    to its end (the service counts it in its metrics)."""
+    to its end (the service counts it in its metrics). `alone_sample_rate`:
+    the fraction of dynamic models' requests re-run alone (PROFILE_SAMPLE_RATE),
+    drawn with `rng`."""
 
     def __init__(
         self,
@@ -113,6 +134,8 @@ class Dispatcher:
         clock: Callable[[], float] = time.monotonic,
         timer_factory: Callable[[], Timer] | None = None,
         on_batch: Callable[[Batch, Finished], None] | None = None,
+        alone_sample_rate: float = 0.0,
+        rng: random.Random | None = None,
     ) -> None:
         self.groups = list(groups)
         self._by_model = {model: group for group in groups for model in group.models}
@@ -121,6 +144,7 @@ class Dispatcher:
         self._clock = clock
         self._timer_factory = timer_factory or (lambda: make_timer(asyncio.get_running_loop()))
         self._on_batch = on_batch
+        self._sampler = AloneSampler(alone_sample_rate, rng)
         self._timer: Timer | None = None  # made on first use, on the running loop
         self.wake_at: float | None = None  # what the timer is armed for
         self._events: deque[ExecutorEvent] = deque()
@@ -208,6 +232,10 @@ class Dispatcher:
             self._apply(core.device_down(event.device, now))
         elif isinstance(event, DeviceUp):
             self._apply(core.device_up(event.device, now))
+        elif isinstance(event, AloneTimed):
+            info = core.models.get(event.model)
+            seconds = alone_time_per_request(event.seconds, event.items, info)
+            self._apply(core.record_alone_time(event.model, event.app, seconds, now))
 
     def _apply(self, decisions: list[Decision], report: BatchFinished | None = None) -> None:
         """Carry out a core's decisions; `report` is the executor's report of
@@ -243,8 +271,16 @@ class Dispatcher:
             )
         # The batch's rows: each request's items, in the batch's order.
         slots = [s for r in batch.requests for s in self.pending[r.id].slots]
+        core = self._by_device.get(batch.device)
+        info = None if core is None else core.scheduler.models.get(batch.model)
+        alone = self._sampler.marks(batch, info)
         try:
-            self._executors.submit(batch.device, batch.id, batch.model, slots, batch.release_at)
+            if alone:
+                self._executors.submit(
+                    batch.device, batch.id, batch.model, slots, batch.release_at, alone
+                )
+            else:
+                self._executors.submit(batch.device, batch.id, batch.model, slots, batch.release_at)
         except Exception as exc:  # the executor cannot take it: the core hears it failed
             log.error("submit to device %d failed: %s", batch.device, exc)
             now = self._clock()

@@ -52,7 +52,7 @@ from app.errors import (
 )
 from app.repository.config import VERSION_KEY_SEP, ModelConfig, shown_model, version_key
 from app.runtime.devices import ExecutorDevice
-from app.runtime.events import DeviceDown, DeviceUp, ExecutorEvent
+from app.runtime.events import AloneStopped, AloneTimed, DeviceDown, DeviceUp, ExecutorEvent
 from app.runtime.pool import ExecutorPool
 from app.runtime.realtime import SchedState, restore, set_fifo
 from app.scheduling.autoscale import advised_device_change
@@ -132,6 +132,7 @@ class LiveService:
             startup.build_groups(settings, self.models, self.devices),
             self.pool,
             on_batch=self._on_batch,
+            alone_sample_rate=settings.profile_sample_rate,
         )
         # The watchdog judges a batch by the profile the core plans with.
         self.pool.expected_latency = self._expected_latency
@@ -548,6 +549,9 @@ class LiveService:
             name = self._device(event.device).name
             log.warning("device %s back in service after %.3f s", name, event.seconds_down)
             self.metrics.executor_restarted(name, event.seconds_down)
+        elif isinstance(event, AloneTimed | AloneStopped):
+            seconds = event.seconds if isinstance(event, AloneTimed) else None
+            self.metrics.alone_profiled(metric_label(event.model), seconds, event.dropped)
         if self.dispatcher is not None:
             self.dispatcher.post(event)
 
@@ -556,6 +560,8 @@ class LiveService:
             device = self._device(batch.device).name
             compute_s = finished.finished_at - finished.started_at
             self.metrics.batch_executed(metric_label(batch.model), device, batch.size, compute_s)
+            planned_s = batch.finish_at - batch.start_at
+            self.metrics.batch_timed(metric_label(batch.model), planned_s, compute_s)
             self.statistics.batch_executed(
                 batch.model,
                 batch=(batch.device, batch.id),

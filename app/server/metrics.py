@@ -29,6 +29,12 @@ one process stay independent.
     advised_device_change                  gauge: devices to add (+) or remove (-)
     executor_failures_total{device}        executors that died or hung
     executor_respawn_seconds{device}       gauge: failure → serving again, last respawn
+    batch_time_ratio{model}                histogram: each batch's time on its executor / the
+                                           time the scheduler planned for it
+    alone_seconds{model}                   histogram: alone-times of sampled requests re-run by
+                                           the executors' profiler
+    alone_stopped_total{model}             profiler re-runs stopped for a planned batch
+    alone_dropped_total{model}             samples dropped from an executor's full backlog
 
 The compute and pending families are Triton's (its compute-infer duration
 and pending request count) in Prometheus's base units: seconds, not µs.
@@ -77,6 +83,9 @@ LATENCY_BUCKETS_S = (
     10.0,
 )
 BATCH_BUCKETS = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128, 256, 512, 1024)
+# actual / planned batch time: 1 is a perfect plan; the tail above it is what
+# a plan with one ℓ(b) misses on a model whose time depends on its input.
+RATIO_BUCKETS = (0.5, 0.75, 0.9, 0.95, 1.0, 1.05, 1.1, 1.25, 1.5, 2.0, 3.0, 5.0, 10.0)
 
 
 # Samples prometheus_client adds to these types, each family's start time.
@@ -112,6 +121,7 @@ class _ModelSeries:
     request_batch_size: Any
     batch_size: Any
     batch_compute: Any
+    batch_time_ratio: Any
 
 
 class Metrics:
@@ -170,6 +180,31 @@ class Metrics:
             "Execution time of each batch in seconds, on its executor.",
             ["model"],
             LATENCY_BUCKETS_S,
+        )
+        self.batch_time_ratio = self._histogram(
+            "batch_time_ratio",
+            "Each batch's execution time on its executor divided by the time the scheduler "
+            "planned for it (its predicted finish less its planned start): 1 is exact.",
+            ["model"],
+            RATIO_BUCKETS,
+        )
+        self.alone_seconds = self._histogram(
+            "alone_seconds",
+            "Alone-times in seconds of sampled requests of dynamic models, re-run alone by "
+            "their executor while idle (PROFILE_SAMPLE_RATE).",
+            ["model"],
+            LATENCY_BUCKETS_S,
+        )
+        self.alone_stopped = self._counter(
+            "alone_stopped",
+            "Re-runs of sampled requests stopped because a planned batch arrived (their time "
+            "is discarded).",
+            ["model"],
+        )
+        self.alone_dropped = self._counter(
+            "alone_dropped",
+            "Sampled requests dropped from an executor's full backlog before being re-run.",
+            ["model"],
         )
         self.busy_fraction = self._gauge(
             "busy_fraction",
@@ -230,6 +265,7 @@ class Metrics:
                 self.request_batch_size.labels(model),
                 self.batch_size.labels(model),
                 self.batch_compute.labels(model),
+                self.batch_time_ratio.labels(model),
             )
             self._by_model[model] = series
         return series
@@ -274,6 +310,21 @@ class Metrics:
         series = self._series(model)
         series.batch_size.observe(size)
         series.batch_compute.observe(max(compute_s, 0.0))
+
+    def batch_timed(self, model: str, planned_s: float, actual_s: float) -> None:
+        """A batch ran `actual_s` on its executor; the core planned `planned_s`."""
+        if planned_s > 0.0:
+            self._series(model).batch_time_ratio.observe(max(actual_s, 0.0) / planned_s)
+
+    def alone_profiled(self, model: str, seconds: float | None, dropped: int) -> None:
+        """A sampled request re-run alone in `seconds` (None: stopped), and
+        `dropped` samples lost to a full backlog since the last report."""
+        if seconds is None:
+            self.alone_stopped.labels(model).inc()
+        else:
+            self.alone_seconds.labels(model).observe(seconds)
+        if dropped:
+            self.alone_dropped.labels(model).inc(dropped)
 
     def set_device_busy(self, device: str, fraction: float) -> None:
         self.busy_fraction.labels(str(device)).set(fraction)

@@ -70,6 +70,7 @@ class Number:
 
     minimum: float = 0.0
     metavar: str = "X"
+    maximum: float | None = None
 
     def parse(self, text: str, label: str) -> float:
         try:
@@ -78,6 +79,8 @@ class Number:
             raise ValueError(f"{label}={text!r} is not a number") from None
         if not math.isfinite(value):
             raise ValueError(f"{label}={text!r} is not a finite number")
+        if self.maximum is not None and not self.minimum <= value <= self.maximum:
+            raise ValueError(f"{label} must be {self.minimum:g} to {self.maximum:g}, got {value:g}")
         if value < self.minimum:
             raise ValueError(f"{label} must be ≥ {self.minimum:g}, got {value:g}")
         return value
@@ -87,6 +90,8 @@ class Number:
         return f"{value:g}"
 
     def describe(self) -> str:
+        if self.maximum is not None:
+            return f"number {self.minimum:g} to {self.maximum:g}"
         return f"number ≥ {self.minimum:g}"
 
 

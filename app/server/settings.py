@@ -396,6 +396,20 @@ class Settings:
             "with batch size, is measured again at start-up, then reported as a warning",
         ),
     )
+    # 5 %: a dynamic model at 100 requests/s yields ~300 alone-times a minute,
+    # enough to refill a per-application histogram window, while re-runs stay
+    # a small share of the device's work; they only use idle device time and
+    # a planned batch stops them (app/runtime/alone_profiler.py).
+    profile_sample_rate: float = field(
+        default=0.05,
+        metadata=_setting(
+            "PROFILE_SAMPLE_RATE",
+            Number(maximum=1.0),
+            "fraction of the requests of models with input-dependent latency (`dynamic`) "
+            "that their executor re-runs alone while idle, feeding the scheduler's "
+            "alone-time histograms (0: off; static models are never re-run)",
+        ),
+    )
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
