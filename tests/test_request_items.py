@@ -41,7 +41,7 @@ def simulate(
 
 def test_every_policy_is_covered() -> None:
     assert sorted(POLICIES) == sorted(
-        ["symphony", "symphony-wc", "flex", "flex-np", "clockwork", "nexus", "triton"]
+        ["symphony", "symphony-wc", "flex", "flex-np", "clockwork", "nexus", "triton", "orloj"]
     )
 
 
@@ -56,6 +56,7 @@ MIXED = {
     "clockwork": (8, 113, 127, 0, 48, 183),
     "nexus": (8, 156, 84, 0, 36, 264),
     "triton": (7, 33, 148, 59, 46, 79),
+    "orloj": (8, 113, 127, 0, 48, 183),
 }
 
 

@@ -20,6 +20,7 @@ _POLICIES: dict[str, tuple[str, str, dict[str, Any]]] = {
     "clockwork": ("app.scheduling.clockwork", "ClockworkScheduler", {}),
     "nexus": ("app.scheduling.nexus", "NexusScheduler", {}),
     "triton": ("app.scheduling.triton", "TritonScheduler", {}),
+    "orloj": ("app.scheduling.orloj", "OrlojScheduler", {}),
 }
 
 
