@@ -161,6 +161,23 @@ class OrlojScheduler(ReplanningScheduler):
     def queued(self) -> int:
         return sum(len(s.pending) for s in self.states.values())
 
+    def queue(self, model: str, bs: int, now: float) -> list[Request]:
+        """Q_bs of `model` at `now`, earliest due first: its pending requests
+        of at most bs items with ``now + delay(bs) + E[L_bs] ≤ due`` (for
+        inspection; the policy never builds the queues)."""
+        state = self.states[model]
+        if not 1 <= bs < len(state.cost):
+            raise ValueError(f"model {model!r} has batch sizes 1..{len(state.cost) - 1}, not {bs}")
+        self._refresh(state)
+        start = state.pending.bisect_left((now + state.cost[bs],))
+        return [e[2] for e in state.pending.islice(start) if e[2].items <= bs]
+
+    def expected_latency(self, model: str, bs: int) -> float:
+        """E[L_bs] of `model` on the fastest device (seconds)."""
+        state = self.states[model]
+        self._refresh(state)
+        return state.latency.expected(bs) / self._speed
+
     # ------------------------------------------------------------------ hooks
 
     def _on_arrival(self, request: Request, model: ModelInfo, now: float) -> None:
