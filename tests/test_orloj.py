@@ -223,6 +223,9 @@ def test_the_batch_is_the_top_requests_by_score_not_by_deadline() -> None:
     for r in (tight, sure, surer):
         s.add_request(r, 0.0)
     assert tight in s.queue("d", 2, 0.001) and tight not in s.queue("d", 3, 0.001)
+    # In Q_1 all three lie beyond L_1's last edge (100 ms): deadline order.
+    assert s.select("d", 1, 0.001) == [tight]
+    assert s.next_batch("d", 0.001) == [sure, surer]
     (dispatch,) = dispatches(s.batch_finished(0, busy.id, 0.001))
     assert dispatch.batch.requests == [sure, surer]
     assert s.queue("d", 1, 0.001) == [tight]

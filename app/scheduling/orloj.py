@@ -165,12 +165,32 @@ class OrlojScheduler(ReplanningScheduler):
         """Q_bs of `model` at `now`, earliest due first: its pending requests
         of at most bs items with ``now + delay(bs) + E[L_bs] ≤ due`` (for
         inspection; the policy never builds the queues)."""
+        start = self._queue_start(model, bs, now)
+        return [e[2] for e in self.states[model].pending.islice(start) if e[2].items <= bs]
+
+    def select(self, model: str, bs: int, now: float) -> list[Request]:
+        """The top requests of Q_bs by score at `now` (at most bs items,
+        best first), left in the queue: what a batch of size bs would take."""
+        queue_start = self._queue_start(model, bs, now)
+        return [e[2] for e in self._select(self.states[model], bs, queue_start, now)]
+
+    def next_batch(self, model: str, now: float) -> list[Request]:
+        """The batch Algorithm 1 forms for `model` at `now` (batch size, then
+        the top requests by score), left in the queue; [] when none."""
+        state = self.states[model]
+        self._refresh(state)
+        found = self._batch_size(state, now) if state.pending else None
+        if found is None:
+            return []
+        _, bs, start = found
+        return [e[2] for e in self._select(state, bs, start, now)]
+
+    def _queue_start(self, model: str, bs: int, now: float) -> int:
         state = self.states[model]
         if not 1 <= bs < len(state.cost):
             raise ValueError(f"model {model!r} has batch sizes 1..{len(state.cost) - 1}, not {bs}")
         self._refresh(state)
-        start = state.pending.bisect_left((now + state.cost[bs],))
-        return [e[2] for e in state.pending.islice(start) if e[2].items <= bs]
+        return state.pending.bisect_left((now + state.cost[bs],))
 
     def expected_latency(self, model: str, bs: int) -> float:
         """E[L_bs] of `model` on the fastest device (seconds)."""
@@ -269,6 +289,18 @@ class OrlojScheduler(ReplanningScheduler):
 
     def _take_batch(self, state: ModelState, bs: int, start: int, now: float) -> list[Request]:
         """The top requests of Q_bs by score, at most bs items, removed."""
+        chosen = self._select(state, bs, start, now)
+        for entry in chosen:
+            state.pending.remove(entry)
+            if entry[2].items > 1:
+                state.multi_item -= 1
+        return [entry[2] for entry in chosen]
+
+    def _select(
+        self, state: ModelState, bs: int, start: int, now: float
+    ) -> list[tuple[float, int, Request]]:
+        """The top entries of Q_bs (from `start` in the pending list) by
+        score, at most bs items, best first."""
         pending = state.pending
         table = self._score_table(state, bs)
         t = now + self.delay(bs)
@@ -292,11 +324,7 @@ class OrlojScheduler(ReplanningScheduler):
                 items += entry[2].items
                 if items == bs:
                     break
-        for entry in chosen:
-            pending.remove(entry)
-            if entry[2].items > 1:
-                state.multi_item -= 1
-        return [entry[2] for entry in chosen]
+        return chosen
 
     def _device_for(
         self, state: ModelState, bs: int, deadline: float, idle: list[int], now: float
