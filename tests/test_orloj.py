@@ -269,6 +269,19 @@ def test_measured_alone_times_move_the_plan() -> None:
     assert drop.requests == [r] and drop.reason is DropReason.DEADLINE
 
 
+def test_a_failed_batch_is_judged_by_the_distributions_not_the_profile() -> None:
+    # The profile says ℓ(1) = 20 ms; the histograms E[L_1] = 55 ms. When the
+    # device fails at 50 ms with 50 ms left, the request cannot make it: it
+    # is answered DEVICE_FAILED at once, not requeued.
+    s = orloj([dynamic()], 2)
+    request = Request(1, "d", 0.0, 0.100)
+    (dispatch,) = dispatches(s.add_request(request, 0.0))
+    assert s.expected_latency("d", 1) > 0.050 > s.latency(s.models["d"], 1)
+    (drop,) = drops(s.device_down(dispatch.batch.device, 0.050))
+    assert drop.reason is DropReason.DEVICE_FAILED and drop.requests == [request]
+    assert s.queued() == 0
+
+
 def test_alone_times_of_a_static_model_are_ignored() -> None:
     s = orloj([STATIC])
     before_ = [s.expected_latency("m", k) for k in range(1, 9)]

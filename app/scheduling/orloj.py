@@ -185,6 +185,16 @@ class OrlojScheduler(ReplanningScheduler):
         _, bs, start = found
         return [e[2] for e in self._select(state, bs, start, now)]
 
+    def can_finish_alone(self, request: Request, now: float, device: int | None = None) -> bool:
+        """Whether some batch size still holds `request` (rule 1): what a
+        stopped or failed batch's requests are judged by, so that they are
+        dropped with the reason of their batch, not requeued to be dropped."""
+        state = self.states.get(request.model)
+        if state is None or device is not None:
+            return super().can_finish_alone(request, now, device)
+        self._refresh(state)
+        return now + state.min_cost[request.items] <= request.due
+
     def _queue_start(self, model: str, bs: int, now: float) -> int:
         state = self.states[model]
         if not 1 <= bs < len(state.cost):
