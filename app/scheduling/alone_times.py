@@ -185,6 +185,11 @@ class AloneTimes(BatchLatency):
         names = set(self._previous) | set(self._current)
         return sorted(a for a in names if self._in_use(a))
 
+    def has_samples(self) -> bool:
+        """Whether some application has samples in use (else nothing can be
+        estimated)."""
+        return any(self._in_use(a) for a in itertools.chain(self._previous, self._current))
+
     def _roll(self, now: float) -> None:
         if self._window_start is None:
             self._window_start = now

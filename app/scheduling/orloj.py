@@ -61,6 +61,9 @@ Deviations, each for a reason:
   alone-times of a static model are ignored. A dynamic model without any
   samples yet (no prior, nothing measured) plans with its profile until
   its first samples are in use.
+* The requests of a failed batch go back to the queues when some batch
+  size still holds them (`can_finish_alone` asks the distributions, not
+  the profile), else they get their batch's drop reason.
 * Window resets keep the previous window in use until the new one has
   `min_samples` samples (see alone_times.py): a reset never leaves the
   policy blind.
@@ -116,7 +119,7 @@ class ModelState:
     @property
     def latency(self) -> BatchLatency:
         """The dynamic distributions once they have samples, else the profile."""
-        if self.dynamic is not None and self.dynamic.apps():
+        if self.dynamic is not None and self.dynamic.has_samples():
             return self.dynamic
         return self.static
 
