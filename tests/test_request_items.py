@@ -44,7 +44,17 @@ def simulate(
 
 def test_every_policy_is_covered() -> None:
     assert sorted(POLICIES) == sorted(
-        ["symphony", "symphony-wc", "flex", "flex-np", "clockwork", "nexus", "triton", "clipper"]
+        [
+            "symphony",
+            "symphony-wc",
+            "flex",
+            "flex-np",
+            "clockwork",
+            "nexus",
+            "triton",
+            "clipper",
+            "orloj",
+        ]
     )
 
 
@@ -60,6 +70,7 @@ MIXED = {
     "nexus": (8, 156, 84, 0, 36, 264),
     "triton": (7, 33, 148, 59, 46, 79),
     "clipper": (6, 30, 153, 57, 46, 70),
+    "orloj": (8, 113, 127, 0, 48, 183),
 }
 
 

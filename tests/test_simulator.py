@@ -14,7 +14,7 @@ from app.workloads.arrivals import generate_arrivals
 from app.workloads.spec import load_workload, parse_workload
 
 WORKLOADS = Path(__file__).resolve().parent.parent / "bench" / "workloads"
-DEADLINE_AWARE = ["symphony", "symphony-wc", "flex", "flex-np", "clockwork", "nexus"]
+DEADLINE_AWARE = ["symphony", "symphony-wc", "flex", "flex-np", "clockwork", "nexus", "orloj"]
 
 
 def bursty_mix(duration_s: float = 2.0, jitter: float = 0.0):

@@ -21,6 +21,7 @@ _POLICIES: dict[str, tuple[str, str, dict[str, Any]]] = {
     "nexus": ("app.scheduling.nexus", "NexusScheduler", {}),
     "triton": ("app.scheduling.triton", "TritonScheduler", {}),
     "clipper": ("app.scheduling.clipper", "ClipperScheduler", {}),
+    "orloj": ("app.scheduling.orloj", "OrlojScheduler", {}),
 }
 
 

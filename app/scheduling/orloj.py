@@ -1,0 +1,453 @@
+"""Orloj: batch-aware, distribution-based scheduling of dynamic DNNs
+(orloj.txt §3–4, Algorithm 1).
+
+A dynamic model's requests run for different times, and a batch runs as
+long as its longest request: ℓ_B = c0 + k·max_r x_r (eq. 3–4). Orloj plans
+with the distributions of those times, per application, instead of one
+ℓ(b) (app/scheduling/alone_times.py), and ranks requests by the expected
+deadline cost that running them now saves, per unit of expected worker time
+(eq. 1–2, app/scheduling/orloj_scores.py).
+
+Rules (all times in seconds, `now` from the driver; `due` = the request's
+deadline less the core's margin):
+
+1. **Queues per batch size.** The supported sizes are 1..max_batch (items).
+   A request is in Q_bs while ``t + delay(bs) + E[L_bs] ≤ due``, with E[L_bs]
+   from the mixture of all the model's applications (§4.3) on the fastest
+   device. When no size is left the request is dropped
+   (``DropReason.DEADLINE``); a timer per model fires at the first instant
+   that happens to one of its requests (`timers.first_instant_after`), so
+   drops are answered promptly while every device is busy.
+2. **Batch size** (Algorithm 1 lines 29–35): among the queues holding at
+   least bs items, the one whose earliest deadline is the earliest; ties go
+   to the larger bs.
+3. **The batch** (line 39): the top requests of Q_bs by score (eq. 2),
+   removed from every queue. Requests with several items fill it in score
+   order, whole (never split), never above bs items.
+4. **Work-conserving**, as Clockwork, which the paper builds on: whenever a
+   device is idle and some model has a batch, it is dispatched at
+   ``now + delay(k)``; across models, the earliest such deadline first.
+   The batch's `finish_at` is its expected latency for the requests it
+   holds: c0 + k·E[max_r x_r] with the CDF of the maximum Π_r F_app(r) (the
+   product form of eq. 8).
+5. **Measurements**: `record_alone_time` feeds the histograms; E[L_bs] and
+   the L_bs histograms are recomputed lazily when they changed.
+
+Deviations, each for a reason:
+
+* The queues are not kept one by one. E[L_bs] grows with bs, so Q_bs — the
+  requests with ``due ≥ t + cost(bs)`` — is a suffix of one deadline-sorted
+  list per model; a bisection finds each queue, and removing a request
+  from the list removes it from every queue. Scores are not kept in a
+  dynamic convex hull (§4.4): they are evaluated, vectorised, for the one
+  queue a batch is taken from, at the time it is taken. Requests whose slack
+  exceeds the L_bs histogram's last edge score in deadline order
+  (p ∝ e^{−b·D}), so of those only the first bs are evaluated. α and β are
+  computed afresh at each selection, so milestones need no bookkeeping;
+  the time base still moves (`orloj_scores.needs_rebase`) before
+  e^{b(t − base)} grows large.
+* Requests with several items: a request of n items is only in the queues
+  of bs ≥ n; |Q_bs| counts items; E[L_bs] takes bs draws (one per item, an
+  upper bound for fewer, larger requests). While every pending request of
+  a model has one item the queues are suffixes; otherwise each queue is
+  counted by a scan.
+* The score's t is the batch's start, ``now + delay(bs)``, and the
+  histograms are scaled to the fastest device; a batch goes to the idle
+  device (idle the longest first) on which ``start + E[L_bs]`` still meets
+  its earliest due time, and waits for a faster one if there is none.
+* Static models (no `ModelInfo.dynamic`) plan with their profile: E[L_k] =
+  ℓ(k), a point (for a linear profile the alone-time distribution is the
+  point ℓ(1) with c0 = β, and c0 + k·(ℓ(1) − c0) = ℓ(k)); measured
+  alone-times of a static model are ignored. A dynamic model without any
+  samples yet (no prior, nothing measured) plans with its profile until
+  its first samples are in use.
+* The requests of a failed batch go back to the queues when some batch
+  size still holds them (`can_finish_alone` asks the distributions, not
+  the profile), else they get their batch's drop reason.
+* Window resets keep the previous window in use until the new one has
+  `min_samples` samples (see alone_times.py): a reset never leaves the
+  policy blind.
+
+Options: `window_s` (histogram window, s), `min_samples` (samples before a
+window's histogram is used), `delay_rate` (b, per second: the paper's 1e-4
+per ms), `bins` (histogram bins), `max_samples` (samples kept per
+application and window).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+from sortedcontainers import SortedList
+
+from app.scheduling.alone_times import (
+    DEFAULT_BINS,
+    DEFAULT_MAX_SAMPLES,
+    AloneTimes,
+    BatchLatency,
+    StaticLatency,
+)
+from app.scheduling.model import ModelInfo
+from app.scheduling.orloj_scores import DEFAULT_DELAY_RATE, ScoreTable, needs_rebase
+from app.scheduling.replanning import ReplanningScheduler
+from app.scheduling.timers import first_instant_after
+from app.scheduling.types import DeviceInfo, DropReason, Request
+
+_INF = math.inf
+
+
+@dataclass
+class ModelState:
+    """One model's pending requests and what its plan is computed from."""
+
+    model: ModelInfo
+    static: StaticLatency
+    dynamic: AloneTimes | None
+    # (due, id, request), earliest due first: Q_bs is a suffix of it.
+    pending: SortedList = field(default_factory=SortedList)
+    multi_item: int = 0  # pending requests with more than one item
+    # cost[bs] = delay(bs) + E[L_bs] on the fastest device; min_cost[n] =
+    # min over bs ≥ n (index 0 unused). Rebuilt when `key` changes.
+    cost: list[float] = field(default_factory=list)
+    min_cost: list[float] = field(default_factory=list)
+    scores: dict[int, ScoreTable] = field(default_factory=dict)
+    key: tuple[int, int] | None = None
+
+    @property
+    def latency(self) -> BatchLatency:
+        """The dynamic distributions once they have samples, else the profile."""
+        if self.dynamic is not None and self.dynamic.has_samples():
+            return self.dynamic
+        return self.static
+
+
+class OrlojScheduler(ReplanningScheduler):
+    """Orloj: distribution-aware batching and priorities for dynamic models."""
+
+    name = "orloj"
+
+    def __init__(
+        self,
+        models: Sequence[ModelInfo],
+        devices: Sequence[DeviceInfo],
+        *,
+        window_s: float = 60.0,
+        min_samples: int = 32,
+        delay_rate: float = DEFAULT_DELAY_RATE,
+        bins: int = DEFAULT_BINS,
+        max_samples: int = DEFAULT_MAX_SAMPLES,
+        **options: float,
+    ) -> None:
+        if not (isinstance(window_s, int | float) and window_s > 0 and math.isfinite(window_s)):
+            raise ValueError(f"window_s must be a finite number > 0 (seconds), got {window_s!r}")
+        if not (
+            isinstance(delay_rate, int | float) and delay_rate > 0 and math.isfinite(delay_rate)
+        ):
+            raise ValueError(
+                f"delay_rate must be a finite number > 0 (per second), got {delay_rate!r}"
+            )
+        self.min_samples = _count("min_samples", min_samples, 1)
+        self.bins = _count("bins", bins, 1)
+        self.max_samples = _count("max_samples", max_samples, self.min_samples)
+        self.window_s = float(window_s)
+        self.delay_rate = float(delay_rate)
+        super().__init__(models, devices, **options)
+        self._speed = max(d.speed for d in self.devices.values())
+        self._base = 0.0  # time base of the scores' e^{b(t − base)}
+        self.states: dict[str, ModelState] = {}
+        for model in self.models.values():
+            self._add_state(model)
+
+    def queued(self) -> int:
+        return sum(len(s.pending) for s in self.states.values())
+
+    def queue(self, model: str, bs: int, now: float) -> list[Request]:
+        """Q_bs of `model` at `now`, earliest due first: its pending requests
+        of at most bs items with ``now + delay(bs) + E[L_bs] ≤ due`` (for
+        inspection; the policy never builds the queues)."""
+        start = self._queue_start(model, bs, now)
+        return [e[2] for e in self.states[model].pending.islice(start) if e[2].items <= bs]
+
+    def select(self, model: str, bs: int, now: float) -> list[Request]:
+        """The top requests of Q_bs by score at `now` (at most bs items,
+        best first), left in the queue: what a batch of size bs would take."""
+        queue_start = self._queue_start(model, bs, now)
+        return [e[2] for e in self._select(self.states[model], bs, queue_start, now)]
+
+    def next_batch(self, model: str, now: float) -> list[Request]:
+        """The batch Algorithm 1 forms for `model` at `now` (batch size, then
+        the top requests by score), left in the queue; [] when none."""
+        state = self.states[model]
+        self._refresh(state)
+        found = self._batch_size(state, now) if state.pending else None
+        if found is None:
+            return []
+        _, bs, start = found
+        return [e[2] for e in self._select(state, bs, start, now)]
+
+    def can_finish_alone(self, request: Request, now: float, device: int | None = None) -> bool:
+        """Whether some batch size still holds `request` (rule 1): what a
+        stopped or failed batch's requests are judged by, so that they are
+        dropped with the reason of their batch, not requeued to be dropped."""
+        state = self.states.get(request.model)
+        if state is None or device is not None:
+            return super().can_finish_alone(request, now, device)
+        self._refresh(state)
+        return now + state.min_cost[request.items] <= request.due
+
+    def _queue_start(self, model: str, bs: int, now: float) -> int:
+        state = self.states[model]
+        if not 1 <= bs < len(state.cost):
+            raise ValueError(f"model {model!r} has batch sizes 1..{len(state.cost) - 1}, not {bs}")
+        self._refresh(state)
+        return state.pending.bisect_left((now + state.cost[bs],))
+
+    def expected_latency(self, model: str, bs: int) -> float:
+        """E[L_bs] of `model` on the fastest device (seconds)."""
+        state = self.states[model]
+        self._refresh(state)
+        return state.latency.expected(bs) / self._speed
+
+    # ------------------------------------------------------------------ hooks
+
+    def _on_arrival(self, request: Request, model: ModelInfo, now: float) -> None:
+        self._enqueue(self.states[model.name], request)
+        self._schedule(now)
+
+    def _requeue(self, requests: list[Request], now: float) -> None:
+        for request in requests:
+            self._enqueue(self.states[request.model], request)
+        self._schedule(now)
+
+    def _on_model_added(self, model: ModelInfo, now: float) -> None:
+        self._add_state(model)
+
+    def _on_model_removed(self, name: str, now: float) -> list[Request]:
+        self.timers.cancel(("drop", name))
+        state = self.states.pop(name)
+        return [entry[2] for entry in state.pending]
+
+    def _on_alone_time(self, model: ModelInfo, app: str, seconds: float, now: float) -> None:
+        state = self.states[model.name]
+        if state.dynamic is None:
+            return  # a static model plans with its profile
+        state.dynamic.record(app, seconds, now)
+        self._schedule(now)
+
+    # ----------------------------------------------------------------- policy
+
+    def _schedule(self, now: float) -> None:
+        if needs_rebase(now, self._base, self.delay_rate):
+            self._base = now
+        for state in self.states.values():
+            self._refresh(state)
+            self._drop_hopeless(state, now)
+
+        idle = self.idle_devices()
+        passed: set[str] = set()  # models whose batch fits no idle device
+        while idle:
+            best: tuple[float, str, int, int] | None = None
+            for name, state in self.states.items():
+                if name in passed or not state.pending:
+                    continue
+                found = self._batch_size(state, now)
+                if found is not None and (best is None or found[0] < best[0]):
+                    best = (found[0], name, found[1], found[2])
+            if best is None:
+                break
+            deadline, name, bs, start = best
+            state = self.states[name]
+            device = self._device_for(state, bs, deadline, idle, now)
+            if device is None:
+                passed.add(name)
+                continue
+            requests = self._take_batch(state, bs, start, now)
+            self._dispatch_batch(state, requests, device, now)
+            idle.remove(device)
+
+        for name, state in self.states.items():
+            self._set_drop_timer(name, state)
+
+    def _batch_size(self, state: ModelState, now: float) -> tuple[float, int, int] | None:
+        """Algorithm 1 lines 29–35: (the earliest deadline of Q_bs, bs, the
+        index Q_bs starts at in the pending list), or None when no queue
+        holds bs items."""
+        pending, cost = state.pending, state.cost
+        n = len(pending)
+        best: tuple[float, int, int] | None = None
+        if not state.multi_item:
+            # Nested suffixes: D_Q grows and |Q_bs| shrinks with bs, so the
+            # first eligible bs has the earliest deadline and the larger bs
+            # with the same deadline follow it directly.
+            for bs in range(1, len(cost)):
+                start = pending.bisect_left((now + cost[bs],))
+                if n - start < bs:
+                    break  # and so is every larger bs
+                deadline = pending[start][0]
+                if best is not None and deadline != best[0]:
+                    break
+                best = (deadline, bs, start)
+            return best
+        for bs in range(1, len(cost)):
+            start = pending.bisect_left((now + cost[bs],))
+            members = [e for e in pending.islice(start) if e[2].items <= bs]
+            if sum(e[2].items for e in members) >= bs:
+                deadline = members[0][0]
+                if best is None or deadline <= best[0]:
+                    best = (deadline, bs, start)
+        return best
+
+    def _take_batch(self, state: ModelState, bs: int, start: int, now: float) -> list[Request]:
+        """The top requests of Q_bs by score, at most bs items, removed."""
+        chosen = self._select(state, bs, start, now)
+        for entry in chosen:
+            state.pending.remove(entry)
+            if entry[2].items > 1:
+                state.multi_item -= 1
+        return [entry[2] for entry in chosen]
+
+    def _select(
+        self, state: ModelState, bs: int, start: int, now: float
+    ) -> list[tuple[float, int, Request]]:
+        """The top entries of Q_bs (from `start` in the pending list) by
+        score, at most bs items, best first."""
+        pending = state.pending
+        table = self._score_table(state, bs)
+        t = now + self.delay(bs)
+        cut = pending.bisect_left((t + table.last_edge, _INF))
+        if state.multi_item:
+            entries = [e for e in pending.islice(start) if e[2].items <= bs]
+        else:
+            # Beyond the last edge scores keep the deadline order: only the
+            # first bs there can make the batch.
+            entries = list(pending.islice(start, max(cut, start) + bs))
+        due = np.fromiter((e[0] for e in entries), float, len(entries))
+        alpha, beta = table.alpha_beta(due, t, self._base)
+        scores = alpha * math.exp(self.delay_rate * (t - self._base)) + beta
+        order = np.argsort(-scores, kind="stable")  # ties: the earlier deadline
+        chosen: list[tuple[float, int, Request]] = []
+        items = 0
+        for i in order:
+            entry = entries[int(i)]
+            if items + entry[2].items <= bs:
+                chosen.append(entry)
+                items += entry[2].items
+                if items == bs:
+                    break
+        return chosen
+
+    def _device_for(
+        self, state: ModelState, bs: int, deadline: float, idle: list[int], now: float
+    ) -> int | None:
+        expected = state.latency.expected(bs)
+        start = now + self.delay(bs)
+        for device in idle:
+            if start + expected / self.devices[device].speed <= deadline:
+                return device
+        return None
+
+    def _dispatch_batch(
+        self, state: ModelState, requests: list[Request], device: int, now: float
+    ) -> None:
+        items = sum(r.items for r in requests)
+        start = now + self.delay(items)
+        batch = self._dispatch(state.model, requests, device, start)
+        latency = state.latency
+        if latency is not state.static:
+            runs = latency.expected_batch([r.app for r in requests], items)
+            batch.finish_at = start + runs / self.devices[device].speed
+
+    def _drop_hopeless(self, state: ModelState, now: float) -> None:
+        pending, min_cost = state.pending, state.min_cost
+        hopeless: list[tuple[float, int, Request]] = []
+        if not state.multi_item:
+            threshold = now + min_cost[1]
+            while pending and threshold > pending[0][0]:
+                hopeless.append(pending.pop(0))
+        else:
+            # Only requests due before now + the largest cost can be hopeless.
+            limit = now + min_cost[-1]
+            for entry in pending.irange(maximum=(limit, _INF)):
+                if now + min_cost[entry[2].items] > entry[0]:
+                    hopeless.append(entry)
+            for entry in hopeless:
+                pending.remove(entry)
+                if entry[2].items > 1:
+                    state.multi_item -= 1
+        if hopeless:
+            self._drop([e[2] for e in hopeless], DropReason.DEADLINE)
+
+    def _set_drop_timer(self, name: str, state: ModelState) -> None:
+        key = ("drop", name)
+        pending, min_cost = state.pending, state.min_cost
+        if not pending:
+            self.timers.cancel(key)
+            return
+        at = first_instant_after(pending[0][0], min_cost[pending[0][2].items])
+        if state.multi_item:
+            # A later request with more items may run out of sizes first.
+            horizon = pending[0][0] + min_cost[-1] - min_cost[1]
+            for due, _, request in pending.irange(maximum=(horizon, _INF)):
+                at = min(at, first_instant_after(due, min_cost[request.items]))
+        self.timers.reset(key, at)
+
+    # -------------------------------------------------------------- helpers
+
+    def _add_state(self, model: ModelInfo) -> None:
+        dynamic = None
+        if model.dynamic is not None:
+            dynamic = AloneTimes(
+                model.dynamic.c0,
+                model.max_batch,
+                window_s=self.window_s,
+                min_samples=self.min_samples,
+                prior=model.dynamic.prior,
+                bins=self.bins,
+                max_samples=self.max_samples,
+            )
+        state = ModelState(model, StaticLatency(model.profile, model.max_batch), dynamic)
+        self.states[model.name] = state
+        self._refresh(state)
+
+    def _enqueue(self, state: ModelState, request: Request) -> None:
+        state.pending.add((request.due, request.id, request))
+        if request.items > 1:
+            state.multi_item += 1
+
+    def _refresh(self, state: ModelState) -> None:
+        """Recompute the per-size costs when the distributions changed."""
+        latency = state.latency
+        key = (id(latency), latency.version)
+        if key == state.key:
+            return
+        state.key = key
+        max_batch = state.model.max_batch
+        cost = [0.0] + [
+            self.delay(bs) + latency.expected(bs) / self._speed for bs in range(1, max_batch + 1)
+        ]
+        min_cost = list(cost)
+        for bs in range(max_batch - 1, 0, -1):
+            min_cost[bs] = min(min_cost[bs], min_cost[bs + 1])
+        state.cost, state.min_cost = cost, min_cost
+        state.scores = {}
+
+    def _score_table(self, state: ModelState, bs: int) -> ScoreTable:
+        table = state.scores.get(bs)
+        if table is None:
+            edges, masses = state.latency.histogram(bs)
+            expected = max(state.latency.expected(bs), 1e-12) / self._speed
+            table = ScoreTable(edges / self._speed, masses, expected, self.delay_rate)
+            state.scores[bs] = table
+        return table
+
+
+def _count(option: str, value: object, least: int) -> int:
+    """An integer option (a JSON number like 32.0 is taken as 32)."""
+    if isinstance(value, bool) or not isinstance(value, int | float) or value != int(value):
+        raise ValueError(f"{option} must be an integer ≥ {least}, got {value!r}")
+    if value < least:
+        raise ValueError(f"{option} must be an integer ≥ {least}, got {value!r}")
+    return int(value)
