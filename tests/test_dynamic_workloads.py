@@ -341,3 +341,71 @@ def test_simulate_runs_a_dynamic_workload_and_feeds_the_profiler(tmp_path):
     # Every batch took c0 + size·max x ≥ c0 + x_r of each of its requests.
     arrivals = generate_arrivals(wl)
     assert np.all(trace.finish[done] - trace.start[done] >= 0.005 + arrivals.work[done] - 1e-12)
+
+
+# --------------------------------------------------------------------------- Orloj tables
+
+
+def _generator():
+    import importlib.util
+
+    path = WORKLOADS / "orloj" / "make_workloads.py"
+    spec = importlib.util.spec_from_file_location("orloj_make_workloads", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_orloj_workloads_are_current_and_load():
+    gen = _generator()
+    cases = gen.read("cases.yaml")
+    assert len(cases["cases"]) == 15 and set(cases["arrivals"]) == {"trace", "poisson"}
+    for case in cases["cases"]:
+        for arrivals in cases["arrivals"]:
+            path = WORKLOADS / "orloj" / f"{gen.file_stem(case['name'], arrivals)}.yaml"
+            assert path.read_text() == gen.render(case, arrivals, cases), (
+                f"{path.name} is stale: run python bench/workloads/orloj/make_workloads.py"
+            )
+    wl = load_workload(WORKLOADS / "orloj" / "std-2_0.5.poisson.yaml")
+    (m,) = wl.models
+    assert [a.modes[0].std_ms for a in m.latency.apps] == [8.0, 2.0]  # σ 2 and 0.5 × 4 ms
+    # load 0.6 × 8 / ℓ(8) at the mean length (50 ms): 0.6 × 8 / 45 ms
+    assert m.rate == pytest.approx(0.6 * 8 / 0.045, rel=1e-3)
+    trace = load_workload(WORKLOADS / "orloj" / "std-2_0.5.trace.yaml")
+    assert trace.offered_rate() == pytest.approx(m.rate, rel=1e-3)
+
+
+def test_orloj_tables_quick_run_writes_the_paper_layout(tmp_path, capsys):
+    import json
+
+    from bench import orloj_tables
+
+    code = orloj_tables.main(
+        [
+            "--quick",
+            "--cases",
+            "std-1",
+            "--policies",
+            "clockwork,no-such-policy",
+            "--slo-multiples",
+            "2,3",
+            "--out-dir",
+            str(tmp_path),
+        ]
+    )
+    assert code == 0
+    doc = json.loads((tmp_path / "tables-trace-quick.json").read_text())
+    assert doc["policies"] == ["clockwork", "no-such-policy"]
+    assert "unknown policy 'no-such-policy'" in doc["skipped"]["no-such-policy"]
+    (case,) = doc["cases"]
+    assert case["case"] == "std-1" and case["table"] == 2
+    assert set(case["finish_rate"]) == {"2", "3"}
+    rates = [case["finish_rate"][m]["clockwork"] for m in ("2", "3")]
+    assert all(0.0 < r <= 1.0 for r in rates) and rates[0] <= rates[1]
+    assert "no-such-policy" not in case["finish_rate"]["3"]
+    assert case["requests"] > 500  # 10 s at ~107 r/s
+    md = (tmp_path / "tables-trace-quick.md").read_text()
+    assert "## Table 2" in md and f"| std-1 | 3 | {rates[1]:.2f} | — |" in md
+    captured = capsys.readouterr()
+    assert "note: policy 'no-such-policy' skipped" in captured.err
+    assert "Table 2: finish rate" in captured.out
