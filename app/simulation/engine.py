@@ -8,9 +8,15 @@ dispatcher does, so that both drivers make the same calls in the same order.
 
 An emulated device runs the batches sent to it in order, each from
 `max(batch.release_at, the device free)` for ℓ(b)/speed, optionally scaled
-by log-normal jitter. A batch of an input-dependent model (`ModelInfo.dynamic`)
-runs (c0 + k·max_r x_r)/speed instead, k its items and x_r each request's
-work (orloj.txt eq. 3–4; a request alone runs c0 + x_r).
+by log-normal jitter. A batch of an input-dependent model
+(`ModelInfo.dynamic`) runs (c0 + k·max_r x_r)/speed instead, k its items
+and x_r each request's work (orloj.txt eq. 3–4; a request alone runs
+c0 + x_r). A Preempt stops the running batch `preemption_delay` later (or
+lets it finish, if it ends first); a batch still waiting on the device is
+skipped when the device reaches it. The stop is then confirmed to
+the core (`batch_stopped`), which has held the batch's requests until then.
+A device fault forgets everything on the device and tells the core
+(`device_down`); the device returns empty (`device_up`).
 
 The asynchronous profiler (orloj.txt §4.1), simulated: when a batch of an
 input-dependent model completes, each of its requests is picked with
@@ -22,12 +28,7 @@ when the device would otherwise idle, so it never delays a planned batch,
 and the simulator does not model the idle slot it takes. The figure is in
 the profile's units (a device of speed 1): a device of speed s re-runs it in
 a/s and reports it × s, as the core divides every profile time by the speed
-of the device it plans on. A Preempt stops the running batch `preemption_delay`
-later (or lets it finish, if it ends first); a batch still waiting on the
-device is skipped when the device reaches it. The stop is then confirmed to
-the core (`batch_stopped`), which has held the batch's requests until then.
-A device fault forgets everything on the device and tells the core
-(`device_down`); the device returns empty (`device_up`).
+of the device it plans on.
 
 At equal times, device events are handled before faults, faults before
 timers, and timers before arrivals: a device that frees at t can take a
