@@ -8,12 +8,27 @@ dispatcher does, so that both drivers make the same calls in the same order.
 
 An emulated device runs the batches sent to it in order, each from
 `max(batch.release_at, the device free)` for ℓ(b)/speed, optionally scaled
-by log-normal jitter. A Preempt stops the running batch `preemption_delay`
-later (or lets it finish, if it ends first); a batch still waiting on the
-device is skipped when the device reaches it. The stop is then confirmed to
+by log-normal jitter. A batch of an input-dependent model
+(`ModelInfo.dynamic`) runs (c0 + k·max_r x_r)/speed instead, k its items
+and x_r each request's work (orloj.txt eq. 3–4; a request alone runs
+c0 + x_r). A Preempt stops the running batch `preemption_delay` later (or
+lets it finish, if it ends first); a batch still waiting on the device is
+skipped when the device reaches it. The stop is then confirmed to
 the core (`batch_stopped`), which has held the batch's requests until then.
 A device fault forgets everything on the device and tells the core
 (`device_down`); the device returns empty (`device_up`).
+
+The asynchronous profiler (orloj.txt §4.1), simulated: when a batch of an
+input-dependent model completes, each of its requests is picked with
+probability `profile_sample_rate` (one draw per request, made up front from
+the seed, so the picks do not depend on how requests were batched), and its
+alone-time c0 + x_r (× jitter) goes to `Scheduler.record_alone_time` at the
+batch's end. The re-run costs the device nothing: the profiler runs it only
+when the device would otherwise idle, so it never delays a planned batch,
+and the simulator does not model the idle slot it takes. The figure is in
+the profile's units (a device of speed 1): a device of speed s re-runs it in
+a/s and reports it × s, as the core divides every profile time by the speed
+of the device it plans on.
 
 At equal times, device events are handled before faults, faults before
 timers, and timers before arrivals: a device that frees at t can take a
@@ -43,6 +58,7 @@ from app.scheduling.types import (
     Preempt,
     Request,
 )
+from app.workloads.dynamic import DEFAULT_PROFILE_SAMPLE_RATE
 
 # Request outcome codes in `Trace.status` (app.results.Outcome), as plain ints:
 # the event loop stores and compares them once per request.
@@ -114,6 +130,9 @@ def run_simulation(
     seen_times: np.ndarray | None = None,
     faults: Sequence[DeviceFault] = (),
     items: np.ndarray | None = None,
+    apps: np.ndarray | None = None,
+    work: np.ndarray | None = None,
+    profile_sample_rate: float = DEFAULT_PROFILE_SAMPLE_RATE,
 ) -> Trace:
     """Drive `scheduler` through the arrivals; return what happened to each.
 
@@ -124,7 +143,10 @@ def run_simulation(
     is the sigma of a log-normal factor (mean 1) on each batch's execution
     time. `items` gives each request's items (its batch dimension; default
     one each): batches run for ℓ(their items), and `Trace.batch_size` counts
-    items.
+    items. `apps` names each request's application (default ""), `work` its
+    work x_r in seconds — needed when a model is input-dependent — and
+    `profile_sample_rate` is the share of those requests the profiler
+    re-runs alone (see the module docstring).
     """
     n = len(arrival_times)
     arrivals: list[float] = arrival_times.tolist()
@@ -144,6 +166,27 @@ def run_simulation(
         order = np.argsort(seen_times, kind="stable").tolist()
         seen = seen_times.tolist()
     profiles = {m.name: m.profile for m in models}
+    # Input-dependent models: name → c0 (s). Empty for static workloads, whose
+    # hot path stays as it was.
+    dynamic_c0 = {m.name: m.dynamic.c0 for m in models if m.dynamic is not None}
+    app_names: list[str] | None = None if apps is None else list(apps)
+    if app_names is not None and len(app_names) != n:
+        raise ValueError(f"apps has {len(app_names)} entries for {n} arrivals")
+    work_s: list[float] = []
+    sampled: list[bool] = []
+    if dynamic_c0:
+        if work is None:
+            raise ValueError(
+                f"models {sorted(dynamic_c0)} are input-dependent: pass each request's work"
+            )
+        if len(work) != n:
+            raise ValueError(f"work has {len(work)} entries for {n} arrivals")
+        if not 0.0 <= profile_sample_rate <= 1.0:
+            raise ValueError(f"profile_sample_rate must be in [0, 1], got {profile_sample_rate}")
+        work_s = np.asarray(work, dtype=float).tolist()
+        sampled = (np.random.default_rng([seed, 5]).random(n) < profile_sample_rate).tolist()
+    profiled: deque[tuple[str, str, float]] = deque()  # (model, app, alone-time) to feed
+    feeding = False
     emulated = {d.id: _Device(i, d.speed) for i, d in enumerate(devices)}
 
     status = [PENDING] * n
@@ -154,6 +197,7 @@ def run_simulation(
     reason_code = {r: i for i, r in enumerate(DROP_REASONS)}
     busy = [0.0] * len(devices)
     rng = np.random.default_rng(seed)
+    profile_rng = np.random.default_rng([seed, 6])  # the profiler's re-runs' jitter
     # log-normal with mean 1: exp(N(−σ²/2, σ))
     jitter_mu = -0.5 * jitter * jitter
     durations: dict[int, float] = {}  # batch id → its execution time, drawn at dispatch
@@ -187,7 +231,11 @@ def run_simulation(
             kind = type(decision)
             if kind is Dispatch:
                 batch = decision.batch
-                duration = profiles[batch.model].latency(batch.size)
+                c0 = dynamic_c0.get(batch.model) if dynamic_c0 else None
+                if c0 is None:
+                    duration = profiles[batch.model].latency(batch.size)
+                else:
+                    duration = c0 + batch.size * max(work_s[r.id] for r in batch.requests)
                 device = emulated[batch.device]
                 duration /= device.speed
                 if jitter:
@@ -207,6 +255,14 @@ def run_simulation(
                     finish[rid] = end
                     start[rid] = begin
                     bsize[rid] = batch.size
+                if dynamic_c0 and batch.model in dynamic_c0:
+                    c0 = dynamic_c0[batch.model]
+                    for request in decision.requests:
+                        if sampled[request.id]:
+                            alone = c0 + work_s[request.id]
+                            if jitter:
+                                alone *= math.exp(profile_rng.normal(jitter_mu, jitter))
+                            profiled.append((batch.model, request.app, alone))
             elif kind is Drop:
                 code = reason_code[decision.reason]
                 for request in decision.requests:
@@ -229,6 +285,22 @@ def run_simulation(
                 elif any(b.id == decision.batch_id for b in device.waiting):
                     preemptions += 1
                     device.cancelled.add(decision.batch_id)
+        if profiled and not feeding:
+            feed_profiler(now)
+
+    def feed_profiler(now: float) -> None:
+        """Hand the profiled alone-times to the core, after the decisions
+        that produced them (a policy may answer with new decisions)."""
+        nonlocal feeding
+        feeding = True
+        try:
+            while profiled:
+                model, app, seconds = profiled.popleft()
+                decisions = scheduler.record_alone_time(model, app, seconds, now)
+                if decisions:
+                    apply(decisions, now)
+        finally:
+            feeding = False
 
     def device_event(now: float, batch_id: int, device_id: int, kind: int) -> None:
         nonlocal batches_done
@@ -298,7 +370,12 @@ def run_simulation(
         else:
             step_at = t_arrival
             rid = order[i]
-            request = Request(rid, names[midx[rid]], arrivals[rid], dls[rid], sizes[rid])
+            if app_names is None:
+                request = Request(rid, names[midx[rid]], arrivals[rid], dls[rid], sizes[rid])
+            else:
+                request = Request(
+                    rid, names[midx[rid]], arrivals[rid], dls[rid], sizes[rid], app_names[rid]
+                )
             i += 1
             decisions = add_request(request, t_arrival)
             if decisions:

@@ -68,7 +68,9 @@ def simulate(
     has is modelled here: `intake_delay_ms`, the mean of an exponential delay
     between a request's arrival (its SLO starts there) and the moment the
     core sees it — parsing and the event loop's queue. `faults` script
-    device failures and returns.
+    device failures and returns. Input-dependent models run each batch from
+    the arrivals' work and feed the simulated profiler
+    (`workload.profile_sample_rate`; app/simulation/engine.py).
     """
     if not (intake_delay_ms >= 0.0 and math.isfinite(intake_delay_ms)):
         raise ValueError(f"intake_delay_ms must be a finite number ≥ 0, got {intake_delay_ms}")
@@ -80,6 +82,7 @@ def simulate(
     if policy in ("flex", "flex-np") and workload.preemption_delay_ms:
         params.setdefault("preemption_delay_ms", workload.preemption_delay_ms)
     scheduler = make_scheduler(policy, models, devices, **params)
+    dynamic = any(m.dynamic is not None for m in models)
     started = time.perf_counter()
     seen = None
     if intake_delay_ms:
@@ -97,6 +100,11 @@ def simulate(
         seen_times=seen,
         faults=faults,
         items=arrivals.items,
+        # Applications and work matter to input-dependent models only; a
+        # static workload keeps the plain path.
+        apps=arrivals.apps if dynamic else None,
+        work=arrivals.work if dynamic else None,
+        profile_sample_rate=workload.profile_sample_rate,
     )
     wall_s = time.perf_counter() - started
     signals = scheduler.signals(trace.end_time)

@@ -6,7 +6,10 @@ after it (a model's spawn key is its index, whatever the count). Trace
 arrivals are the exception by design: adding a model to a trace group changes
 the round-robin row assignment. Request sizes (`ModelSpec.items`) come from
 children of a second sequence, `SeedSequence([seed, 2])`, so giving a model
-sizes leaves every arrival time unchanged.
+sizes leaves every arrival time unchanged. Likewise each request's
+application and work (an input-dependent model's `latency:`, see
+app/workloads/dynamic.py) come from children of `SeedSequence([seed, 4])`:
+giving a model a latency block changes no arrival time and no size.
 """
 
 from __future__ import annotations
@@ -24,14 +27,22 @@ class Arrivals:
     times: np.ndarray  # float64 seconds, ascending, within [0, duration)
     model_index: np.ndarray  # int32 index into workload.models
     items: np.ndarray | None = None  # int32 items of each request; None: one each
+    # Application of each request (object array of str; "" for a static
+    # model's requests), and its work x_r = c1·ℓ_r in seconds (0 for static
+    # models): an input-dependent request runs c0 + x_r alone. None: all static.
+    apps: np.ndarray | None = None
+    work: np.ndarray | None = None
 
     def __len__(self) -> int:
         return len(self.times)
 
     def select(self, keep: np.ndarray) -> Arrivals:
-        """The arrivals where `keep` (a boolean mask) is true, sizes included."""
+        """The arrivals where `keep` (a boolean mask) is true, sizes,
+        applications and work included."""
         items = None if self.items is None else self.items[keep]
-        return Arrivals(self.times[keep], self.model_index[keep], items)
+        apps = None if self.apps is None else self.apps[keep]
+        work = None if self.work is None else self.work[keep]
+        return Arrivals(self.times[keep], self.model_index[keep], items, apps, work)
 
     def counts(self, n_models: int) -> np.ndarray:
         """Arrivals per model."""
@@ -46,19 +57,41 @@ def generate_arrivals(workload: Workload, rate_scale: float = 1.0) -> Arrivals:
     children = np.random.SeedSequence(workload.seed).spawn(len(workload.models))
     trace_rows = trace_assignment(workload.models)
     size_children = np.random.SeedSequence([workload.seed, 2]).spawn(len(workload.models))
+    work_children = np.random.SeedSequence([workload.seed, 4]).spawn(len(workload.models))
     streams = []
     sizes = []
+    apps = []
+    works = []
     for i, (model, child) in enumerate(zip(workload.models, children, strict=True)):
         items_child = size_children[i]
         rng = np.random.default_rng(child)
         streams.append(_model_times(model, rng, workload.duration_s, rate_scale, trace_rows.get(i)))
         sizes.append(model.items.draw(np.random.default_rng(items_child), len(streams[-1])))
+        app, work = _model_work(model, np.random.default_rng(work_children[i]), len(streams[-1]))
+        apps.append(app)
+        works.append(work)
     times = np.concatenate(streams) if streams else np.empty(0)
     index = np.repeat(np.arange(len(streams), dtype=np.int32), [len(s) for s in streams])
     # Stable, so simultaneous arrivals (bursts) keep model order then draw order.
     order = np.argsort(times, kind="stable")
     items = np.concatenate(sizes) if sizes else np.empty(0, dtype=np.int32)
-    return Arrivals(times[order], index[order], items[order].astype(np.int32))
+    app_names = np.concatenate(apps) if apps else np.empty(0, dtype=object)
+    work_s = np.concatenate(works) if works else np.empty(0)
+    return Arrivals(
+        times[order], index[order], items[order].astype(np.int32), app_names[order], work_s[order]
+    )
+
+
+def _model_work(
+    model: ModelSpec, rng: np.random.Generator, n: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """(application, work x_r in seconds) of a model's n requests."""
+    apps = np.full(n, "", dtype=object)
+    if model.latency is None:
+        return apps, np.zeros(n)
+    which, lengths = model.latency.draw(rng, n)
+    names = np.array([a.name for a in model.latency.apps], dtype=object)
+    return names[which], model.latency.c1 * lengths / 1000.0
 
 
 def _model_times(

@@ -8,11 +8,18 @@ before a ten-minute run, not after it.
 Top-level keys::
 
     name, description, duration_s, seed, devices, arrival, total_rate,
-    popularity, slo_ms, max_batch, items, jitter, preemption_delay_ms, models
+    popularity, slo_ms, slo_p99_multiple, max_batch, items, jitter,
+    preemption_delay_ms, profile_sample_rate, models
 
-`slo_ms`, `max_batch` and `items` at the top level are defaults for models
-that omit them. `arrival` is the default for models without their own `arrival:` (a
-model's own arrival replaces it whole; nothing is merged). Without either, the
+`slo_ms` (or `slo_p99_multiple`), `max_batch` and `items` at the top level
+are defaults for models that omit them. A model gives a `profile:` or, when
+its execution time depends on its input, a `latency:` block
+(app/workloads/dynamic.py, which also defines `slo_p99_multiple`);
+`profile_sample_rate` is the share of such a model's finished requests the
+simulated profiler re-runs alone (default DEFAULT_PROFILE_SAMPLE_RATE).
+
+`arrival` is the default for models without their own `arrival:` (a model's
+own arrival replaces it whole; nothing is merged). Without either, the
 process is Poisson.
 
 Arrival processes and their keys (defaults in brackets):
@@ -59,11 +66,17 @@ from typing import Any
 import numpy as np
 
 from app.config_fields import FieldReader, read_yaml
-from app.repository.loader import parse_profile
-from app.repository.profiles import profile_from_spec
 from app.scheduling.model import ModelInfo
 from app.scheduling.profile import LatencyProfile
 from app.scheduling.types import DeviceInfo
+from app.workloads.dynamic import (
+    DEFAULT_PROFILE_SAMPLE_RATE,
+    DynamicLatency,
+    ModelLatency,
+    check_latency_keys,
+    parse_model_latency,
+    parse_slo_defaults,
+)
 from app.workloads.items import ONE_ITEM, ItemSizes, check_items, parse_items
 
 PROCESSES = ("poisson", "gamma", "constant", "burst", "mmpp", "trace")
@@ -89,15 +102,18 @@ _TOP_KEYS = frozenset(
         "total_rate",
         "popularity",
         "slo_ms",
+        "slo_p99_multiple",
         "max_batch",
         "items",
         "jitter",
         "preemption_delay_ms",
+        "profile_sample_rate",
         "models",
     }
 )
 _MODEL_KEYS = frozenset(
-    {"name", "profile", "slo_ms", "max_batch", "items", "rate", "share", "count", "arrival"}
+    {"name", "profile", "latency", "slo_ms", "slo_p99_multiple", "max_batch", "items", "rate"}
+    | {"share", "count", "arrival"}
 )
 _DEVICE_KEYS = frozenset({"name", "speed", "kind", "count"})
 _TRACE_HEADER = ("HashOwner", "HashApp", "HashFunction", "Trigger")
@@ -136,6 +152,8 @@ class ModelSpec:
     rate: float | None  # requests/s for rate-driven processes (after any split)
     arrival: ArrivalSpec
     items: ItemSizes = ONE_ITEM  # request sizes (batch dimension)
+    latency: DynamicLatency | None = None  # an input-dependent model (dynamic.py)
+    prior_key: tuple[int, ...] = ()  # (workload seed, model index): seeds its prior
 
     def to_model_info(self, expected_rate: float | None = None) -> ModelInfo:
         """The core's view; `expected_rate` (requests/s) overrides `rate`
@@ -144,9 +162,22 @@ class ModelSpec:
         rate = self.rate if expected_rate is None else expected_rate
         if rate is not None:
             rate *= self.items.mean
+        dynamic = None if self.latency is None else self.latency.input_dependence(self.prior_key)
         return ModelInfo(
-            self.name, self.profile, self.slo_ms / 1000.0, self.max_batch, expected_rate=rate
+            self.name,
+            self.profile,
+            self.slo_ms / 1000.0,
+            self.max_batch,
+            expected_rate=rate,
+            dynamic=dynamic,
         )
+
+    @property
+    def alone_p99_ms(self) -> float:
+        """P99 of a one-item request's time alone: the unit of slo_p99_multiple."""
+        if self.latency is not None:
+            return self.latency.alone_p99_ms()
+        return self.profile.latency(1) * 1000.0
 
 
 @dataclass(frozen=True)
@@ -165,6 +196,7 @@ class Workload:
     models: list[ModelSpec]
     jitter: float = 0.0  # sigma of the lognormal execution-time jitter (simulator)
     preemption_delay_ms: float = 0.0  # cost of stopping a batch (simulator)
+    profile_sample_rate: float = DEFAULT_PROFILE_SAMPLE_RATE  # simulated profiler
 
     def model_infos(self) -> list[ModelInfo]:
         return [m.to_model_info(r) for m, r in zip(self.models, self.model_rates(), strict=True)]
@@ -219,6 +251,11 @@ def parse_workload(doc: dict, base_dir: Path, source: str = "<workload>") -> Wor
     preempt = ctx.number(
         doc, "preemption_delay_ms", "preemption_delay_ms", default=0.0, at_least=0.0
     )
+    sample_rate = ctx.number(
+        doc, "profile_sample_rate", "profile_sample_rate", default=DEFAULT_PROFILE_SAMPLE_RATE
+    )
+    if not 0.0 <= sample_rate <= 1.0:
+        ctx.fail("profile_sample_rate", f"must be a fraction in [0, 1], got {sample_rate:g}")
     devices = _parse_devices(ctx, doc["devices"])
     base_dir = Path(base_dir)
     default_arrival = (
@@ -226,8 +263,8 @@ def parse_workload(doc: dict, base_dir: Path, source: str = "<workload>") -> Wor
         if "arrival" in doc
         else ArrivalSpec("poisson", {})
     )
-    models = _parse_models(ctx, doc, default_arrival, base_dir)
-    return Workload(name, duration, seed, devices, models, jitter, preempt)
+    models = _parse_models(ctx, doc, default_arrival, base_dir, seed)
+    return Workload(name, duration, seed, devices, models, jitter, preempt, sample_rate)
 
 
 def _parse_devices(ctx: FieldReader, raw: Any) -> list[DeviceSpec]:
@@ -344,8 +381,7 @@ class _Entry:
 
     where: str
     name: str
-    profile: LatencyProfile
-    slo_ms: float
+    latency: ModelLatency  # profile, dynamic model and SLO
     max_batch: int
     rate: float | None
     share: float | None
@@ -354,19 +390,20 @@ class _Entry:
 
 
 def _parse_models(
-    ctx: FieldReader, doc: Mapping, default_arrival: ArrivalSpec, base_dir: Path
+    ctx: FieldReader, doc: Mapping, default_arrival: ArrivalSpec, base_dir: Path, seed: int
 ) -> list[ModelSpec]:
     raw_models = doc["models"]
     if not isinstance(raw_models, list) or not raw_models:
         ctx.fail("models", "must be a non-empty list")
-    default_slo = ctx.number(doc, "slo_ms", "slo_ms", default=None, above=0.0)
+    slo_defaults = parse_slo_defaults(ctx, doc)
     default_mb = ctx.number(doc, "max_batch", "max_batch", default=None, at_least=1, integer=True)
     default_items = parse_items(ctx, doc["items"], "items") if "items" in doc else ONE_ITEM
     entries: list[_Entry] = []
     for i, raw in enumerate(raw_models):
         label = raw.get("name") if isinstance(raw, Mapping) else None
         where = f"models[{i}]" + (f" ({label})" if isinstance(label, str) else "")
-        ctx.keys(raw, where, _MODEL_KEYS, required=("name", "profile"))
+        ctx.keys(raw, where, _MODEL_KEYS, required=("name",))
+        check_latency_keys(ctx, raw, where)
         name = raw["name"]
         if not isinstance(name, str) or not name:
             ctx.fail(f"{where}.name", f"must be a non-empty string, got {name!r}")
@@ -375,19 +412,7 @@ def _parse_models(
         )
         if max_batch is None:
             ctx.fail(f"{where}.max_batch", "missing (set it per model or at the top level)")
-        slo_ms = ctx.number(raw, "slo_ms", f"{where}.slo_ms", default=default_slo, above=0.0)
-        if slo_ms is None:
-            ctx.fail(f"{where}.slo_ms", "missing (set it per model or at the top level)")
-        profile = profile_from_spec(
-            parse_profile(
-                ctx,
-                raw["profile"],
-                f"{where}.profile",
-                max_batch,
-                incomplete="needs alpha_ms and beta_ms, or latency_ms",
-            ),
-            max_batch,
-        )
+        latency = parse_model_latency(ctx, raw, where, max_batch, base_dir, slo_defaults)
         items_where = f"{where}.items" if "items" in raw else "items"
         items = parse_items(ctx, raw["items"], items_where) if "items" in raw else default_items
         check_items(ctx, items, items_where, max_batch)
@@ -403,9 +428,7 @@ def _parse_models(
         )
         names = [name] if count == 1 else [f"{name}-{j}" for j in range(count)]
         for n in names:
-            entries.append(
-                _Entry(where, n, profile, slo_ms, max_batch, rate, share, arrival, items)
-            )
+            entries.append(_Entry(where, n, latency, max_batch, rate, share, arrival, items))
     seen: set[str] = set()
     for e in entries:
         if e.name in seen:
@@ -413,8 +436,18 @@ def _parse_models(
         seen.add(e.name)
     rates = _resolve_rates(ctx, doc, entries)
     return [
-        ModelSpec(e.name, e.profile, e.slo_ms, e.max_batch, r, e.arrival, e.items)
-        for e, r in zip(entries, rates, strict=True)
+        ModelSpec(
+            e.name,
+            e.latency.profile,
+            e.latency.slo_ms,
+            e.max_batch,
+            r,
+            e.arrival,
+            e.items,
+            e.latency.dynamic,
+            (seed, k),
+        )
+        for k, (e, r) in enumerate(zip(entries, rates, strict=True))
     ]
 
 
