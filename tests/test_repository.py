@@ -119,7 +119,7 @@ def test_bundled_configs_all_parse(repo: Path) -> None:
     ]
     index = load_repository(repo)
     assert index.errors == {}
-    assert sorted(index.models) == sorted(DYNAMIC + ["cnn", "mlp", "torchcnn", *EMULATED])
+    assert sorted(index.models) == sorted([*DYNAMIC, "cnn", "mlp", "torchcnn", *EMULATED])
     assert [index.models[n].dynamic is not None for n in DYNAMIC] == [True, True]
     mlp = index.models["mlp"]
     assert mlp.inputs[0].name == "input" and mlp.inputs[0].shape == (-1, 4096)
