@@ -40,6 +40,8 @@ ENCODER_WIDTH] and `pooled` FP32 [batch, ENCODER_WIDTH].
     batch padded to its longest, as orloj.txt assumes) and `hidden` follows
     it, so each request gets back its own length. A batch costs about
     c0 + c1·k·(longest length). `encoder_input(length)` builds a request.
+    Its latency profile is measured on zeros at the bound (all padding, 128
+    long): the same work as any 128 tokens, the slowest the model runs.
 
 Each model's directory also holds `probes.npz`, the representative inputs
 whose alone-times seed the scheduler's histograms at start-up (config key
