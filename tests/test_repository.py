@@ -28,6 +28,7 @@ from app.repository.signatures import onnx_signature, ort_signature, signature_p
 
 REPO_MODELS = BUNDLED_REPOSITORY
 EMULATED = ["bert-emulated", "densenet121-emulated", "efficientnetb3-emulated", "resnet50-emulated"]
+DYNAMIC = ["earlyexit", "encoder"]
 
 
 def _session(path_or_bytes) -> ort.InferenceSession:
@@ -105,14 +106,21 @@ def test_bundled_configs_all_parse(repo: Path) -> None:
     # emulated ones load; then building the files makes everything load.
     index = load_repository(repo)
     assert sorted(index.models) == EMULATED
-    assert sorted(index.errors) == ["cnn", "mlp", "torchcnn"]
+    assert sorted(index.errors) == ["cnn", "earlyexit", "encoder", "mlp", "torchcnn"]
     assert "model file not found" in index.errors["mlp"]
     (repo / "mlp" / "model.onnx").write_bytes(b"placeholder")  # not the 256 MiB one
     (repo / "torchcnn" / "model.pt").write_bytes(b"placeholder")  # torch may be missing
-    assert bundled.ensure_bundled_models(repo, ["cnn"]) == ["cnn/model.onnx"]
+    assert bundled.ensure_bundled_models(repo, ["cnn", "earlyexit", "encoder"]) == [
+        "cnn/model.onnx",
+        "earlyexit/model.onnx",
+        "earlyexit/probes.npz",
+        "encoder/model.onnx",
+        "encoder/probes.npz",
+    ]
     index = load_repository(repo)
     assert index.errors == {}
-    assert sorted(index.models) == sorted(["cnn", "mlp", "torchcnn", *EMULATED])
+    assert sorted(index.models) == sorted([*DYNAMIC, "cnn", "mlp", "torchcnn", *EMULATED])
+    assert [index.models[n].dynamic is not None for n in DYNAMIC] == [True, True]
     mlp = index.models["mlp"]
     assert mlp.inputs[0].name == "input" and mlp.inputs[0].shape == (-1, 4096)
     assert mlp.outputs[0].shape == (-1, 4096) and mlp.profile is None
@@ -127,12 +135,12 @@ def test_bundled_configs_all_parse(repo: Path) -> None:
     )
     assert gains[0] < 0.1 and gains[-1] > 5  # a spread of batching gains
     rows = {r["name"]: r for r in index.index()}
-    assert rows["cnn"]["state"] == "READY" and len(rows) == 7
+    assert rows["cnn"]["state"] == "READY" and len(rows) == 9
 
 
 def test_committed_repository_lists_every_bundled_model() -> None:
     names = {p.parent.name for p in REPO_MODELS.glob("*/config.yaml")}
-    assert names == {"mlp", "cnn", "torchcnn", *EMULATED}
+    assert names == {"mlp", "cnn", "torchcnn", *DYNAMIC, *EMULATED}
     ignored = (REPO_MODELS / ".gitignore").read_text().split()
     for gen in bundled.GENERATED:
         assert f"/{gen.relpath}" in ignored

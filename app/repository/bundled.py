@@ -50,6 +50,12 @@ Generated models (tensor names `input` → `output`, both FP32):
   they do not depend on torch's RNG. Skipped (the model stays unavailable)
   when torch is not installed.
 
+- `earlyexit` and `encoder`: dynamic models, whose execution time depends
+  on their input (an early-exit CNN whose `Loop` runs until a confidence
+  threshold, and a transformer encoder over variable-length sequences
+  padded per batch), each with `probes.npz`, the representative inputs its
+  `dynamic` config key measures at start-up: app/repository/dynamic_models.py.
+
 Emulated models (`backend: emulated`, profile from symphony.txt Table 5,
 NVIDIA 1080Ti) need no file; their configs are committed as they are.
 
@@ -399,12 +405,40 @@ GENERATED: tuple[Generated, ...] = (
         unsplit=lambda: serialize(build_cnn(seed=0)),
     ),
     Generated(
+        "earlyexit",
+        "model.onnx",
+        lambda: _dynamic().serialize(_dynamic().build_early_exit(seed=0)),
+        version=BUILDER_VERSION,
+    ),
+    Generated(
+        "earlyexit",
+        "probes.npz",
+        lambda: _dynamic().probes_bytes(_dynamic().probe_inputs("earlyexit")),
+    ),
+    Generated(
+        "encoder",
+        "model.onnx",
+        lambda: _dynamic().serialize(_dynamic().build_encoder(seed=0)),
+        version=BUILDER_VERSION,
+    ),
+    Generated(
+        "encoder", "probes.npz", lambda: _dynamic().probes_bytes(_dynamic().probe_inputs("encoder"))
+    ),
+    Generated(
         "torchcnn",
         "model.pt",
         lambda: torchscript_bytes(build_torchcnn(seed=0, blocks=24)),
         torch_available,
     ),
 )
+
+
+def _dynamic() -> Any:
+    """app.repository.dynamic_models, imported when a file is built (it
+    imports this module's constants)."""
+    from app.repository import dynamic_models
+
+    return dynamic_models
 
 
 def generated(model: str) -> Generated | None:

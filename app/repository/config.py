@@ -130,6 +130,17 @@ class BatchingSpec:
 
 
 @dataclass(frozen=True)
+class DynamicSpec:
+    """A model whose execution time depends on its input (config key
+    `dynamic`, app/repository/dynamic_fields.py): its representative inputs,
+    `count` probes in the .npz at `probes`, whose alone-times are measured
+    at start-up."""
+
+    probes: Path  # absolute
+    count: int
+
+
+@dataclass(frozen=True)
 class ModelConfig:
     name: str
     backend: str  # "onnx" | "emulated"
@@ -151,6 +162,7 @@ class ModelConfig:
     # Every version of the model that is served (its version policy's
     # selection), in increasing order; () means just `version`.
     versions: tuple[str, ...] = ()
+    dynamic: DynamicSpec | None = None  # set: execution time depends on the input
 
     @property
     def model_name(self) -> str:

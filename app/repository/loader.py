@@ -23,6 +23,10 @@ A model's directory name is its name. `config.yaml` keys (defaults in brackets):
                          `triton` policy's options for this model
     instance_group:      Triton's [{kind, count, gpus}, ...] → devices (not
                          with `devices`); app/repository/triton_fields.py
+    dynamic:             true | false | {probes: FILE}: execution time depends
+                         on the input; FILE (.npz, default probes.npz) holds
+                         representative inputs measured at start-up
+                         (app/repository/dynamic_fields.py)      [false]
 
 `datatype` is a KServe v2 name (FP32, INT64, ..., BYTES; config.DATATYPES).
 A `shape` may be written with or without the leading batch dimension -1
@@ -62,6 +66,7 @@ from typing import Any
 
 from app.config_fields import FieldReader, read_yaml
 from app.repository.config import ModelConfig, ProfileSpec, version_key
+from app.repository.dynamic_fields import parse_dynamic
 from app.repository.tensor_fields import check_backend, check_follows, parse_tensors
 from app.repository.triton_config import TRITON_CONFIG_FILE, triton_document
 from app.repository.triton_fields import parse_dynamic_batching, parse_instance_groups
@@ -89,6 +94,7 @@ _CONFIG_KEYS = frozenset(
         "parameters",
         "dynamic_batching",
         "instance_group",
+        "dynamic",
     }
 )
 _REQUIRED_KEYS = ("backend", "inputs", "outputs", "max_batch_size", "slo_ms")
@@ -237,6 +243,7 @@ def parse_model_config(
     extra = doc.get("parameters") or {}
     if not isinstance(extra, Mapping):
         ctx.fail("parameters", f"must be a mapping, got {type(extra).__name__}")
+    dynamic = parse_dynamic(ctx, doc.get("dynamic"), backend, directory, inputs)
 
     return ModelConfig(
         name=name,
@@ -254,6 +261,7 @@ def parse_model_config(
         description=description.strip(),
         extra=dict(extra),
         batching=batching,
+        dynamic=dynamic,
     )
 
 

@@ -25,7 +25,8 @@ the same checks (app/repository/loader.py). What maps:
 * `dynamic_batching` and `instance_group`: app/repository/triton_fields.py.
 * Ours through `parameters` (string values): `slo_ms` (default
   DEFAULT_SLO_MS, with a warning), `allow_slo_loosening`, `profile` (YAML,
-  e.g. `"{alpha_ms: 0.5, beta_ms: 2}"`), `description`, and the backend
+  e.g. `"{alpha_ms: 0.5, beta_ms: 2}"`), `description`, `dynamic` (YAML:
+  `"true"` or `"{probes: FILE}"`, app/repository/dynamic_fields.py), and the backend
   options `exit_points` (torch) and `preemption_delay_ms` (emulated).
 * A tensor's keys beyond `dims` (app/repository/tensor_fields.py) through
   `parameters` too, each a YAML mapping of tensor name → value written as
@@ -89,7 +90,7 @@ _REFUSED = {
 }
 _INPUT_SUPPORTED = frozenset({"name", "data_type", "dims"})
 _OUTPUT_SUPPORTED = frozenset({"name", "data_type", "dims"})
-_OUR_PARAMETERS = ("slo_ms", "allow_slo_loosening", "profile", "description")
+_OUR_PARAMETERS = ("slo_ms", "allow_slo_loosening", "profile", "description", "dynamic")
 _BACKEND_PARAMETERS = ("exit_points", "preemption_delay_ms")
 _TENSOR_PARAMETERS = ("max_shape", "pad", "follows", "max_bytes")
 
@@ -306,13 +307,13 @@ def _parameters(
             doc[key] = text.strip().lower() == "true"
         elif key in _TENSOR_PARAMETERS:
             _tensor_parameter(ctx, where, key, text, doc)
-        elif key == "profile" or key in _BACKEND_PARAMETERS:
+        elif key in ("profile", "dynamic") or key in _BACKEND_PARAMETERS:
             try:
                 value = yaml.safe_load(text)
             except yaml.YAMLError as exc:
                 ctx.fail(where, f"not valid YAML: {exc}")
-            if key == "profile":
-                doc["profile"] = value
+            if key in ("profile", "dynamic"):
+                doc[key] = value
             else:
                 backend_options[key] = value
         else:

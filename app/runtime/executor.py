@@ -236,7 +236,9 @@ class Executor:
                 elif isinstance(msg, Unload):
                     self.unload(msg.req_id, msg.models)
                 elif isinstance(msg, Profile):
-                    self.profile(msg.req_id, msg.model, msg.batch_sizes, msg.warmup, msg.repeats)
+                    self.profile(
+                        msg.req_id, msg.model, msg.batch_sizes, msg.warmup, msg.repeats, msg.inputs
+                    )
                 elif isinstance(msg, Stop):
                     self.shutdown()
                     return
@@ -432,7 +434,13 @@ class Executor:
             return _error_text(exc)
 
     def profile(
-        self, req_id: int, model: str, batch_sizes: list[int], warmup: int, repeats: int
+        self,
+        req_id: int,
+        model: str,
+        batch_sizes: list[int],
+        warmup: int,
+        repeats: int,
+        given: dict[str, np.ndarray] | None = None,
     ) -> None:
         try:
             backend = self.backends.get(model)
@@ -442,7 +450,7 @@ class Executor:
             result: dict[int, float] = {}
             for b in batch_sizes:
                 b = int(b)
-                inputs = synthetic_inputs(config, b)
+                inputs = synthetic_inputs(config, b) if given is None else given
                 for _ in range(max(0, warmup)):
                     backend.run(inputs)
                 times = []

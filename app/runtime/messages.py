@@ -62,13 +62,15 @@ class Run:
 @dataclass(frozen=True, slots=True)
 class Profile:
     """Time batches of synthetic inputs: the median of `repeats` runs per
-    batch size, after `warmup` runs."""
+    batch size, after `warmup` runs. With `inputs`, time those instead (a
+    dynamic model's probe; `batch_sizes` is then their batch size)."""
 
     req_id: int
     model: str
     batch_sizes: list[int]
     warmup: int
     repeats: int
+    inputs: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True, slots=True)

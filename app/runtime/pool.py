@@ -396,9 +396,12 @@ class ExecutorPool(ModelChanges):
         warmup: int = 3,
         repeats: int = 10,
         timeout: float | None = None,
+        inputs: Mapping[str, Any] | None = None,
     ) -> dict[int, float]:
         """Median ms per batch size of synthetic inputs run on the device
-        (after `warmup` runs each). Queued behind batches already submitted."""
+        (after `warmup` runs each), or of `inputs` (arrays of batch size
+        `batch_sizes[0]`, e.g. a dynamic model's probe). Queued behind
+        batches already submitted."""
         w = self._workers[device_id]
         if w.dead or self._stopped:
             raise ExecutorFailed(f"executor {w.device.name} is not running")
@@ -406,7 +409,9 @@ class ExecutorPool(ModelChanges):
             raise ExecutorFailed(f"model {model!r} is not loaded on {w.device.name}")
         req = next(self._req_ids)
         fut = self._expect(req, w)
-        self._send(w, Profile(req, model, [int(b) for b in batch_sizes], int(warmup), int(repeats)))
+        given = None if inputs is None else dict(inputs)
+        sizes = [int(b) for b in batch_sizes]
+        self._send(w, Profile(req, model, sizes, int(warmup), int(repeats), given))
         result, error = await asyncio.wait_for(fut, timeout)
         if error is not None:
             raise ExecutorFailed(f"profiling {model} on {w.device.name} failed: {error}")

@@ -127,7 +127,7 @@ class LiveService:
         self._check_loaded(self.models)
         for state in self.models.values():
             device = self._device(state.devices[0])
-            state.profile = await startup.measure_profile(settings, self.pool, device, state.config)
+            await startup.measure_model(settings, self.pool, device, state)
         self.dispatcher = Dispatcher(
             startup.build_groups(settings, self.models, self.devices),
             self.pool,

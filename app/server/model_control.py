@@ -294,10 +294,8 @@ async def _load(service: LiveService, config: ModelConfig) -> None:
         raise LoadFailed(f"failed to load model {shown_model(name)}: {reasons}")
     state = ModelState(config, arena, hosts)
     try:
-        state.profile = await startup.measure_profile(
-            settings, pool, service.device(hosts[0]), config
-        )
-        info = ModelInfo(name, state.profile, config.slo_ms / 1000.0, config.max_batch_size)
+        await startup.measure_model(settings, pool, service.device(hosts[0]), state)
+        info = state.info()
         if not dispatcher.add_model(info, hosts):
             if any(set(hosts) & set(group.devices) for group in dispatcher.groups):
                 raise LoadFailed(

@@ -7,6 +7,16 @@ nonsense (ℓ(1) = 296 ms, ℓ(2) = 32 ms, ℓ(4) = 650 ms, r² 0.03): a poor ta
 cached or new, is measured once more; if it is still poor, the server runs
 with it and says so in a WARNING with the numbers and the command that
 measures it again on a quiet machine (`python -m app profile MODEL --force`).
+
+A dynamic model (config key `dynamic`, app/repository/dynamic_fields.py)
+gets `ModelInfo.dynamic` = InputDependence(c0, prior) besides its profile
+(`measure_dynamic`): c0 is the intercept β of the profile's linear fit (the
+profile is measured on one synthetic input repeated over the batch, so
+ℓ(b) = c0 + b·x), and the prior is its alone-time on each of its probes, a
+batch of one timed like a profile point (PROBE_WARMUP runs, then the median
+of PROBE_REPEATS). c0 is capped at the shortest alone-time, which it cannot
+exceed (a_r = c0 + x_r, x_r ≥ 0). The probes are measured at every start
+(not cached: a handful of single requests).
 """
 
 from __future__ import annotations
@@ -18,6 +28,7 @@ from pathlib import Path
 from typing import Protocol
 
 from app.repository.config import ModelConfig
+from app.repository.dynamic_fields import load_probes
 from app.repository.profiles import (
     default_profile_cache_dir,
     fit_linear,
@@ -29,6 +40,7 @@ from app.repository.profiles import (
     write_profile_cache,
 )
 from app.runtime.devices import ExecutorDevice
+from app.scheduling.model import InputDependence
 from app.scheduling.profile import LatencyProfile
 from app.server.settings import Settings
 
@@ -41,6 +53,27 @@ class Profiler(Protocol):
     async def profile(
         self, device_id: int, model: str, batch_sizes: list[int]
     ) -> dict[int, float]: ...
+
+
+class Prober(Protocol):
+    """What measuring a dynamic model's probes needs of the executor pool."""
+
+    async def profile(
+        self,
+        device_id: int,
+        model: str,
+        batch_sizes: list[int],
+        warmup: int = ...,
+        repeats: int = ...,
+        timeout: float | None = ...,
+        inputs: Mapping[str, object] | None = ...,
+    ) -> dict[int, float]: ...
+
+
+# Runs per probe: a few, as a probe is one request (ms) and all are measured
+# at every start.
+PROBE_WARMUP = 2
+PROBE_REPEATS = 5
 
 
 @dataclass(frozen=True)
@@ -176,3 +209,34 @@ async def _measure(
         path,
     )
     return found
+
+
+async def measure_dynamic(
+    pool: Prober, device: ExecutorDevice, config: ModelConfig, profile: LatencyProfile
+) -> InputDependence | None:
+    """A dynamic model's InputDependence (see the module docstring); None
+    for a static one. The probes were checked when the config loaded."""
+    if config.dynamic is None:
+        return None
+    alone: list[float] = []
+    for probe in load_probes(config.dynamic.probes):
+        batch = len(next(iter(probe.values())))
+        measured = await pool.profile(
+            device.id,
+            config.name,
+            [batch],
+            warmup=PROBE_WARMUP,
+            repeats=PROBE_REPEATS,
+            inputs=probe,
+        )
+        alone.append(measured[batch] / 1000.0)
+    c0 = min(max(0.0, profile.beta or 0.0), min(alone))
+    log.info(
+        "model %s is dynamic: c0 = %.3f ms; alone-times on its %d probes on %s: %s ms",
+        config.name,
+        c0 * 1000.0,
+        len(alone),
+        device.name,
+        ", ".join(f"{a * 1000.0:.2f}" for a in alone),
+    )
+    return InputDependence(c0, (("", tuple(alone)),))

@@ -4,7 +4,8 @@ In order: load the model repository (building the bundled models' files on
 first start), lay out one executor per device, create each model's
 shared-memory arena, start the executors, check what loaded, measure a
 latency profile for every model that has none (app/server/profiling.py,
-cached outside the repository), and build one scheduling core per group of
+cached outside the repository) and a dynamic model's alone-times on its
+probes, and build one scheduling core per group of
 devices that host the same models (symphony.txt §4.1's sub-clusters), with
 the serving path's slack as the core's own options.
 
@@ -29,17 +30,17 @@ from app.runtime.arena import Arena
 from app.runtime.devices import ExecutorDevice, detect_devices
 from app.runtime.events import EventSink
 from app.runtime.pool import ExecutorPool
-from app.scheduling.model import ModelInfo
+from app.scheduling.model import InputDependence, ModelInfo
 from app.scheduling.profile import LatencyProfile
 from app.scheduling.registry import make_scheduler
 from app.scheduling.types import DeviceInfo
 from app.server.dispatcher import CoreGroup
-from app.server.profiling import device_tag, measure_profile
+from app.server.profiling import device_tag, measure_dynamic, measure_profile
 from app.server.settings import BUNDLED_REPOSITORY, Settings
 
 log = logging.getLogger("app.server")
 
-__all__ = ["StartupFailed", "check_loaded", "device_tag", "measure_profile"]
+__all__ = ["StartupFailed", "check_loaded", "device_tag", "measure_model", "measure_profile"]
 
 # The policy whose options a model's dynamic_batching sets (per model).
 BATCHING_POLICY = "triton"
@@ -55,6 +56,28 @@ class ModelState:
     arena: Arena
     devices: tuple[int, ...]
     profile: LatencyProfile | None = None
+    dynamic: InputDependence | None = None  # a dynamic model's, once measured
+
+    def info(self) -> ModelInfo:
+        """What the core knows of the model (profile measured first)."""
+        assert self.profile is not None, f"{self.config.name}: profile it first"
+        config = self.config
+        return ModelInfo(
+            config.name,
+            self.profile,
+            config.slo_ms / 1000.0,
+            config.max_batch_size,
+            dynamic=self.dynamic,
+        )
+
+
+async def measure_model(
+    settings: Settings, pool: ExecutorPool, device: ExecutorDevice, state: ModelState
+) -> None:
+    """Set the model's latency profile (`measure_profile`) and, for a
+    dynamic model, its input dependence (`measure_dynamic`), on `device`."""
+    state.profile = await measure_profile(settings, pool, device, state.config)
+    state.dynamic = await measure_dynamic(pool, device, state.config, state.profile)
 
 
 async def load_models(settings: Settings) -> RepositoryIndex:
@@ -180,15 +203,7 @@ def build_groups(
     options = core_options(settings)
     groups = []
     for hosts, names in by_devices.items():
-        infos = []
-        for name in names:
-            state = models[name]
-            assert state.profile is not None, f"{name}: profile it before building its core"
-            infos.append(
-                ModelInfo(
-                    name, state.profile, state.config.slo_ms / 1000.0, state.config.max_batch_size
-                )
-            )
+        infos = [models[name].info() for name in names]
         device_infos = [DeviceInfo(d, name=by_id[d].name, kind=by_id[d].kind) for d in hosts]
         group_options = {
             **options,
