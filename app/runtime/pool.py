@@ -68,7 +68,7 @@ from app.runtime.messages import (
     config_to_dict,
 )
 from app.runtime.pool_models import ModelChanges
-from app.runtime.watchdog import Heartbeat, check_interval, hang_of
+from app.runtime.watchdog import Heartbeat, check_interval, hang_of, reap
 
 log = logging.getLogger("app.runtime.pool")
 
@@ -271,7 +271,7 @@ class ExecutorPool(ModelChanges):
         report the device back (DeviceUp) with the time it was out."""
         backoff = 0.1
         while not self._stopped:
-            _reap(w.process)
+            reap(w.process)
             w.models, w.load_errors, w.load_info = [], {}, {}
             w.loading = True
             try:
@@ -593,12 +593,3 @@ class ExecutorPool(ModelChanges):
         if entry is not None and not entry[1].done():
             entry[1].set_result(value)
 
-
-def _reap(process: Any) -> None:
-    """Make sure a dead executor's process is gone and joined (no zombie)."""
-    if process is None:
-        return
-    with contextlib.suppress(Exception):
-        if process.is_alive():
-            process.kill()
-        process.join(1.0)

@@ -27,6 +27,7 @@ not judge an executor while it starts or loads.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from collections.abc import Callable
@@ -168,3 +169,13 @@ def hang_of(w: Watched, now: float, rules: Rules) -> str | None:
         f"executor {w.device.name} stuck: batch {batch_id} of {model} ×{size} "
         f"running {now - running_since:.2f} s, profile says {expected * 1000:.1f} ms"
     )
+
+
+def reap(process: Any) -> None:
+    """Make sure a dead executor's process is gone and joined (no zombie)."""
+    if process is None:
+        return
+    with contextlib.suppress(Exception):
+        if process.is_alive():
+            process.kill()
+        process.join(1.0)
