@@ -592,4 +592,3 @@ class ExecutorPool(ModelChanges):
         entry = self._waiters.pop(req, None)
         if entry is not None and not entry[1].done():
             entry[1].set_result(value)
-
