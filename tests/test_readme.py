@@ -67,6 +67,11 @@ NOT_RUN = {
     "python -m bench.compare --workload ceiling --systems symphony --cdf-fraction 0.5": (
         "a capacity bisection and a latency CDF of the live daemon, minutes of load"
     ),
+    "python -m bench.orloj_tables": "15 cases × 5 SLOs × 5 policies over 100 s of trace, "
+    "minutes (tests/test_dynamic_workloads.py runs it on a tiny case)",
+    "python -m bench.orloj_queue": "a timing micro-benchmark up to 10,000 pending requests "
+    "(tests/test_orloj.py checks the structure's answers)",
+    "python -m bench.orloj_live": "a calibration and several live runs of minutes each",
     "python -m bench.inprocess --workload bench/workloads/live-a-resnet50-emulated.yaml "
     "--capacity": "a capacity bisection of 15-s runs, minutes of load",
 }
