@@ -4,6 +4,8 @@ beside the simulator on the same arrivals, and the profiler's overhead.
     python -m bench.orloj_live [--policies orloj,clockwork] [--duration S]
                                [--slo-multiple 3] [--load F]
                                [--sample-rates 0,0.05,0.2] [--quick] [--out DIR]
+                               [--deadline-margin-ms M] [--timer-lead-ms L]
+                               [--intake-delay-ms D] [--threads N] [--repeats R]
 
 1. **Calibration** (bench/orloj_live_calibration.py), before the daemon
    starts: `earlyexit` timed here with ONNX Runtime under the executor's
@@ -18,9 +20,10 @@ beside the simulator on the same arrivals, and the profiler's overhead.
    Poisson arrivals at `--load` × the capacity at the mean, max_batch /
    ℓ(max_batch) with ℓ(b) = c0 + c1·b·E[steps] — what a server planning
    with the mean step count thinks the device carries (as
-   bench/workloads/orloj/cases.yaml defines its load). Batches that mix
-   short and long requests pay for the longest, so a policy batching
-   regardless of length carries much less. SLO = `--slo-multiple` × the P99
+   bench/workloads/orloj/cases.yaml defines its load; the default 0.5 sits
+   a little below the tables' 0.6 to leave the HTTP path its share). Batches
+   that mix short and long requests pay for the longest, so a policy
+   batching regardless of length carries much less. SLO = `--slo-multiple` × the P99
    of the alone-time. `step_arrivals` rounds each request's ℓ_r to whole
    steps in 1..16 and sets its work to c1·steps, so the simulator and the
    live run see the same steps.
@@ -42,7 +45,14 @@ beside the simulator on the same arrivals, and the profiler's overhead.
    app/repository/dynamic_models.py), so the simulated model's `profile` —
    what clockwork and the other one-ℓ(b) policies plan with — is the
    calibration's ℓ(b) at 16 steps, as the daemon's is; orloj plans with the
-   alone-time histograms either way.
+   alone-time histograms either way. One difference stays: the simulated
+   orloj starts from PRIOR_SAMPLES alone-times per application drawn from
+   the workload (app/workloads/dynamic.py), the daemon from its probes'
+   alone-times (1..16 steps, one prior for every application) until the
+   profiler's samples of each application replace them — at rate 0, never.
+   The SLO is small (3 × P99 is ~7 ms for this model on a 2-core box), so
+   the slack is a large share of it: `--deadline-margin-ms` and
+   `--timer-lead-ms` set both sides at once.
 5. **Profiler overhead.** `orloj` runs once per `--sample-rates` value; the
    other policies plan with one ℓ(b) and never read the histograms, so they
    run with the profiler off (rate 0).
@@ -282,6 +292,7 @@ def run_live(
         extra_env={"PROFILE_SAMPLE_RATE": str(sample_rate), **slack.daemon_env()},
         startup_timeout_s=300.0,
     )
+    print(f"  daemon pid {handle.process.pid} ({policy}, rate {sample_rate:g})", file=sys.stderr)
     try:
         slo_ms = workload.models[0].slo_ms
         target = ModelTarget(MODEL, slo_ms, variants.bodies[0])
@@ -414,8 +425,11 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     out = args.out or (QUICK_OUT if args.quick else DEFAULT_OUT)
     threads = args.threads or len(os.sched_getaffinity(0))
-    signal.signal(signal.SIGTERM, _terminate)
-    doc = run_all(args, policies, duration, threads, slack)
+    previous = signal.signal(signal.SIGTERM, _terminate)
+    try:
+        doc = run_all(args, policies, duration, threads, slack)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
     out.mkdir(parents=True, exist_ok=True)
     (out / "results.json").write_text(json.dumps(sanitize(doc), indent=1) + "\n")
     (out / "summary.md").write_text(markdown(doc))
