@@ -27,10 +27,13 @@ beside the simulator on the same arrivals, and the profiler's overhead.
    of the alone-time. `step_arrivals` rounds each request's ℓ_r to whole
    steps in 1..16 and sets its work to c1·steps, so the simulator and the
    live run see the same steps.
-3. **Live.** A temporary repository holding only `earlyexit` (a symlink to
-   the bundled model's directory, its files built first) is served by the
-   daemon with POLICY=<policy>, PROFILE_SAMPLE_RATE=<rate>, one CPU
-   executor with the calibration's thread count and no emulated devices.
+3. **Live.** A temporary repository holding only `earlyexit` — built
+   heavier than the bundled one (`BENCH_CHANNELS` channels, a
+   `BENCH_SIDE`² input: ~0.6 ms a step per row here instead of ~0.07, so
+   that at 3 × P99 the SLO is tens of ms and the HTTP path's few ms do not
+   decide the outcome) — is served by the daemon with POLICY=<policy>,
+   PROFILE_SAMPLE_RATE=<rate>, one CPU executor with the calibration's
+   thread count and no emulated devices.
    Each request sends the native /infer body of its (application, steps)
    pair (`request_bodies`: `early_exit_input(steps)`, `slo_ms`, `app_id`),
    on the workload's arrivals (`run_load(..., variants=...)`). Finish rate
@@ -50,9 +53,8 @@ beside the simulator on the same arrivals, and the profiler's overhead.
    the workload (app/workloads/dynamic.py), the daemon from its probes'
    alone-times (1..16 steps, one prior for every application) until the
    profiler's samples of each application replace them — at rate 0, never.
-   The SLO is small (3 × P99 is ~7 ms for this model on a 2-core box), so
-   the slack is a large share of it: `--deadline-margin-ms` and
-   `--timer-lead-ms` set both sides at once.
+   `--deadline-margin-ms` and `--timer-lead-ms` set the slack of both
+   sides at once.
 5. **Profiler overhead.** `orloj` runs once per `--sample-rates` value; the
    other policies plan with one ℓ(b) and never read the histograms, so they
    run with the profiler off (rate 0).
@@ -87,7 +89,14 @@ import httpx
 import numpy as np
 
 from app.repository import BUNDLED_REPOSITORY
-from app.repository.dynamic_models import EARLY_EXIT_MAX_STEPS, early_exit_input
+from app.repository.dynamic_models import (
+    EARLY_EXIT_MAX_STEPS,
+    EARLY_EXIT_PROBE_STEPS,
+    build_early_exit,
+    early_exit_input,
+    probes_bytes,
+    serialize,
+)
 from app.scheduling.profile import LatencyProfile
 from app.scheduling.registry import policy_names
 from app.server.settings import DEFAULT_METRICS_PREFIX, NORMAL_SLACK_MS
@@ -108,6 +117,9 @@ from bench.orloj_live_report import markdown, print_calibration, print_table
 REPO_ROOT = Path(__file__).resolve().parent.parent
 MODEL = "earlyexit"
 MAX_BATCH = 8
+# The served earlyexit's size (the bundled one: 32 channels, 16²).
+BENCH_CHANNELS = 64
+BENCH_SIDE = 32
 QUICK_BATCHES = (1, 8)
 QUICK_STEPS = (1, 16)
 FULL_S = 60.0
@@ -209,7 +221,7 @@ def request_bodies(
     index = {pair: i for i, pair in enumerate(pairs)}
     bodies = []
     for app, s in pairs:
-        x = early_exit_input(s)
+        x = early_exit_input(s, side=BENCH_SIDE)
         doc = {
             "model": MODEL,
             "inputs": {"input": x.tolist()},
@@ -250,14 +262,24 @@ class Slack:
 
 
 def one_model_repository(root: Path) -> Path:
-    """A repository under `root` serving only `earlyexit` (a symlink to the
-    bundled directory, its generated files built first)."""
-    from app.repository.bundled import ensure_bundled_models
-
-    ensure_bundled_models(BUNDLED_REPOSITORY, [MODEL])
+    """A repository under `root` serving only `earlyexit`, built with
+    `BENCH_CHANNELS` channels on a `BENCH_SIDE`² input: the bundled model's
+    config with that input shape, and its probes (1..16 steps) at that size."""
     repo = root / "models"
-    repo.mkdir()
-    (repo / MODEL).symlink_to((BUNDLED_REPOSITORY / MODEL).resolve(), target_is_directory=True)
+    directory = repo / MODEL
+    directory.mkdir(parents=True)
+    model = build_early_exit(channels=BENCH_CHANNELS, side=BENCH_SIDE)
+    (directory / "model.onnx").write_bytes(serialize(model))
+    config = (BUNDLED_REPOSITORY / MODEL / "config.yaml").read_text()
+    bundled_shape = "[-1, 3, 16, 16]"
+    if bundled_shape not in config:
+        raise RuntimeError(f"the bundled {MODEL} config no longer declares {bundled_shape}")
+    config = config.replace(bundled_shape, f"[-1, 3, {BENCH_SIDE}, {BENCH_SIDE}]")
+    (directory / "config.yaml").write_text(config)
+    probes = [
+        {"input": early_exit_input(s, seed=s, side=BENCH_SIDE)} for s in EARLY_EXIT_PROBE_STEPS
+    ]
+    (directory / "probes.npz").write_bytes(probes_bytes(probes))
     return repo
 
 
@@ -451,6 +473,7 @@ def run_all(
             batches=QUICK_BATCHES if args.quick else CAL_BATCHES,
             steps=QUICK_STEPS if args.quick else CAL_STEPS,
             repeats=1 if args.quick else args.repeats,
+            side=BENCH_SIDE,
         )
         cal_doc = cal.to_dict()
         print_calibration(cal_doc)

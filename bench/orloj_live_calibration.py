@@ -116,8 +116,10 @@ def calibrate(
     batches: Sequence[int] = CAL_BATCHES,
     steps: Sequence[int] = CAL_STEPS,
     repeats: int = 7,
+    side: int = 16,
 ) -> Calibration:
-    """Time `model_file` in-process with the executor's session options."""
+    """Time `model_file` (its input [3, side, side]) in-process with the
+    executor's session options."""
     import onnxruntime as ort
 
     from app.runtime.onnx_backend import OnnxBackend
@@ -127,7 +129,7 @@ def calibrate(
     points = []
     for s in steps:
         for k in batches:
-            x = np.concatenate([early_exit_input(s, seed=i) for i in range(k)])
+            x = np.concatenate([early_exit_input(s, seed=i, side=side) for i in range(k)])
             for _ in range(CAL_WARMUP):
                 session.run(None, {"input": x})
             times = []

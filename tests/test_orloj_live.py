@@ -19,6 +19,7 @@ import pytest
 from app.repository.dynamic_models import early_exit_input, early_exit_steps
 from app.workloads.arrivals import generate_arrivals
 from bench.orloj_live import (
+    BENCH_SIDE,
     MAX_BATCH,
     MODEL,
     Slack,
@@ -105,8 +106,8 @@ def test_one_body_per_app_and_steps_pair() -> None:
         doc = json.loads(body)
         assert (doc["model"], doc["app_id"], doc["slo_ms"]) == (MODEL, app, 7.5)
         x = np.asarray(doc["inputs"]["input"], dtype=np.float32)
-        assert x.shape == (1, 3, 16, 16)
-        np.testing.assert_array_equal(x, early_exit_input(s))
+        assert x.shape == (1, 3, BENCH_SIDE, BENCH_SIDE)
+        np.testing.assert_array_equal(x, early_exit_input(s, side=BENCH_SIDE))
         assert early_exit_steps(x).tolist() == [s]
 
 

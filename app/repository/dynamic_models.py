@@ -81,13 +81,13 @@ ENCODER_PROBE_LENGTHS = (8, 16, 32, 64, 96, 128)
 # --------------------------------------------------------------------------- inputs
 
 
-def early_exit_input(steps: int, seed: int = 0) -> np.ndarray:
-    """One `earlyexit` request, FP32 [1, 3, 16, 16], that takes exactly
-    `steps` steps: a random direction scaled to ‖x‖² = steps − ½ (half a
-    step of margin either side of the exit rule)."""
+def early_exit_input(steps: int, seed: int = 0, side: int = EARLY_EXIT_SHAPE[1]) -> np.ndarray:
+    """One `earlyexit` request, FP32 [1, 3, side, side] (16 for the bundled
+    model), that takes exactly `steps` steps: a random direction scaled to
+    ‖x‖² = steps − ½ (half a step of margin either side of the exit rule)."""
     if not 1 <= steps <= EARLY_EXIT_MAX_STEPS:
         raise ValueError(f"steps must be in 1..{EARLY_EXIT_MAX_STEPS}, got {steps}")
-    x = np.random.default_rng(seed).standard_normal((1, *EARLY_EXIT_SHAPE))
+    x = np.random.default_rng(seed).standard_normal((1, EARLY_EXIT_SHAPE[0], side, side))
     x *= math.sqrt(steps - 0.5) / np.linalg.norm(x)
     return x.astype(np.float32)
 
@@ -181,10 +181,19 @@ def _model(
     return model
 
 
-def build_early_exit(seed: int = 0, *, batch_dim: str = "batch") -> onnx.ModelProto:
-    """The `earlyexit` model (see the module docstring)."""
+def build_early_exit(
+    seed: int = 0,
+    *,
+    batch_dim: str = "batch",
+    channels: int = EARLY_EXIT_CHANNELS,
+    side: int = EARLY_EXIT_SHAPE[1],
+) -> onnx.ModelProto:
+    """The `earlyexit` model (see the module docstring). `channels` and
+    `side` (the input is [3, side, side]) scale the cost of a step: the
+    bundled model is small, bench.orloj_live serves a heavier one."""
     g = _Graph(np.random.default_rng(seed))
-    c, (cin, _, _) = EARLY_EXIT_CHANNELS, EARLY_EXIT_SHAPE
+    c, cin = channels, EARLY_EXIT_SHAPE[0]
+    shape = (cin, side, side)
     conv = {"kernel_shape": [3, 3], "pads": [1, 1, 1, 1]}
     # ‖x‖² per row, kept [batch, 1, 1, 1] to broadcast over the hidden state.
     norm2 = g.op("ReduceSumSquare", ["input"], "norm2", axes=[1, 2, 3], keepdims=1)
@@ -216,7 +225,7 @@ def build_early_exit(seed: int = 0, *, batch_dim: str = "batch") -> onnx.ModelPr
     )
     remaining = b.op("ReduceMax", [b.op("Cast", ["active_out"], to=TensorProto.FLOAT)], keepdims=0)
     b.nodes.append(helper.make_node("Greater", [remaining, zero], ["cond_out"], name="any"))
-    state = [batch_dim, c, *EARLY_EXIT_SHAPE[1:]]
+    state = [batch_dim, c, side, side]
     mask = [batch_dim, 1, 1, 1]
     body = helper.make_graph(
         b.nodes,
@@ -256,7 +265,7 @@ def build_early_exit(seed: int = 0, *, batch_dim: str = "batch") -> onnx.ModelPr
         "earlyexit",
         f"early-exit CNN, ≤ {EARLY_EXIT_MAX_STEPS} steps, exit when t/(t+|x|²) ≥ ½, seed {seed}",
         g,
-        [helper.make_tensor_value_info("input", TensorProto.FLOAT, [batch_dim, *EARLY_EXIT_SHAPE])],
+        [helper.make_tensor_value_info("input", TensorProto.FLOAT, [batch_dim, *shape])],
         [
             helper.make_tensor_value_info(
                 "scores", TensorProto.FLOAT, [batch_dim, EARLY_EXIT_CLASSES]
