@@ -14,8 +14,8 @@ finished requests is re-run alone, off the critical path:
   (its slots are freed and reused once it is answered) into a bounded
   backlog (`AloneProfiler`): the oldest sample is dropped beyond
   `BACKLOG_LIMIT` and counted, and the count rides on the next report.
-* Only when its inbox is empty — the device would otherwise idle — the
-  executor re-runs ONE sample alone (`timed_alone`), timed with the
+* Only when its inbox has stayed empty for `IDLE_GRACE_S` — the device
+  would otherwise idle — the executor re-runs ONE sample alone (`timed_alone`), timed with the
   monotonic clock. A message that arrives meanwhile (a planned batch) must
   not wait for it: a watcher thread stops the re-run through the backend's
   `terminate()`, the executor's preemption mechanism, and its time is
@@ -62,6 +62,13 @@ MAX_STOPS = 3
 # stop that arrives before the backend's run has armed its flag (ONNX
 # Runtime's RunOptions exist only during run) would otherwise be lost.
 STOP_REPEAT_S = 0.001
+# How long the inbox must stay empty before a re-run starts. Between
+# back-to-back batches the daemon needs a fraction of a millisecond to send
+# the next one; a re-run started in that gap is stopped at once, and the
+# stop (up to one step of the model: ONNX Runtime checks its flag between
+# kernels) delays that batch. Measured with bench.orloj_live: re-runs
+# started at once cost orloj ~5 points of finish rate on a busy device.
+IDLE_GRACE_S = 0.002
 
 
 @dataclass(slots=True)

@@ -41,7 +41,7 @@ from typing import Any
 import numpy as np
 
 from app.repository.config import ModelConfig
-from app.runtime.alone_profiler import AloneProfiler, timed_alone
+from app.runtime.alone_profiler import IDLE_GRACE_S, AloneProfiler, timed_alone
 from app.runtime.messages import (
     AloneMark,
     Cancel,
@@ -220,7 +220,7 @@ class Executor:
     def serve(self) -> None:
         while True:
             try:
-                if self.profiler.backlog and not self.conn.poll(0):
+                if self.profiler.backlog and not self.conn.poll(IDLE_GRACE_S):
                     self.rerun_alone()  # the device would idle: profile
                     continue
                 msg = self.conn.recv()
