@@ -90,7 +90,11 @@ def _graph_inputs(model: onnx.ModelProto) -> list[str]:
 
 def _typed(model: onnx.ModelProto) -> set[str]:
     graph = model.graph
-    return {v.name for v in (*graph.value_info, *graph.input, *graph.output) if v.type.tensor_type}
+    return {
+        v.name
+        for v in (*graph.value_info, *graph.input, *graph.output)
+        if v.type.HasField("tensor_type") and v.type.tensor_type.HasField("shape")
+    }
 
 
 def find_cut_points(model: onnx.ModelProto) -> list[CutPoint]:
@@ -435,3 +439,38 @@ def write_partition(partitioning: Partitioning, start: int, end: int, directory:
     data = partitioning.extract(start, end).SerializeToString(deterministic=True)
     atomic_write_bytes(path, data)
     return path
+
+
+def write_pipeline(
+    partitioning: Partitioning,
+    ranges: Sequence[tuple[int, int]],
+    directory: Path,
+    *,
+    max_batch_size: int = 8,
+    slo_ms: float = 100.0,
+) -> list[ModelConfig]:
+    """The partitions of one pipeline (block ranges that follow each other
+    from block 0 to the last, as a plan's stages do) written under
+    `directory`, and their configs in order: the stages of
+    app/runtime/stage_arena.py's pipeline arena."""
+    starts = [0, *(end for _, end in ranges[:-1])]
+    if (
+        not ranges
+        or [start for start, _ in ranges] != starts
+        or ranges[-1][1] != partitioning.blocks
+    ):
+        raise ValueError(
+            f"model {partitioning.name!r}: block ranges {list(ranges)} must follow each other "
+            f"from 0 to {partitioning.blocks}"
+        )
+    return [
+        partition_config(
+            partitioning,
+            start,
+            end,
+            write_partition(partitioning, start, end, directory),
+            max_batch_size=max_batch_size,
+            slo_ms=slo_ms,
+        )
+        for start, end in ranges
+    ]
