@@ -95,7 +95,16 @@ def plan(
 
         return plan_dart_r(cluster, demands, options)
     demands = with_estimates(cluster, with_budgets(demands, options.margin), options)
-    return solve_group(cluster, demands, options, start)
+    label = None if start is None else "given plan"
+    if start is None and options.variant == "ppipe":
+        # The NP plan (milliseconds) is a feasible point of PPipe's program:
+        # the search starts with an incumbent, and a time limit never ends
+        # it with nothing.
+        start = solve_group(cluster, demands, replace(options, variant="np"))
+        label = "np plan"
+    result = solve_group(cluster, demands, options, start)
+    runtime = result.runtime_s + (start.runtime_s if label == "np plan" else 0.0)
+    return replace(result, runtime_s=runtime, details={**result.details, "warm_start": label})
 
 
 def check_demands(cluster: Cluster, demands: Sequence[ModelDemand]) -> None:
@@ -264,7 +273,6 @@ def solve_group(
         "est_throughput": {d.name: d.est_throughput for d in demands},
         "integer_devices_per_stage": options.integer_devices_per_stage,
         "time_limit_s": options.time_limit_s,
-        "warm_start": start is not None,
     }
     return _extract(cluster, demands, slots, cols, solution, options.variant, details)
 
