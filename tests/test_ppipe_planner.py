@@ -289,3 +289,16 @@ def test_bad_reference_input_exits_2(tmp_path: Path):
     code, _, err = run(["ppipe", "--reference", str(REFERENCES / V4), "--timings", str(tmp_path)])
     assert code == 2 and "block-timing" in err
     assert run(["ppipe"])[0] == 2
+
+
+def test_the_benchmark_writes_its_table_and_reports(tmp_path: Path, capsys):
+    from bench.ppipe_planner import main as bench_main
+
+    assert bench_main(["--variants", "bl", "--match", "fsaf_r101", "--match", "V100-P4",
+                       "--out", str(tmp_path)]) == 0  # fmt: skip
+    body = json.loads((tmp_path / "ppipe-planner.json").read_text())
+    (report,) = body["reports"]
+    assert report["file"] == BL and abs(report["gap"]) <= 0.01
+    table = (tmp_path / "ppipe-planner.md").read_text()
+    assert "| reference plan |" in table and "1/1 within 1 %" in table
+    assert "V100-P4 bl" in capsys.readouterr().out

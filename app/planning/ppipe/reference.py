@@ -138,7 +138,7 @@ def resolve_reference(path: Path, timings: Path, time_limit_s: float = 60.0) -> 
         "objective": ours.objective,
         "reference_objective": ref.objective,
         "gap": gap,
-        "mip_gap": ours.gap,
+        "mip_gap": ours.gap if math.isfinite(ours.gap) else None,  # None: no incumbent
         "status": ours.details.get("status"),
         "runtime_s": ours.runtime_s,
         "reference_runtime_s": problem.reference_runtime_s,
