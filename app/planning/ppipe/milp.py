@@ -41,6 +41,7 @@ from app.planning.ppipe.options import (
     ModelDemand,
     PipelineOption,
     Slot,
+    StageOption,
     enumerate_slots,
 )
 from app.planning.ppipe.plan import Cluster, ModelTarget, Pipeline, Plan, Stage
@@ -255,7 +256,7 @@ def solve_group(
     setup = enumeration_for(cluster, demands, options)
     slots = enumerate_slots(demands, list(setup.shares), setup)
     program, cols = build_program(cluster, demands, slots, options.integer_devices_per_stage)
-    point = _start_point(program, cols, slots, demands, cluster, start)
+    point = _start_point(program, cols, slots, demands, start)
     solution = program.solve(options.time_limit_s, options.mip_rel_gap, point, options.threads)
     details = {
         "status": solution.status,
@@ -322,8 +323,9 @@ def _pipeline(model: str, option: PipelineOption, devices: list[int]) -> Pipelin
     return Pipeline(model, option.batch, stages, throughput)
 
 
-def _signature(batch: int, stages: Sequence[tuple[int, int, str, int]]) -> tuple:
-    return (batch, tuple(stages))
+def _shape(batch: int, stages: Sequence[Stage] | Sequence[StageOption]) -> tuple:
+    """What identifies a pipeline's configuration (not its device counts)."""
+    return (batch, tuple((s.start, s.end, s.device_class, s.share) for s in stages))
 
 
 def _start_point(
@@ -331,7 +333,6 @@ def _start_point(
     cols: _Columns,
     slots: Sequence[Slot],
     demands: Sequence[ModelDemand],
-    cluster: Cluster,
     start: Plan | None,
 ) -> np.ndarray:
     """A feasible point: all slots inactive, or `start`'s pipelines placed
@@ -347,9 +348,7 @@ def _start_point(
         model = index.get(pipeline.model)
         if model is None:
             continue
-        wanted = _signature(
-            pipeline.batch, [(s.start, s.end, s.device_class, s.share) for s in pipeline.stages]
-        )
+        wanted = _shape(pipeline.batch, pipeline.stages)
         for k, (slot, slot_cols) in enumerate(zip(slots, cols.options, strict=True)):
             if k in used_slots or slot.model != model:
                 continue
@@ -357,11 +356,7 @@ def _start_point(
                 (
                     (option, c)
                     for option, c in zip(slot.options, slot_cols, strict=True)
-                    if _signature(
-                        option.batch,
-                        [(s.start, s.end, s.device_class, s.share) for s in option.stages],
-                    )
-                    == wanted
+                    if _shape(option.batch, option.stages) == wanted
                 ),
                 None,
             )
