@@ -1,6 +1,7 @@
 """`python -m app serve …` — start the inference server (uvicorn);
 `python -m app profile MODEL [--force]` — measure a model's latency profile
-and store it in the profile cache (app/server/profile_command.py).
+and store it in the profile cache (app/server/profile_command.py);
+`python -m app plan ppipe …` — make a PPipe serving plan (app/planning/ppipe/cli.py).
 
 Every setting has a flag (`--help` lists them, the README's settings table
 too); a flag wins over its environment variable. The flags are passed to
@@ -60,6 +61,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     profile.add_argument("--log-level", default="warning", choices=LOG_LEVELS)
     add_setting_flags(profile)
+    commands.add_parser("plan", help="make a serving plan (`python -m app plan ppipe --help`)")
     return parser
 
 
@@ -99,6 +101,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv[:1] == ["profile"]:
         return profile_main(argv)
+    if argv[:1] == ["plan"]:
+        from app.planning.ppipe.cli import main as plan_main
+
+        return plan_main(argv[1:])
     try:
         command = parse_command(argv, os.environ)
     except ValueError as exc:
