@@ -285,8 +285,8 @@ class PPipeScheduler:
                 self._drop_head(state, DropReason.NOT_SERVED)
                 continue
             planned = chosen_pipeline.batch
-            if head.id not in self._admitted:
-                floor = max(1, round(planned * self.admit_floor)) if self.admit_floor else 1
+            if self.admit_floor > 0.0 and head.id not in self._admitted:
+                floor = max(1, round(planned * self.admit_floor))
                 if self._descend(chosen_pipeline, planned, floor, deadline, now, first) is None:
                     self._drop_head(state, DropReason.DEADLINE)
                     continue
