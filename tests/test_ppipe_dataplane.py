@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from app.planning.ppipe.layout import build_layout, reference_devices_per_node
 from app.planning.ppipe.plan import read_reference_plan
 from app.planning.ppipe.profiles import BUNDLED_DIR, load_profile
 from app.scheduling.ppipe import (
@@ -20,9 +21,7 @@ from app.scheduling.ppipe import (
     PoolStage,
     PPipeScheduler,
     ReservationTable,
-    build_layout,
     earliest_common_slot,
-    reference_devices_per_node,
 )
 from app.scheduling.types import Drop, DropReason, Request
 

@@ -38,9 +38,10 @@ from typing import Any
 
 import numpy as np
 
+from app.planning.ppipe.layout import build_layout, reference_devices_per_node
 from app.planning.ppipe.plan import Plan
 from app.planning.ppipe.profiles import BlockProfile
-from app.scheduling.ppipe.layout import Layout, build_layout, reference_devices_per_node
+from app.scheduling.ppipe.layout import Layout
 from app.scheduling.ppipe.policy import PPipeScheduler
 from app.simulation.pipeline_engine import GOOD, InstanceFault, run_pipeline_simulation
 from app.workloads.arrivals import generate_arrivals

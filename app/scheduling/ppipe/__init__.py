@@ -13,8 +13,6 @@ from app.scheduling.ppipe.layout import (
     Layout,
     PoolPipeline,
     PoolStage,
-    build_layout,
-    reference_devices_per_node,
 )
 from app.scheduling.ppipe.policy import PPipeScheduler
 from app.scheduling.ppipe.probe import Probe, probe
@@ -33,8 +31,6 @@ __all__ = [
     "Probe",
     "ReservationTable",
     "StageRun",
-    "build_layout",
     "earliest_common_slot",
     "probe",
-    "reference_devices_per_node",
 ]
