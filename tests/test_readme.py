@@ -47,6 +47,15 @@ LOADGEN = (
     "python -m bench.loadgen --url http://127.0.0.1:8000 "
     "--workload bench/workloads/live-a-resnet50-emulated.yaml --capacity"
 )
+PLAN_PPIPE = (
+    "python -m app plan ppipe bench/workloads/ppipe/hc1-g1.yaml --time-limit 10 "
+    "--out /tmp/ppipe-plan.json"
+)
+PLAN_REFERENCE = (
+    "python -m app plan ppipe --reference data/ppipe/plans-maf19/colorization-v2-googlenet-v3-"
+    "pytorch-repvgg-b3_0.3-0.33-0.37_L4-P4_25-75_bw-gbps-6_sla-multiplier-5_v4.json "
+    "--timings data/ppipe"
+)
 CI_LINE = "pip install -e '.[test]' && ruff check . && python -m pytest -q"
 
 _INSTALLS = "installs into the running environment from the package index (.ci/run installs)"
@@ -72,6 +81,11 @@ NOT_RUN = {
     "python -m bench.orloj_queue": "a timing micro-benchmark up to 10,000 pending requests "
     "(tests/test_orloj.py checks the structure's answers)",
     "python -m bench.orloj_live": "a calibration and several live runs of minutes each",
+    "python -m bench.ppipe_planner": "72 reference plans re-solved, seconds to a minute "
+    "(tests/test_ppipe_planner.py re-solves two)",
+    "python -m bench.ppipe_sim": "6 groups × 4 clusters × 3 variants × 2 arrival processes, "
+    "capacity searches of 30-s simulations, ~20 min (tests/test_ppipe_simulation.py runs plans)",
+    "python -m bench.ppipe_live": "block profiling and live capacity searches, minutes of load",
     "python -m bench.inprocess --workload bench/workloads/live-a-resnet50-emulated.yaml "
     "--capacity": "a capacity bisection of 15-s runs, minutes of load",
 }
@@ -103,7 +117,14 @@ def client_commands(commands: list[str]) -> list[str]:
 
 
 def run_set(commands: list[str]) -> set[str]:
-    return {QUICK_START_SERVER, LIVE_SERVER, SIMULATOR, *client_commands(commands)}
+    return {
+        QUICK_START_SERVER,
+        LIVE_SERVER,
+        SIMULATOR,
+        PLAN_PPIPE,
+        PLAN_REFERENCE,
+        *client_commands(commands),
+    }
 
 
 def test_every_readme_command_is_run_or_listed_with_its_reason() -> None:
@@ -250,6 +271,36 @@ def test_simulator_command(cli_env) -> None:
 
 
 @pytest.mark.slow
+def test_ppipe_planner_commands(cli_env) -> None:
+    """The planner's two README commands: a plan written and read back, and
+    a reference plan re-solved to its published objective."""
+    from app.planning.ppipe.plan import read_plan
+
+    out = Path("/tmp/ppipe-plan.json")
+    out.unlink(missing_ok=True)
+    planned = subprocess.run(
+        ["bash", "-c", PLAN_PPIPE], cwd=ROOT, env=cli_env, capture_output=True, timeout=120
+    )
+    assert planned.returncode == 0, planned.stderr.decode()
+    plan = read_plan(out)
+    assert plan.variant == "ppipe" and {m.name for m in plan.models} == {
+        "efficientnet-b8_3rdparty_8xb32-aa-advprop_in1k",
+        "encnet_r101-d8_4xb2-40k_cityscapes-512x1024",
+        "rtmdet_x_8xb32-300e_coco",
+    }
+    used = plan.devices_used()
+    assert used["L4"] <= 25 and used["P4"] <= 75
+    assert plan.objective > 0
+    resolved = subprocess.run(
+        ["bash", "-c", PLAN_REFERENCE], cwd=ROOT, env=cli_env, capture_output=True, timeout=120
+    )
+    assert resolved.returncode == 0, resolved.stderr.decode()
+    answer = orjson.loads(resolved.stdout)
+    assert abs(answer["objective"] - answer["reference_objective"]) <= 0.01 * abs(
+        answer["reference_objective"]
+    )
+
+
 def test_the_scheduling_core_example_runs() -> None:
     example = _python_examples()["app.scheduling"]
     example += "\nprint(type(decisions).__name__, wake is None or wake >= 0.0)\n"
