@@ -1,0 +1,40 @@
+"""PPipe's data plane: reservation tables, pooled pipelines and policy `ppipe`
+(ppipe.txt §5.4, App. A.3). See policy.py for the rules and the driver API."""
+
+from app.scheduling.ppipe.batches import (
+    PipelineBatch,
+    PipelineComplete,
+    PipelineDecision,
+    PipelineDispatch,
+    StageRun,
+)
+from app.scheduling.ppipe.layout import (
+    DeviceInstance,
+    Layout,
+    PoolPipeline,
+    PoolStage,
+    build_layout,
+    reference_devices_per_node,
+)
+from app.scheduling.ppipe.policy import PPipeScheduler
+from app.scheduling.ppipe.probe import Probe, probe
+from app.scheduling.ppipe.reservations import ReservationTable, earliest_common_slot
+
+__all__ = [
+    "DeviceInstance",
+    "Layout",
+    "PPipeScheduler",
+    "PipelineBatch",
+    "PipelineComplete",
+    "PipelineDecision",
+    "PipelineDispatch",
+    "PoolPipeline",
+    "PoolStage",
+    "Probe",
+    "ReservationTable",
+    "StageRun",
+    "build_layout",
+    "earliest_common_slot",
+    "probe",
+    "reference_devices_per_node",
+]

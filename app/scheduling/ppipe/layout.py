@@ -1,0 +1,200 @@
+"""The pools a plan's pipelines run on: device instances, their nodes, and
+each stage's latencies per batch size.
+
+A plan (app/planning/ppipe/plan.py) says, per pipeline stage, "`devices`
+instances of 1/`share` of a `device_class` device". `build_layout` makes that
+concrete:
+
+* physical devices of each class are numbered and laid onto nodes of
+  `devices_per_node` devices (per class: the reference plans' clusters put 4
+  L4 but 2 T4 on a server), a node per group, classes after one another;
+* stages take their instances in plan order: a physical device is cut into
+  `share` equal instances, and a stage continues on the leftover instances
+  of the previous device of its class when that one was cut into the same
+  share (a device is never cut into two different sizes);
+* every node has one uplink and one downlink (their reservation tables live
+  in the policy); a transfer between instances on the same node uses no link.
+
+Latencies come from the block profiles, not from the plan's figures, because
+the data plane probes smaller batch sizes than the planned one (step 2):
+`PoolStage.latency[b − 1]` runs blocks [start, end) at batch b on one
+instance, `PoolStage.transfer_in[b − 1]` sends the previous stage's output of
+a batch of b over one link (0 for the first stage).
+
+Nothing here reads files: the caller loads the profiles.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from app.planning.ppipe.plan import Plan
+from app.planning.ppipe.profiles import BlockProfile, transfer_seconds
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceInstance:
+    """A whole device (share 1) or 1/share of physical device `physical`."""
+
+    id: int
+    device_class: str
+    share: int
+    physical: int
+    node: int
+
+
+@dataclass(frozen=True, slots=True)
+class PoolStage:
+    """Blocks [start, end) on a pool of same-class, same-share instances."""
+
+    start: int
+    end: int
+    device_class: str
+    share: int
+    devices: tuple[int, ...]
+    latency: tuple[float, ...]  # [b − 1]: one batch of b on one instance
+    transfer_in: tuple[float, ...]  # [b − 1]: the previous stage's output of b
+    nodes: frozenset[int] = frozenset()  # the nodes its instances sit on
+
+
+@dataclass(frozen=True, slots=True)
+class PoolPipeline:
+    """A pooled pipeline of `model` at planned batch size `batch`."""
+
+    id: int
+    model: str
+    batch: int
+    stages: tuple[PoolStage, ...]
+    throughput: float
+
+    def work(self, batch: int) -> float:
+        """Compute plus transfers of a batch of `batch` with no waiting."""
+        return sum(s.latency[batch - 1] + s.transfer_in[batch - 1] for s in self.stages)
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Instances, nodes and pipelines of a plan, and each model's SLO."""
+
+    devices: tuple[DeviceInstance, ...]
+    nodes: int
+    pipelines: tuple[PoolPipeline, ...]
+    slo_s: Mapping[str, float]
+    physical: Mapping[str, int]  # whole devices per class in the cluster
+
+    def pipelines_of(self, model: str) -> list[PoolPipeline]:
+        return [p for p in self.pipelines if p.model == model]
+
+
+def build_layout(
+    plan: Plan,
+    profiles: Mapping[str, BlockProfile],
+    *,
+    devices_per_node: Mapping[str, int] | None = None,
+    models: set[str] | None = None,
+) -> Layout:
+    """Lay `plan` onto devices and nodes. `devices_per_node` per class
+    defaults to the plan's cluster figure for every class; `models` keeps
+    only those models' pipelines (their devices keep the ids and nodes they
+    have in the whole plan's layout)."""
+    cluster = plan.cluster
+    per_node = {cls: cluster.devices_per_node for cls in cluster.classes}
+    if devices_per_node is not None:
+        for cls, count in devices_per_node.items():
+            if cls not in cluster.classes:
+                raise ValueError(f"devices_per_node names {cls!r}, not a class of the cluster")
+            if count < 1:
+                raise ValueError(f"devices_per_node[{cls!r}] must be ≥ 1, got {count}")
+            per_node[cls] = count
+    # Physical device p of class c sits on node first_node[c] + p // per_node[c].
+    first_node: dict[str, int] = {}
+    nodes = 0
+    for cls, count in cluster.classes.items():
+        first_node[cls] = nodes
+        nodes += math.ceil(count / per_node[cls])
+    next_physical = dict.fromkeys(cluster.classes, 0)
+    # The last physical device of each class: (index, share, instances left).
+    open_device: dict[str, tuple[int, int, int]] = {}
+    instances: list[DeviceInstance] = []
+    pipelines: list[PoolPipeline] = []
+    for pipeline in plan.pipelines:
+        if pipeline.model not in profiles:
+            raise KeyError(f"no block profile for model {pipeline.model!r}")
+        profile = profiles[pipeline.model]
+        stages: list[PoolStage] = []
+        for k, stage in enumerate(pipeline.stages):
+            cls = stage.device_class
+            if cls not in cluster.classes:
+                raise ValueError(
+                    f"pipeline of {pipeline.model!r}: stage {k} on {cls!r}, "
+                    f"not a class of the cluster ({', '.join(cluster.classes)})"
+                )
+            ids: list[int] = []
+            for _ in range(stage.devices):
+                physical, share, left = open_device.get(cls, (-1, 0, 0))
+                if left == 0 or share != stage.share:
+                    physical = next_physical[cls]
+                    if physical >= cluster.classes[cls]:
+                        raise ValueError(
+                            f"plan needs more than the cluster's {cluster.classes[cls]} "
+                            f"{cls} devices (pipeline of {pipeline.model!r}, stage {k})"
+                        )
+                    next_physical[cls] = physical + 1
+                    share, left = stage.share, stage.share
+                node = first_node[cls] + physical // per_node[cls]
+                instances.append(DeviceInstance(len(instances), cls, share, physical, node))
+                ids.append(instances[-1].id)
+                open_device[cls] = (physical, share, left - 1)
+            batches = range(1, pipeline.batch + 1)
+            latency = tuple(
+                profile.partition_latency(stage.start, stage.end, b, cls, stage.share)
+                for b in batches
+            )
+            if k == 0:
+                transfer = tuple(0.0 for _ in batches)
+            else:
+                cut = pipeline.stages[k - 1].end - 1
+                transfer = tuple(
+                    transfer_seconds(profile.transfer_bytes(cut, b), cluster.bandwidth_gbps)
+                    for b in batches
+                )
+            stages.append(
+                PoolStage(
+                    stage.start,
+                    stage.end,
+                    cls,
+                    stage.share,
+                    tuple(ids),
+                    latency,
+                    transfer,
+                    frozenset(instances[i].node for i in ids),
+                )
+            )
+        if models is None or pipeline.model in models:
+            pipelines.append(
+                PoolPipeline(
+                    len(pipelines),
+                    pipeline.model,
+                    pipeline.batch,
+                    tuple(stages),
+                    pipeline.throughput,
+                )
+            )
+    slo = {m.name: m.slo_s for m in plan.models if models is None or m.name in models}
+    return Layout(tuple(instances), nodes, tuple(pipelines), slo, dict(cluster.classes))
+
+
+def reference_devices_per_node(plan: Plan) -> dict[str, int] | None:
+    """Devices per node per class as a reference plan's config gives them
+    (`num_gpu_per_server_arr` beside `gpu_name_arr`); None for other plans."""
+    configs = plan.details.get("configs")
+    if not configs:
+        return None
+    config = configs[0]
+    names = config.get("gpu_name_arr")
+    counts = config.get("num_gpu_per_server_arr")
+    if not names or not counts or len(names) != len(counts):
+        return None
+    return {str(n): int(c) for n, c in zip(names, counts, strict=True)}

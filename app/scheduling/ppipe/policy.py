@@ -1,0 +1,490 @@
+"""Policy `ppipe`: resource reservation-based adaptive batching over pooled
+pipelines (ppipe.txt §5.4, App. A.3 Algorithm 1).
+
+Per model one queue of requests in deadline order. Whenever a model's queue
+changes (an arrival) or its timer fires, the core runs Algorithm 1 on it:
+
+1. *Step 1*: probe every pipeline of the model at its planned batch size
+   (`probe.py`) and take the one with the least waiting time — the time the
+   batch would spend waiting for busy devices and links along its path.
+2. *Step 2*: probe the chosen pipeline at smaller and smaller batch sizes,
+   from the planned one down, until the batch ends by the oldest request's
+   deadline.
+3. Then: if not even a batch of one makes it, drop the oldest request and
+   start over; if fewer requests are queued than the size found, wait — a
+   timer at the last moment (below); otherwise reserve the path's intervals
+   in the tables (`reservations.py`) and dispatch the oldest requests as one
+   batch along it (`PipelineDispatch`).
+
+The executors report each stage's actual start and end (`stage_finished`,
+and `transfer_finished` for transfers); the core writes them into the tables
+and moves the reservations they now overlap (feedback correction, §5.4).
+
+**Why its own class.** `app.scheduling.base.Scheduler` is built around
+batches that run whole on one device: `Batch.device`, per-device run order,
+an ℓ(b) profile per model, preemption and held requests. A PPipe batch has a
+device *per stage*, transfers between them, and a report per stage; fitting
+it into that class would change every policy's types. This class keeps the
+same driver conventions (time as an argument, decisions out, `advance` and
+`next_wakeup` for timers, `device_down`/`device_up`, exactly-once answers)
+with its own batch and decision types (`batches.py`). Its drivers are the
+pipeline simulator (app/simulation/pipeline_engine.py) and, later, the daemon.
+
+Deviations from the pseudo-code, each for a reason:
+
+* *Admission at the head* (`admit_floor`, default 0.95). A request that
+  reaches the head of its queue for the first time is kept only if a batch
+  of at least `round(admit_floor × planned size)` can still end by its
+  deadline; otherwise it is dropped at once. Later passes over the same head
+  use the full descent. This is what the authors' simulator does
+  (ReservationSlaLoadBalancer, "empirically determined"), and it produced
+  the paper's figures: without it, a queue that has fallen behind drains in
+  small batches, which serve fewer requests per second than the plan and
+  fall further behind. `admit_floor=0` gives Algorithm 1 as printed.
+* *Pipeline choice*: a pipeline whose planned size is 1 and that cannot meet
+  the oldest deadline even so is ranked after the others (its waiting time
+  plus the SLO), as in the authors' simulator: Step 2 cannot shrink it.
+* *The last moment* of "wait for more requests" is when one more request
+  would no longer fit: deadline − (compute + transfers of a batch of
+  queued + 1) — the authors' simulator's rule. When the timer fires, a batch
+  of that size no longer fits, so Step 2 finds one the queue can fill. If
+  that moment has passed already (resources are busier than the bare
+  latencies), the queue goes at once at the largest size that still fits.
+* *Fewer probes on arrivals*. While a model waits, an arrival that leaves
+  its queue below the size Step 2 found, with no change in the tables its
+  pipelines use since, changes nothing: the core does not re-probe (the
+  artifact re-probes on every arrival). Probes are counted (`probes`).
+* *Re-routing on a device failure*: a batch that still needs the failed
+  device, or whose intermediate output it held, is probed again from its
+  first unfinished stage (from the start if the output it needs is lost),
+  on the same pipeline or, from the start, any pipeline of its model; it is
+  dispatched again if it still ends by its oldest deadline, else dropped
+  (`DropReason.DEVICE_FAILED`). Reports from the old route are ignored, so
+  every request is answered exactly once.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from collections.abc import Hashable
+from dataclasses import dataclass, field
+from typing import ClassVar
+
+from app.scheduling.ppipe.batches import (
+    PipelineBatch,
+    PipelineComplete,
+    PipelineDecision,
+    PipelineDispatch,
+    StageRun,
+)
+from app.scheduling.ppipe.layout import Layout, PoolPipeline
+from app.scheduling.ppipe.probe import Probe, probe
+from app.scheduling.ppipe.reservations import ReservationTable
+from app.scheduling.types import Drop, DropReason, Request
+
+_INF = math.inf
+
+
+@dataclass(slots=True)
+class _ModelState:
+    name: str
+    slo: float
+    pipelines: list[PoolPipeline]
+    queue: deque[Request] = field(default_factory=deque)
+    queued_items: int = 0
+    wake: float | None = None  # the wait timer
+    version: int = 0  # bumped when a table its pipelines use changes
+    waiting_for: int = 0  # the size Step 2 found when it chose to wait
+    waiting_version: int = -1
+
+
+class PPipeScheduler:
+    """The `ppipe` data plane over a plan's layout (see the module docstring)."""
+
+    name: ClassVar[str] = "ppipe"
+
+    def __init__(
+        self, layout: Layout, *, admit_floor: float = 0.95, deadline_margin: float = 0.0
+    ) -> None:
+        if not 0.0 <= admit_floor <= 1.0:
+            raise ValueError(f"admit_floor must be in [0, 1], got {admit_floor}")
+        if not (deadline_margin >= 0.0 and math.isfinite(deadline_margin)):
+            raise ValueError(f"deadline_margin must be a finite number ≥ 0, got {deadline_margin}")
+        if not layout.pipelines:
+            raise ValueError("the layout has no pipelines")
+        self.layout = layout
+        self.admit_floor = admit_floor
+        self.deadline_margin = deadline_margin
+        n_dev = len(layout.devices)
+        self.device_tables = [ReservationTable(f"device {d}") for d in range(n_dev)]
+        self.uplinks = [ReservationTable(f"node {n} uplink") for n in range(layout.nodes)]
+        self.downlinks = [ReservationTable(f"node {n} downlink") for n in range(layout.nodes)]
+        self.node_of = [d.node for d in layout.devices]
+        self.alive = [True] * n_dev
+        self.models: dict[str, _ModelState] = {
+            name: _ModelState(name, slo, layout.pipelines_of(name))
+            for name, slo in layout.slo_s.items()
+        }
+        self._pipelines = {p.id: p for p in layout.pipelines}
+        # Which models a change to a device's or a node's tables concerns.
+        self._device_models: list[set[str]] = [set() for _ in range(n_dev)]
+        self._node_models: list[set[str]] = [set() for _ in range(layout.nodes)]
+        for p in layout.pipelines:
+            for stage in p.stages:
+                for d in stage.devices:
+                    self._device_models[d].add(p.model)
+                    self._node_models[self.node_of[d]].add(p.model)
+        self.in_flight: dict[int, PipelineBatch] = {}
+        self._admitted: set[int] = set()
+        self._out: list[PipelineDecision] = []
+        self._next_batch_id = 1
+        self.clock = -_INF
+        self.probes = 0
+        self.batches_dispatched = 0
+
+    # ----------------------------------------------------------------- driver API
+
+    def add_request(self, request: Request, now: float) -> list[PipelineDecision]:
+        now = self._tick(now)
+        request.due = request.deadline - self.deadline_margin
+        state = self.models.get(request.model)
+        if state is None or not state.pipelines:
+            self._out.append(Drop([request], DropReason.NOT_SERVED))
+            return self._take()
+        queue = state.queue
+        if queue and request.due < queue[-1].due:
+            # Out of deadline order (a model with several SLOs): insert it.
+            items = sorted([*queue, request], key=lambda r: r.due)
+            queue.clear()
+            queue.extend(items)
+            state.waiting_version = -1
+        else:
+            queue.append(request)
+        state.queued_items += request.items
+        if (
+            state.wake is not None
+            and state.waiting_version == state.version
+            and state.queued_items < state.waiting_for
+            and now < state.wake
+        ):
+            return self._take()  # still waiting; nothing it relies on changed
+        self._schedule(state, now)
+        return self._take()
+
+    def stage_finished(
+        self,
+        batch_id: int,
+        stage: int,
+        started: float,
+        finished: float,
+        now: float,
+        *,
+        device: int | None = None,
+    ) -> list[PipelineDecision]:
+        """Stage `stage` of batch `batch_id` ran over [started, finished)
+        (on `device`, when given: a report from a route the core replaced
+        is ignored). The last stage's report completes the batch."""
+        now = self._tick(now)
+        batch = self.in_flight.get(batch_id)
+        if batch is None or not 0 <= stage < len(batch.stages):
+            return self._take()
+        run = batch.stages[stage]
+        if run.done or (device is not None and device != run.device):
+            return self._take()
+        run.done = True
+        table = self.device_tables[run.device]
+        self._apply_moves(table.correct((batch_id, stage), started, finished), link=False)
+        table.prune(now)
+        run.start, run.finish = started, finished
+        self._touch(self._device_models[run.device])
+        if stage == len(batch.stages) - 1:
+            del self.in_flight[batch_id]
+            self._out.append(PipelineComplete(batch, batch.requests))
+        return self._take()
+
+    def transfer_finished(
+        self, batch_id: int, stage: int, started: float, finished: float, now: float
+    ) -> list[PipelineDecision]:
+        """The transfer into stage `stage` of batch `batch_id` ran over
+        [started, finished): corrects both links' tables."""
+        now = self._tick(now)
+        batch = self.in_flight.get(batch_id)
+        if batch is None or not 0 <= stage < len(batch.stages):
+            return self._take()
+        run = batch.stages[stage]
+        if run.source_node is None or run.done:
+            return self._take()
+        for table in (self.uplinks[run.source_node], self.downlinks[run.node]):
+            self._apply_moves(table.correct((batch_id, stage), started, finished), link=True)
+            table.prune(now)
+        run.transfer_start, run.transfer_finish = started, finished
+        self._touch(self._node_models[run.source_node] | self._node_models[run.node])
+        return self._take()
+
+    def advance(self, now: float) -> list[PipelineDecision]:
+        now = self._tick(now)
+        for state in self.models.values():
+            if state.wake is not None and state.wake <= now:
+                state.wake = None
+                self._schedule(state, now)
+        return self._take()
+
+    def next_wakeup(self) -> float | None:
+        wakes = [s.wake for s in self.models.values() if s.wake is not None]
+        return min(wakes) if wakes else None
+
+    def device_down(self, device: int, now: float) -> list[PipelineDecision]:
+        """Instance `device` failed: its batches are re-routed or dropped,
+        each exactly once."""
+        now = self._tick(now)
+        if not 0 <= device < len(self.alive):
+            raise ValueError(f"unknown device {device}")
+        if not self.alive[device]:
+            return self._take()
+        self.alive[device] = False
+        for batch in list(self.in_flight.values()):
+            first = next(k for k, run in enumerate(batch.stages) if not run.done)
+            needs = any(run.device == device for run in batch.stages[first:])
+            holds = first > 0 and batch.stages[first - 1].device == device
+            if needs or holds:
+                self._reroute(batch, first, now)
+        self.device_tables[device] = ReservationTable(f"device {device}")
+        self._touch_all()
+        for state in self.models.values():
+            self._schedule(state, now)
+        return self._take()
+
+    def device_up(self, device: int, now: float) -> list[PipelineDecision]:
+        now = self._tick(now)
+        if not 0 <= device < len(self.alive):
+            raise ValueError(f"unknown device {device}")
+        if self.alive[device]:
+            return self._take()
+        self.alive[device] = True
+        self.device_tables[device] = ReservationTable(f"device {device}")
+        self._touch_all()
+        for state in self.models.values():
+            self._schedule(state, now)
+        return self._take()
+
+    @property
+    def probes_per_batch(self) -> float:
+        return self.probes / self.batches_dispatched if self.batches_dispatched else 0.0
+
+    # ----------------------------------------------------------------- Algorithm 1
+
+    def _schedule(self, state: _ModelState, now: float) -> None:
+        state.wake = None
+        queue = state.queue
+        while queue:
+            head = queue[0]
+            deadline = head.due
+            chosen_pipeline, first = self._step1(state, deadline, now)
+            if chosen_pipeline is None or first is None:
+                self._drop_head(state, DropReason.NOT_SERVED)
+                continue
+            planned = chosen_pipeline.batch
+            if self.admit_floor > 0.0 and head.id not in self._admitted:
+                floor = max(1, round(planned * self.admit_floor))
+                if self._descend(chosen_pipeline, planned, floor, deadline, now, first) is None:
+                    self._drop_head(state, DropReason.DEADLINE)
+                    continue
+                self._admitted.add(head.id)
+            found = self._descend(chosen_pipeline, planned, 1, deadline, now, first)
+            if found is None:
+                self._drop_head(state, DropReason.DEADLINE)
+                continue
+            if state.queued_items >= found.batch:
+                self._dispatch(state, found, now)
+                continue
+            # Too few requests: wait until one more would no longer fit.
+            wake = deadline - chosen_pipeline.work(state.queued_items + 1)
+            if wake > now:
+                state.wake = wake
+                state.waiting_for = found.batch
+                state.waiting_version = state.version
+                return
+            last = self._descend(chosen_pipeline, state.queued_items, 1, deadline, now)
+            if last is None:
+                self._drop_head(state, DropReason.DEADLINE)
+                continue
+            self._dispatch(state, last, now)
+
+    def _step1(
+        self, state: _ModelState, deadline: float, now: float
+    ) -> tuple[PoolPipeline | None, Probe | None]:
+        best: Probe | None = None
+        best_key = _INF
+        for pipeline in state.pipelines:
+            found = self._probe(pipeline, pipeline.batch, now)
+            if found is None:
+                continue
+            key = found.wait
+            if pipeline.batch == 1 and found.finish > deadline:
+                key += state.slo
+            if key < best_key:
+                best, best_key = found, key
+        return (best.pipeline, best) if best is not None else (None, None)
+
+    def _descend(
+        self,
+        pipeline: PoolPipeline,
+        top: int,
+        floor: int,
+        deadline: float,
+        now: float,
+        known: Probe | None = None,
+    ) -> Probe | None:
+        """The probe of the largest size in [floor, top] that ends by
+        `deadline` (`known` is the probe at `top`, if made already)."""
+        for size in range(top, floor - 1, -1):
+            found = known if known is not None and size == known.batch else None
+            if found is None:
+                found = self._probe(pipeline, size, now)
+            if found is not None and found.finish <= deadline:
+                return found
+        return None
+
+    def _probe(
+        self,
+        pipeline: PoolPipeline,
+        size: int,
+        now: float,
+        first_stage: int = 0,
+        source_node: int | None = None,
+    ) -> Probe | None:
+        self.probes += 1
+        return probe(
+            pipeline,
+            size,
+            now,
+            self.device_tables,
+            self.uplinks,
+            self.downlinks,
+            self.node_of,
+            self.alive,
+            first_stage=first_stage,
+            source_node=source_node,
+        )
+
+    # ----------------------------------------------------------------- batches
+
+    def _dispatch(self, state: _ModelState, found: Probe, now: float) -> None:
+        requests: list[Request] = []
+        items = 0
+        queue = state.queue
+        while queue and items + queue[0].items <= found.batch:
+            request = queue.popleft()
+            items += request.items
+            requests.append(request)
+            self._admitted.discard(request.id)
+        state.queued_items -= items
+        if items != found.batch:
+            # Requests of several items did not fill the size exactly.
+            smaller = self._probe(found.pipeline, items, now)
+            if smaller is not None and smaller.finish <= found.finish:
+                found = smaller
+        batch_id = self._next_batch_id
+        self._next_batch_id += 1
+        batch = PipelineBatch(batch_id, state.name, found.pipeline.id, requests, [], now)
+        self._reserve(batch_id, found.steps, now)
+        batch.stages = found.steps
+        self.in_flight[batch_id] = batch
+        self.batches_dispatched += 1
+        self._out.append(PipelineDispatch(batch, 0))
+
+    def _reserve(self, batch_id: int, steps: list[StageRun], now: float) -> None:
+        for run in steps:
+            owner = (batch_id, run.stage)
+            table = self.device_tables[run.device]
+            table.prune(now)
+            table.reserve(run.start, run.finish, owner)
+            touched = self._device_models[run.device]
+            if run.source_node is not None:
+                assert run.transfer_start is not None and run.transfer_finish is not None
+                for link in (self.uplinks[run.source_node], self.downlinks[run.node]):
+                    link.prune(now)
+                    link.reserve(run.transfer_start, run.transfer_finish, owner)
+                touched = touched | self._node_models[run.source_node] | self._node_models[run.node]
+            self._touch(touched)
+
+    def _release(self, batch_id: int, steps: list[StageRun]) -> None:
+        for run in steps:
+            owner = (batch_id, run.stage)
+            self.device_tables[run.device].release(owner)
+            if run.source_node is not None:
+                self.uplinks[run.source_node].release(owner)
+                self.downlinks[run.node].release(owner)
+
+    def _reroute(self, batch: PipelineBatch, first: int, now: float) -> None:
+        # The input of stage j is stage j − 1's output, on that stage's device.
+        j = first
+        while j > 0 and not self.alive[batch.stages[j - 1].device]:
+            j -= 1
+        self._release(batch.id, batch.stages[j:])
+        deadline = min(r.due for r in batch.requests)
+        pipeline = self._pipelines[batch.pipeline]
+        best: Probe | None = None
+        if j > 0:
+            source = batch.stages[j - 1].node
+            best = self._probe(pipeline, batch.size, now, first_stage=j, source_node=source)
+        else:
+            state = self.models[batch.model]
+            for candidate in state.pipelines:
+                if batch.size > candidate.batch:
+                    continue
+                found = self._probe(candidate, batch.size, now)
+                if found is not None and (best is None or found.finish < best.finish):
+                    best = found
+        if best is None or best.finish > deadline:
+            del self.in_flight[batch.id]
+            self._out.append(Drop(batch.requests, DropReason.DEVICE_FAILED))
+            return
+        if j == 0:
+            batch.pipeline = best.pipeline.id
+            batch.stages = []
+        else:
+            del batch.stages[j:]
+        self._reserve(batch.id, best.steps, now)
+        batch.stages.extend(best.steps)
+        self._out.append(PipelineDispatch(batch, j))
+
+    def _apply_moves(self, moved: list[tuple[Hashable, float, float]], *, link: bool) -> None:
+        """Write reservations a correction moved into their batches' plans."""
+        for owner, start, end in moved:
+            batch_id, stage = owner  # type: ignore[misc]
+            batch = self.in_flight.get(batch_id)
+            if batch is None or stage >= len(batch.stages):
+                continue
+            run = batch.stages[stage]
+            if link:
+                run.transfer_start, run.transfer_finish = start, end
+            else:
+                run.start, run.finish = start, end
+
+    # ----------------------------------------------------------------- plumbing
+
+    def _drop_head(self, state: _ModelState, reason: DropReason) -> None:
+        request = state.queue.popleft()
+        state.queued_items -= request.items
+        self._admitted.discard(request.id)
+        self._out.append(Drop([request], reason))
+
+    def _touch(self, models: set[str]) -> None:
+        for name in models:
+            self.models[name].version += 1
+
+    def _touch_all(self) -> None:
+        for state in self.models.values():
+            state.version += 1
+
+    def _tick(self, now: float) -> float:
+        if now < self.clock:
+            return self.clock
+        self.clock = now
+        return now
+
+    def _take(self) -> list[PipelineDecision]:
+        out, self._out = self._out, []
+        return out

@@ -1,0 +1,186 @@
+"""One simulated run of a PPipe plan at one load: arrivals, the data plane,
+the pipeline engine and what came out (ppipe.txt §7.1's methodology).
+
+Load factor 1.0 is a reference throughput per model — the PPipe plan's
+(`ModelTarget.throughput` of the `_v4` plan), also when an NP or DART-r plan
+is served, as in the paper ("load factor 1.0 = the throughput in the output
+of PPipe's MILP"). Arrivals (app/workloads/arrivals.py):
+
+* `poisson` — MAF-2019-like: Poisson at the model's rate;
+* `bursty` — MAF-2021-like: a two-state Markov-modulated Poisson process
+  whose states run at (1 ± `amplitude`) × the rate for exponential dwells of
+  `dwell_s` on average (mean rate unchanged). The MAF-2021 invocation trace
+  itself is not bundled; the shape is a stand-in with the trace's
+  sub-second bursts, and its two numbers are options.
+
+Results: per model the fraction of requests answered within the SLO, the
+drops and late answers; per device class the temporal utilisation — busy
+time of its instances, each weighted by its share (1/share of a device),
+over the run and over all the cluster's devices of the class (the paper's
+Figure 8 counts unused devices as idle); and the data plane's cost: probes
+and wall time in the core per dispatched batch.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from app.planning.ppipe.plan import Plan
+from app.planning.ppipe.profiles import BlockProfile
+from app.scheduling.ppipe.layout import Layout, build_layout, reference_devices_per_node
+from app.scheduling.ppipe.policy import PPipeScheduler
+from app.simulation.pipeline_engine import GOOD, InstanceFault, run_pipeline_simulation
+from app.workloads.arrivals import generate_arrivals
+from app.workloads.spec import parse_workload
+
+ARRIVALS = ("poisson", "bursty")
+
+
+@dataclass(frozen=True)
+class BurstShape:
+    amplitude: float = 0.5  # the states' rates are (1 ± amplitude) × the mean
+    dwell_s: float = 0.1  # mean time in each state
+
+    def __post_init__(self) -> None:
+        if not 0.0 < self.amplitude < 1.0:
+            raise ValueError(f"burst amplitude must be in (0, 1), got {self.amplitude}")
+        if not self.dwell_s > 0.0:
+            raise ValueError(f"burst dwell must be > 0 s, got {self.dwell_s}")
+
+
+@dataclass
+class PlanRunResult:
+    load_factor: float
+    within_slo: dict[str, float]  # per model: good / requests
+    requests: dict[str, int]
+    dropped: dict[str, int]
+    late: dict[str, int]
+    utilisation: dict[str, float]  # per device class
+    batches: int
+    probes: int
+    core_seconds: float
+    wall_seconds: float
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def probes_per_batch(self) -> float:
+        return self.probes / self.batches if self.batches else 0.0
+
+    @property
+    def core_us_per_batch(self) -> float:
+        return 1e6 * self.core_seconds / self.batches if self.batches else 0.0
+
+
+def plan_arrivals(
+    rates: Mapping[str, float],
+    duration_s: float,
+    *,
+    process: str = "poisson",
+    seed: int = 0,
+    burst: BurstShape = BurstShape(),
+) -> tuple[np.ndarray, np.ndarray, list[str]]:
+    """(times, model index, model names) of arrivals at `rates` (requests/s)."""
+    if process not in ARRIVALS:
+        raise ValueError(f"unknown arrival process {process!r}; choose one of {ARRIVALS}")
+    names = list(rates)
+    models: list[dict[str, Any]] = []
+    for name in names:
+        rate = float(rates[name])
+        if not rate > 0.0:
+            raise ValueError(f"model {name!r}: rate must be > 0 requests/s, got {rate}")
+        entry: dict[str, Any] = {"name": name, "profile": {"alpha_ms": 1.0, "beta_ms": 1.0}}
+        if process == "poisson":
+            entry["rate"] = rate
+        else:
+            states = [
+                {"rate": rate * (1.0 + burst.amplitude), "dwell_s": burst.dwell_s},
+                {"rate": rate * (1.0 - burst.amplitude), "dwell_s": burst.dwell_s},
+            ]
+            entry["arrival"] = {"process": "mmpp", "states": states}
+        models.append(entry)
+    doc = {
+        "duration_s": duration_s,
+        "seed": seed,
+        "devices": 1,
+        "slo_ms": 1000,
+        "max_batch": 1,
+        "models": models,
+    }
+    arrivals = generate_arrivals(parse_workload(doc, Path("."), source="<ppipe arrivals>"))
+    return arrivals.times, arrivals.model_index, names
+
+
+def plan_layout(
+    plan: Plan, profiles: Mapping[str, BlockProfile], models: set[str] | None
+) -> Layout:
+    return build_layout(
+        plan, profiles, devices_per_node=reference_devices_per_node(plan), models=models
+    )
+
+
+def simulate_plan(
+    plan: Plan,
+    profiles: Mapping[str, BlockProfile],
+    load_factor: float,
+    *,
+    reference: Mapping[str, float] | None = None,
+    models: set[str] | None = None,
+    duration_s: float = 30.0,
+    process: str = "poisson",
+    seed: int = 0,
+    burst: BurstShape = BurstShape(),
+    admit_floor: float = 0.95,
+    jitter: float = 0.0,
+    faults: tuple[InstanceFault, ...] = (),
+) -> PlanRunResult:
+    """Serve `plan` (its `models`, default all) at `load_factor` × `reference`
+    requests/s per model (default: the plan's own throughputs)."""
+    if not load_factor > 0.0:
+        raise ValueError(f"load factor must be > 0, got {load_factor}")
+    layout = plan_layout(plan, profiles, models)
+    served = [m for m in plan.models if m.name in layout.slo_s]
+    if reference is None:
+        reference = {m.name: m.throughput for m in served}
+    missing = [m.name for m in served if m.name not in reference]
+    if missing:
+        raise ValueError(f"no reference throughput for models {missing}")
+    rates = {m.name: load_factor * reference[m.name] for m in served}
+    times, index, names = plan_arrivals(rates, duration_s, process=process, seed=seed, burst=burst)
+    scheduler = PPipeScheduler(layout, admit_floor=admit_floor)
+    start = time.perf_counter()
+    trace = run_pipeline_simulation(
+        scheduler, names, times, index, jitter=jitter, seed=seed, faults=faults
+    )
+    wall = time.perf_counter() - start
+    counts = np.bincount(index, minlength=len(names))
+    good = np.bincount(index[trace.status == GOOD], minlength=len(names))
+    dropped = np.bincount(index[trace.drop_reason >= 0], minlength=len(names))
+    late = counts - good - dropped
+    elapsed = max(duration_s, trace.end_time)
+    busy: dict[str, float] = dict.fromkeys(layout.physical, 0.0)
+    for device in layout.devices:
+        busy[device.device_class] += trace.device_busy[device.id] / device.share
+    utilisation = {
+        cls: float(busy[cls] / (elapsed * count)) if count else 0.0
+        for cls, count in layout.physical.items()
+    }
+    return PlanRunResult(
+        load_factor=load_factor,
+        within_slo={
+            n: float(good[i] / counts[i]) if counts[i] else 1.0 for i, n in enumerate(names)
+        },
+        requests={n: int(counts[i]) for i, n in enumerate(names)},
+        dropped={n: int(dropped[i]) for i, n in enumerate(names)},
+        late={n: int(late[i]) for i, n in enumerate(names)},
+        utilisation=utilisation,
+        batches=scheduler.batches_dispatched,
+        probes=scheduler.probes,
+        core_seconds=trace.core_seconds,
+        wall_seconds=wall,
+    )
