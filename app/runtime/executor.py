@@ -183,6 +183,7 @@ class Executor:
         self.conn = conn
         self.device = device
         self.name: str = device["name"]
+        self.slowdown = float(device.get("slowdown", 1.0))
         self.configs: dict[str, ModelConfig] = {}
         self.backends: dict[str, Any] = {}
         self.arenas: dict[str, Any] = {}
@@ -426,6 +427,11 @@ class Executor:
                 arena.scatter(n, slots, outputs[n])
             if emulated:
                 backend.hold(started + backend.latency(len(slots)))
+            elif self.slowdown > 1.0:
+                # An emulated slower device (ExecutorDevice.slowdown): held
+                # until start + slowdown × what the batch took; a Cancel
+                # ends the hold early.
+                self._wait_until(started + self.slowdown * (time.monotonic() - started))
             return None
         except Terminated:
             return CANCELLED
