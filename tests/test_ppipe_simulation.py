@@ -93,3 +93,19 @@ def test_a_reference_plan_at_half_load_is_served_within_slo() -> None:
     assert set(result.utilisation) == {"L4", "T4"}
     assert 0.0 < result.utilisation["T4"] < result.utilisation["L4"] < 1.0
     assert result.batches > 0 and 1.0 <= result.probes_per_batch < 10.0
+
+
+def test_temporal_utilisation_counts_a_device_busy_when_any_share_runs() -> None:
+    from app.scheduling.ppipe import DeviceInstance, Layout
+    from app.simulation.ppipe_run import class_utilisation
+
+    # Two half-shares of physical device 0 and one idle whole device 1.
+    devices = (
+        DeviceInstance(0, "G", 2, 0, 0),
+        DeviceInstance(1, "G", 2, 0, 0),
+        DeviceInstance(2, "G", 1, 1, 0),
+    )
+    layout = Layout(devices, 1, (), {}, {"G": 2})
+    temporal, weighted = class_utilisation(layout, [[(0.0, 4.0)], [(2.0, 6.0)], []], 10.0)
+    assert temporal == {"G": pytest.approx(6.0 / 20.0)}  # [0, 6) of 2 devices × 10 s
+    assert weighted == {"G": pytest.approx(4.0 / 20.0)}  # (4 + 4) / 2 of 20

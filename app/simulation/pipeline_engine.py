@@ -78,6 +78,7 @@ class PipelineTrace:
     drop_reason: np.ndarray  # index into DROP_REASONS, −1 if not dropped
     batch_size: np.ndarray  # items of the batch that served it; 0 if none
     device_busy: np.ndarray  # seconds each instance spent running stages
+    busy_intervals: list[list[tuple[float, float]]]  # per instance: (start, end) of each stage
     batches: int
     end_time: float
     probes: int
@@ -108,6 +109,7 @@ class _Run:
         self.up_busy = [False] * self.layout.nodes
         self.down_busy = [False] * self.layout.nodes
         self.busy_s = [0.0] * n_dev
+        self.intervals: list[list[tuple[float, float]]] = [[] for _ in range(n_dev)]
         self.generation: dict[tuple[int, int], int] = {}
         self.input_ready: dict[tuple[int, int], float] = {}  # compute may start
         self.data_ready: dict[tuple[int, int], float] = {}  # transfer may start
@@ -209,6 +211,7 @@ class _Run:
             return  # the device failed meanwhile: the work is lost
         self.dev_busy[device] = False
         self.busy_s[device] += now - started
+        self.intervals[device].append((started, now))
         batch = self.core.in_flight.get(batch_id)
         if batch is not None and self.generation.get((batch_id, stage)) == gen:
             self.call(self.core.stage_finished, batch_id, stage, started, now, now, device=device)
@@ -358,6 +361,7 @@ def run_pipeline_simulation(
         drop_reason=reason,
         batch_size=size,
         device_busy=np.asarray(run.busy_s),
+        busy_intervals=run.intervals,
         batches=run.completed,
         end_time=now,
         probes=scheduler.probes,

@@ -1,0 +1,278 @@
+"""PPipe's simulated capacity (ppipe.txt §7.2, Figures 6 and 8): PPipe vs NP
+vs DART-r plans, all served by the `ppipe` data plane, on the four 100-device
+clusters, under Poisson and bursty arrivals.
+
+    python -m bench.ppipe_sim [--groups 1,2] [--clusters HC1,HC2]
+        [--variants ppipe,np,dart-r] [--arrivals poisson,bursty]
+        [--duration 30] [--seed 0] [--max-load 1.0]
+        [--burst-amplitude 0.5] [--burst-dwell 0.1] [--out-dir DIR]
+
+Plans are the PPipe artifact's reference plans (data/ppipe/plans-maf19/,
+`_v4` = PPipe, `_bl` = NP, `_dart-r` = DART-r), so the comparison does not
+depend on our planner. Groups are the paper's six groups of three DNNs,
+numbered 1–6 in the order of their file names; clusters HC1–HC4 are L4/P4,
+L4/T4, V100/P4 and V100/T4 (25 high- and 75 low-class devices).
+
+Method (the paper's and its artifact's, scripts/run_sim_in_batch.py): load
+factor 1.0 is the PPipe plan's throughput for each DNN, whichever plan
+serves it; each DNN runs alone on its own pipelines (the plans give every
+DNN its own devices) for `--duration` simulated seconds; its capacity is the
+highest load factor on the 0.05 grid up to `--max-load` with ≥ 99 % of
+requests within the SLO. The search probes `--max-load` first (PPipe usually
+passes there), then bisects the grid, assuming attainment falls with load:
+about five runs per DNN instead of twenty.
+
+Reported per group × cluster × arrivals and variant: capacity (mean over
+the group's DNNs), low-class utilisation (each DNN's at its capacity, summed:
+the DNNs use disjoint devices, so the sum is the cluster's utilisation with
+all three at capacity) and, once per group × cluster × arrivals, the data
+plane's cost with the three DNNs together on the whole 100-device cluster at
+load 0.9 of the PPipe plan: probes and µs in the core per dispatched batch.
+
+Output: a table on stdout, and `<out-dir>/ppipe-sim.json` and `.md`.
+Progress goes to stderr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from app.planning.ppipe.plan import Plan, read_reference_plan
+from app.planning.ppipe.profiles import BUNDLED_DIR, load_profile
+from app.simulation.ppipe_run import ARRIVALS, BurstShape, PlanRunResult, simulate_plan
+
+PLANS = BUNDLED_DIR / "plans-maf19"
+OUT_DIR = Path(__file__).resolve().parent / "results" / "ppipe"
+WEIGHTS = "0.3-0.33-0.37"
+CLUSTERS = {"HC1": "L4-P4", "HC2": "L4-T4", "HC3": "V100-P4", "HC4": "V100-T4"}
+VARIANTS = {"ppipe": "v4", "np": "bl", "dart-r": "dart-r"}
+HIGH_CLASSES = ("L4", "V100")
+TARGET = 0.99
+STEP = 0.05
+COST_LOAD = 0.9
+# The paper's averages (§7.2): capacity (load factor) and low-class utilisation.
+PAPER = {
+    "poisson": {"ppipe": 0.965},
+    "bursty": {"ppipe": 0.903},
+    "gain_over_np": {"poisson": 0.48, "bursty": 0.75},
+    "gain_over_dart-r": {"poisson": 0.32, "bursty": 0.36},
+    "low_utilisation": {"ppipe": 0.736, "np": 0.081, "dart-r": 0.295},
+}
+
+
+def groups() -> list[str]:
+    """The six groups' model strings, in file-name order."""
+    names = {p.name.split(f"_{WEIGHTS}_")[0] for p in PLANS.glob(f"*_{WEIGHTS}_*.json")}
+    return sorted(names)
+
+
+def plan_path(group: str, cluster: str, variant: str) -> Path:
+    (path,) = PLANS.glob(f"{group}_{WEIGHTS}_{CLUSTERS[cluster]}_*_{VARIANTS[variant]}.json")
+    return path
+
+
+def low_class(plan: Plan) -> str:
+    (low,) = [c for c in plan.cluster.classes if c not in HIGH_CLASSES]
+    return low
+
+
+def capacity(
+    run: Callable[[float], PlanRunResult], max_steps: int
+) -> tuple[float, PlanRunResult | None, int]:
+    """(highest passing load factor on the grid, its run, runs made)."""
+    runs = 0
+    results: dict[int, PlanRunResult] = {}
+
+    def passes(k: int) -> bool:
+        nonlocal runs
+        runs += 1
+        results[k] = run(round(k * STEP, 10))
+        return min(results[k].within_slo.values()) >= TARGET
+
+    if passes(max_steps):
+        return max_steps * STEP, results[max_steps], runs
+    lo, hi = 0, max_steps
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if passes(mid):
+            lo = mid
+        else:
+            hi = mid
+    return lo * STEP, results.get(lo), runs
+
+
+def run_cell(
+    group: str, cluster: str, arrivals: str, variants: list[str], args: argparse.Namespace
+) -> dict[str, Any]:
+    reference_plan = read_reference_plan(plan_path(group, cluster, "ppipe"))
+    reference = {m.name: m.throughput for m in reference_plan.models}
+    profiles = {name: load_profile(name) for name in reference}
+    burst = BurstShape(args.burst_amplitude, args.burst_dwell)
+    common = {
+        "duration_s": args.duration,
+        "process": arrivals,
+        "seed": args.seed,
+        "burst": burst,
+    }
+    max_steps = round(args.max_load / STEP)
+    cell: dict[str, Any] = {"group": group, "cluster": cluster, "arrivals": arrivals}
+    for variant in variants:
+        plan = read_reference_plan(plan_path(group, cluster, variant))
+        low = low_class(plan)
+        per_model: dict[str, Any] = {}
+        for name in reference:
+            started = time.perf_counter()
+
+            def run(load: float, name: str = name, plan: Plan = plan) -> PlanRunResult:
+                return simulate_plan(
+                    plan, profiles, load, reference=reference, models={name}, **common
+                )
+
+            load, result, runs = capacity(run, max_steps)
+            elapsed = time.perf_counter() - started
+            per_model[name] = {
+                "capacity": load,
+                "low_utilisation": result.utilisation[low] if result else 0.0,
+                "utilisation": result.utilisation if result else {},
+                "runs": runs,
+                "seconds_per_run": elapsed / runs,
+            }
+            print(
+                f"  {cluster} {arrivals} {variant} {name}: {load:.2f} ({runs} runs, "
+                f"{elapsed / runs:.1f} s each)",
+                file=sys.stderr,
+            )
+        cell[variant] = {
+            "capacity": sum(m["capacity"] for m in per_model.values()) / len(per_model),
+            "low_utilisation": sum(m["low_utilisation"] for m in per_model.values()),
+            "models": per_model,
+        }
+    cost = simulate_plan(reference_plan, profiles, COST_LOAD, **common)
+    cell["cost"] = {
+        "devices": sum(reference_plan.cluster.classes.values()),
+        "probes_per_batch": cost.probes_per_batch,
+        "core_us_per_batch": cost.core_us_per_batch,
+        "batches": cost.batches,
+        "wall_s": cost.wall_seconds,
+        "within_slo": cost.within_slo,
+    }
+    return cell
+
+
+def summarise(cells: list[dict[str, Any]], variants: list[str]) -> dict[str, Any]:
+    summary: dict[str, Any] = {}
+    for arrivals in sorted({c["arrivals"] for c in cells}):
+        rows = [c for c in cells if c["arrivals"] == arrivals]
+        entry: dict[str, Any] = {}
+        for v in variants:
+            entry[v] = {
+                "capacity": sum(r[v]["capacity"] for r in rows) / len(rows),
+                "low_utilisation": sum(r[v]["low_utilisation"] for r in rows) / len(rows),
+            }
+        for base in ("np", "dart-r"):
+            if "ppipe" in variants and base in variants and entry[base]["capacity"] > 0:
+                entry[f"gain_over_{base}"] = (
+                    entry["ppipe"]["capacity"] / entry[base]["capacity"] - 1
+                )
+        entry["probes_per_batch"] = sum(r["cost"]["probes_per_batch"] for r in rows) / len(rows)
+        entry["core_us_per_batch"] = sum(r["cost"]["core_us_per_batch"] for r in rows) / len(rows)
+        summary[arrivals] = entry
+    return summary
+
+
+def render(cells: list[dict[str, Any]], summary: dict[str, Any], variants: list[str]) -> str:
+    head = ["group", "cluster", "arrivals"]
+    head += [f"{v} cap" for v in variants] + [f"{v} low util" for v in variants]
+    head += ["probes/batch", "µs/batch"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for c in cells:
+        row = [str(c["group_index"]), c["cluster"], c["arrivals"]]
+        row += [f"{c[v]['capacity']:.2f}" for v in variants]
+        row += [f"{100 * c[v]['low_utilisation']:.1f} %" for v in variants]
+        row += [f"{c['cost']['probes_per_batch']:.2f}", f"{c['cost']['core_us_per_batch']:.0f}"]
+        lines.append("| " + " | ".join(row) + " |")
+    for arrivals, s in summary.items():
+        row = ["mean", "", arrivals]
+        row += [f"{s[v]['capacity']:.3f}" for v in variants]
+        row += [f"{100 * s[v]['low_utilisation']:.1f} %" for v in variants]
+        row += [f"{s['probes_per_batch']:.2f}", f"{s['core_us_per_batch']:.0f}"]
+        lines.append("| " + " | ".join(row) + " |")
+    gains = [
+        f"{arrivals}: PPipe +{100 * s[k]:.0f} % over {k.removeprefix('gain_over_')}"
+        for arrivals, s in summary.items()
+        for k in ("gain_over_np", "gain_over_dart-r")
+        if k in s
+    ]
+    return "\n".join(lines) + ("\n\n" + "; ".join(gains) if gains else "") + "\n"
+
+
+def parse_list(text: str, allowed: list[str], what: str) -> list[str]:
+    items = [t.strip() for t in text.split(",") if t.strip()]
+    bad = [t for t in items if t not in allowed]
+    if bad or not items:
+        raise SystemExit(f"--{what}: unknown {bad or text!r}; choose from {', '.join(allowed)}")
+    return items
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m bench.ppipe_sim", description=__doc__.split("\n")[0]
+    )
+    p.add_argument("--groups", default="1,2,3,4,5,6", help="groups 1–6 (default all)")
+    p.add_argument("--clusters", default=",".join(CLUSTERS), help="HC1..HC4 (default all)")
+    p.add_argument("--variants", default=",".join(VARIANTS), help="ppipe,np,dart-r")
+    p.add_argument("--arrivals", default=",".join(ARRIVALS), help="poisson,bursty")
+    p.add_argument("--duration", type=float, default=30.0, help="simulated seconds per run")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--max-load", type=float, default=1.0, help="top of the load grid")
+    p.add_argument("--burst-amplitude", type=float, default=BurstShape.amplitude)
+    p.add_argument("--burst-dwell", type=float, default=BurstShape.dwell_s)
+    p.add_argument("--out-dir", type=Path, default=OUT_DIR)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    all_groups = groups()
+    chosen = parse_list(args.groups, [str(i + 1) for i in range(len(all_groups))], "groups")
+    clusters = parse_list(args.clusters, list(CLUSTERS), "clusters")
+    variants = parse_list(args.variants, list(VARIANTS), "variants")
+    arrivals = parse_list(args.arrivals, list(ARRIVALS), "arrivals")
+    if not args.duration > 0 or not args.max_load >= STEP:
+        raise SystemExit("--duration must be > 0 and --max-load ≥ 0.05")
+    cells: list[dict[str, Any]] = []
+    started = time.perf_counter()
+    for g in chosen:
+        group = all_groups[int(g) - 1]
+        for cluster in clusters:
+            for process in arrivals:
+                print(f"group {g} {cluster} {process}", file=sys.stderr)
+                cell = run_cell(group, cluster, process, variants, args)
+                cell["group_index"] = int(g)
+                cells.append(cell)
+    summary = summarise(cells, variants)
+    table = render(cells, summary, variants)
+    print(table)
+    args.out_dir.mkdir(parents=True, exist_ok=True)
+    body = {
+        "options": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
+        "burst": asdict(BurstShape(args.burst_amplitude, args.burst_dwell)),
+        "paper": PAPER,
+        "summary": summary,
+        "cells": cells,
+        "wall_s": time.perf_counter() - started,
+    }
+    (args.out_dir / "ppipe-sim.json").write_text(json.dumps(body, indent=2) + "\n")
+    (args.out_dir / "ppipe-sim.md").write_text(table)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
