@@ -5,7 +5,8 @@ the same plan and block profile.
     python -m bench.ppipe_live [--fast NAME:THREADS[:SLOWDOWN]] [--slow ...]
         [--fast-count 1] [--slow-count 2] [--slo-ms 50] [--margin 0.4]
         [--max-batch 4] [--probe-s 3] [--max-probes 6] [--sim-s 30]
-        [--fault-s 4] [--fault-load 0.5] [--repeats 3] [--out-dir DIR]
+        [--fault-s 4] [--fault-load 0.5] [--repeats 3] [--deadline-margin-ms 0]
+        [--out-dir DIR]
 
 1. **Model and profile.** `chain` (app/repository/chain_model.py) is cut
    into 10 blocks of roughly equal time on the slow class
@@ -29,15 +30,24 @@ the same plan and block profile.
    throughput), live (`--probe-s` per probe) and simulated (the pipeline
    simulator, app/simulation/pipeline_engine.py, on the same plan and
    profile, `--sim-s` simulated seconds per probe); then their ratio.
+   The live core may plan with a deadline margin (`--deadline-margin-ms`,
+   `PPipeScheduler(deadline_margin=…)`: slack for what the profile leaves
+   out, the hand-over between stages through this process and executors
+   slower than profiled on a busy machine); the simulator plans without.
+   Reported beside it: the stages' mean live time against the profile, and
+   the mean time from a stage's end to the next one's start.
 5. **Device failure.** At `--fault-load` × the live capacity for
    `--fault-s`, one executor of the pool with more than one instance is
    killed (SIGKILL) 40 % into the run and not restarted: the core re-routes
    its batches to the other instances or drops them; every request must be
    answered exactly once.
 
-The default classes keep the executors and this process within the box's
-two cores: `fast` is one thread held 1.5 × its run, `slow` one thread held
-4.5 × (each slow executor computes a third of its time).
+The default classes keep the executors and this process well within the
+box's two cores, which other work shares: `fast` is one thread held 2 × its
+compute, `slow` one thread held 6 × (app/runtime/executor.py: the hold
+multiplies the batch's CPU time, so time other processes take from it is
+not multiplied too). At the plan's throughput the fast executor computes
+half of the time and each slow one a sixth.
 
 Output: a summary on stdout and `<out-dir>/live.json`.
 """
@@ -149,13 +159,16 @@ async def offer(
     drained = await wait_answered(driver, 30.0)
     good = late = 0
     errors: dict[str, int] = {}
+    latencies = []
     for arrival, future in futures:
         if not future.done():
             continue
         if future.exception() is not None:
             name = getattr(future.exception(), "reason", type(future.exception()).__name__)
             errors[name] = errors.get(name, 0) + 1
-        elif future.result().finished_at <= arrival + slo_s:
+            continue
+        latencies.append(future.result().finished_at - arrival)
+        if latencies[-1] <= slo_s:
             good += 1
         else:
             late += 1
@@ -167,6 +180,9 @@ async def offer(
         "late": late,
         "errors": errors,
         "within_slo": good / len(futures) if futures else 1.0,
+        "latency_ms_p50_p99": [float(1e3 * np.percentile(latencies, q)) for q in (50, 99)]
+        if latencies
+        else None,
     }
 
 
@@ -220,18 +236,34 @@ async def live_part(args: argparse.Namespace, setup: dict[str, Any]) -> dict[str
         )
         await live.start()
         try:
-            # Answers against the uncut model.
-            futures = [live.driver.submit(model, inp) for inp in rng_inputs[:16]]
+            # Answers against the uncut model, 20 ms apart (a burst would
+            # be partly dropped: the SLO holds only so many queued requests).
+            futures = []
+            for inp in rng_inputs[:16]:
+                futures.append(live.driver.submit(model, inp))
+                await asyncio.sleep(0.02)
             await wait_answered(live.driver, 30.0)
             worst = 0.0
-            equal = True
+            equal = answered = 0
             for inp, future in zip(rng_inputs, futures, strict=False):
+                if future.exception() is not None:
+                    continue
+                answered += 1
                 got = future.result().outputs["output"]
                 want = run(whole, inp)["output"]
                 worst = max(worst, float(np.max(np.abs(got - want))))
-                equal &= bool(np.allclose(got, want, rtol=1e-4, atol=1e-5))
-            out["answers"] = {"requests": 16, "equal": equal, "max_abs_diff": worst}
-            log(f"answers: 16 requests, equal to the uncut model's: {equal} (max |Δ| {worst:.2e})")
+                equal += bool(np.allclose(got, want, rtol=1e-4, atol=1e-5))
+            out["answers"] = {
+                "requests": 16,
+                "answered": answered,
+                "equal": equal,
+                "all_equal": equal == answered == 16,
+                "max_abs_diff": worst,
+            }
+            log(
+                f"answers: {answered} of 16 answered, {equal} equal to the uncut model's "
+                f"(max |Δ| {worst:.2e})"
+            )
 
             throughput = plan.pipelines[0].throughput
             seeds = iter(range(1000))
@@ -240,18 +272,36 @@ async def live_part(args: argparse.Namespace, setup: dict[str, Any]) -> dict[str
                 rate = load * throughput
                 times, _, _ = plan_arrivals({model: rate}, args.probe_s, seed=next(seeds))
                 result = await offer(live, model, times, rng_inputs, slo)
-                log(f"  live load {load:.3f} ({rate:.0f}/s): {result['within_slo']:.4f} within SLO")
+                log(
+                    f"  live load {load:.3f} ({rate:.0f}/s): {result['within_slo']:.4f} within "
+                    f"SLO; late {result['late']}, errors {result['errors']}, latency p50/p99 ms "
+                    f"{result['latency_ms_p50_p99']}"
+                )
                 await asyncio.sleep(0.2)
                 return result["within_slo"]
 
             log("live capacity:")
             capacity, probes = await bisect(probe, 1.0, args.max_probes)
+            counts = live.driver.counts
+            stage_ms = {
+                key: 1e3 * counts.stage_seconds[key] / n for key, n in counts.stage_batches.items()
+            }
+            planned = {f"0.{k}": 1e3 * s.latency_s for k, s in enumerate(plan.pipelines[0].stages)}
+            handoff = 1e3 * counts.handoff_seconds / max(1, counts.handoffs)
             out["live"] = {
                 "load_factor": capacity,
                 "rate": capacity * throughput,
                 "probes": probes,
                 "probe_s": args.probe_s,
+                "stage_ms_mean": stage_ms,
+                "stage_ms_profiled": planned,
+                "handoff_ms_mean": handoff,
             }
+            log(
+                "stage time, ms, live mean (profiled): "
+                + ", ".join(f"{k} {v:.2f} ({planned.get(k, 0):.2f})" for k, v in stage_ms.items())
+                + f"; hand-over between stages {handoff:.2f} ms"
+            )
 
             # A device failure in the pool with more than one instance.
             layout = core.layout
@@ -306,8 +356,8 @@ async def live_part(args: argparse.Namespace, setup: dict[str, Any]) -> dict[str
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.ppipe_live", description=__doc__)
-    parser.add_argument("--fast", default="fast:1:1.5", metavar="NAME:THREADS[:SLOWDOWN]")
-    parser.add_argument("--slow", default="slow:1:4.5", metavar="NAME:THREADS[:SLOWDOWN]")
+    parser.add_argument("--fast", default="fast:1:2", metavar="NAME:THREADS[:SLOWDOWN]")
+    parser.add_argument("--slow", default="slow:1:6", metavar="NAME:THREADS[:SLOWDOWN]")
     parser.add_argument("--fast-count", type=int, default=1)
     parser.add_argument("--slow-count", type=int, default=2)
     parser.add_argument("--slo-ms", type=float, default=50.0)
@@ -319,6 +369,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--fault-s", type=float, default=4.0)
     parser.add_argument("--fault-load", type=float, default=0.5)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--deadline-margin-ms", type=float, default=0.0)
     parser.add_argument("--capacity", type=int, default=128, help="arena slots")
     parser.add_argument("--out-dir", type=Path, default=OUT_DIR)
     args = parser.parse_args(argv)
@@ -351,7 +402,10 @@ def main(argv: list[str] | None = None) -> int:
         )
         + f", batch {pipeline.batch}, {pipeline.throughput:.0f} requests/s"
     )
-    core = PPipeScheduler(build_layout(plan, {partitioning.name: profile}))
+    core = PPipeScheduler(
+        build_layout(plan, {partitioning.name: profile}),
+        deadline_margin=args.deadline_margin_ms / 1000.0,
+    )
     setup = {"plan": plan, "core": core, "partitioning": partitioning, "classes": classes}
     live = asyncio.run(live_part(args, setup))
 
@@ -366,6 +420,7 @@ def main(argv: list[str] | None = None) -> int:
         "classes": {n: asdict(c) for n, c in classes.items()},
         "counts": counts,
         "slo_ms": args.slo_ms,
+        "deadline_margin_ms": args.deadline_margin_ms,
         "plan": {
             "batch": pipeline.batch,
             "throughput": throughput,
@@ -393,7 +448,7 @@ def main(argv: list[str] | None = None) -> int:
         f"{sim_capacity:.3f} ({sim_capacity * throughput:.0f}/s): live/simulated {ratio:.3f}"
     )
     print(
-        f"answers equal to the uncut model's: {live['answers']['equal']}; fault run: "
+        f"answers equal to the uncut model's: {live['answers']['all_equal']}; fault run: "
         f"exactly once {live['fault']['exactly_once']}, re-routed "
         f"{live['fault']['driver']['rerouted']}, dropped {live['fault']['dropped']}"
     )

@@ -118,6 +118,8 @@ def test_stages_run_in_order_and_the_answers_come_from_the_arena():
         assert slots.free_slots == 8  # both requests' slots are free again
         counts = live.counts
         assert (counts.submitted, counts.answered, counts.failed, counts.stage_runs) == (2, 2, 0, 2)
+        assert counts.stage_batches == {"0.0": 1, "0.1": 1}
+        assert counts.stage_seconds == pytest.approx({"0.0": 0.004, "0.1": 0.012})
         slots.close_and_unlink()
 
     asyncio.run(scenario())
@@ -261,7 +263,7 @@ def test_the_driver_refuses_a_layout_its_partitions_do_not_cover():
 # ----------------------------------------------------------- emulated slowdown
 
 
-def test_an_executor_with_a_slowdown_holds_each_batch_that_many_times_its_run(monkeypatch):
+def test_an_executor_with_a_slowdown_holds_each_batch_that_many_times_its_compute(monkeypatch):
     config = ModelConfig(
         "m",
         "onnx",
@@ -274,7 +276,6 @@ def test_an_executor_with_a_slowdown_holds_each_batch_that_many_times_its_run(mo
     slots = Arena.create(config, capacity=2)
     try:
         sent: list = []
-        marks: list[float] = []
 
         class Conn:
             def send(self, msg) -> None:
@@ -284,7 +285,9 @@ def test_an_executor_with_a_slowdown_holds_each_batch_that_many_times_its_run(mo
             def run(self, inputs):
                 import time
 
-                marks.append(time.monotonic())
+                begun = time.process_time()
+                while time.process_time() - begun < 0.005:  # 5 ms of compute
+                    pass
                 return {"y": 2 * inputs["x"]}
 
         executor = Executor(Conn(), {"name": "slow:0", "kind": "cpu", "slowdown": 3.0})
@@ -300,8 +303,9 @@ def test_an_executor_with_a_slowdown_holds_each_batch_that_many_times_its_run(mo
         start_at, until = holds  # the wait for its start, then the hold
         assert start_at == 0.0
         start = reply.started_at
-        # start + 3 × (what the batch took: the run, and the copies around it)
-        assert start + 3 * (marks[0] - start) <= until <= start + 3 * (reply.finished_at - start)
+        # start + 3 × its compute: at least the run's 5 ms of CPU time, at
+        # most the whole batch's time (one thread computes)
+        assert start + 3 * 0.005 <= until <= start + 3 * (reply.finished_at - start)
         with pytest.raises(ValueError, match="slowdown must be ≥ 1"):
             from app.runtime.devices import ExecutorDevice
 

@@ -23,9 +23,10 @@ class ExecutorDevice:
     `index` is the CUDA device ordinal (among visible devices) for "cuda";
     `threads` the intra-op threads of a CPU slice; `cpus` optionally pins the
     process to those cores. `slowdown` (≥ 1) emulates a device that many
-    times slower: each batch is held until its start + `slowdown` × the time
-    it actually took (app/runtime/executor.py), as a block profile measured
-    with the same factor says (app/repository/block_profile.py).
+    times slower: each batch is held until its start + `slowdown` × its
+    compute, the CPU time it took per thread (app/runtime/executor.py), as a
+    block profile measured with the same factor says
+    (app/repository/block_profile.py).
     """
 
     id: int

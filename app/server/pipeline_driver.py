@@ -151,6 +151,14 @@ class DriverCounts:
     rerouted: int = 0  # batches dispatched again after a device failed
     stage_runs: int = 0
     stage_errors: int = 0
+    # Per "pipeline.stage" of the completed batches: their stages' time, as
+    # the executors reported it, and how many (mean = seconds / batches).
+    stage_seconds: dict[str, float] = field(default_factory=dict)
+    stage_batches: dict[str, int] = field(default_factory=dict)
+    # ...and between a stage's end and the next one's start (the hand-over
+    # through the driver, plus any wait for the instance or its reservation)
+    handoff_seconds: float = 0.0
+    handoffs: int = 0
 
 
 def default_lead(scheduler: PPipeScheduler) -> float:
@@ -462,6 +470,15 @@ class PipelineDriver:
         now = self._clock()
         arena = self.models[batch.model].arena
         devices = tuple(run.device for run in batch.stages)
+        if batch.id not in self._failed:
+            for run in batch.stages:
+                key = f"{batch.pipeline}.{run.stage}"
+                seconds = self.counts.stage_seconds
+                seconds[key] = seconds.get(key, 0.0) + run.finish - run.start
+                self.counts.stage_batches[key] = self.counts.stage_batches.get(key, 0) + 1
+            for before, after in itertools.pairwise(batch.stages):
+                self.counts.handoff_seconds += after.start - before.finish
+                self.counts.handoffs += 1
         for request in requests:
             pending = self.pending.pop(request.id, None)
             if pending is None:
