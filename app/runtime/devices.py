@@ -22,7 +22,11 @@ class ExecutorDevice:
 
     `index` is the CUDA device ordinal (among visible devices) for "cuda";
     `threads` the intra-op threads of a CPU slice; `cpus` optionally pins the
-    process to those cores.
+    process to those cores. `slowdown` (≥ 1) emulates a device that many
+    times slower: each batch is held until its start + `slowdown` × its
+    compute, the CPU time it took per thread (app/runtime/executor.py), as a
+    block profile measured with the same factor says
+    (app/repository/block_profile.py).
     """
 
     id: int
@@ -31,6 +35,11 @@ class ExecutorDevice:
     index: int = 0
     threads: int = 1
     cpus: tuple[int, ...] | None = None
+    slowdown: float = 1.0
+
+    def __post_init__(self) -> None:
+        if not (self.slowdown >= 1.0 and self.slowdown < float("inf")):
+            raise ValueError(f"device {self.name!r}: slowdown must be ≥ 1, got {self.slowdown}")
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)

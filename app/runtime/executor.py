@@ -183,6 +183,8 @@ class Executor:
         self.conn = conn
         self.device = device
         self.name: str = device["name"]
+        self.slowdown = float(device.get("slowdown", 1.0))
+        self.threads = max(1, int(device.get("threads", 1)))
         self.configs: dict[str, ModelConfig] = {}
         self.backends: dict[str, Any] = {}
         self.arenas: dict[str, Any] = {}
@@ -397,6 +399,7 @@ class Executor:
         from app.runtime.backend import Terminated
         from app.runtime.emulated import EmulatedBackend
 
+        cpu_at = time.process_time()
         try:
             if backend is None:
                 raise KeyError(f"model {model!r} is not loaded on {self.name}")
@@ -426,6 +429,13 @@ class Executor:
                 arena.scatter(n, slots, outputs[n])
             if emulated:
                 backend.hold(started + backend.latency(len(slots)))
+            elif self.slowdown > 1.0:
+                # An emulated slower device (ExecutorDevice.slowdown): held
+                # until start + slowdown × the batch's compute, its CPU time
+                # per thread (so that time other processes take from it on a
+                # busy machine is not multiplied too); a Cancel ends it early.
+                compute = (time.process_time() - cpu_at) / self.threads
+                self._wait_until(started + self.slowdown * compute)
             return None
         except Terminated:
             return CANCELLED

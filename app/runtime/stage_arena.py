@@ -134,6 +134,19 @@ def stage_layout(layout: Mapping[str, Any], stage: int) -> dict[str, Any]:
     return _arena_layout(layout, entry["model"], entry["inputs"], entry["outputs"])
 
 
+def partition_view(
+    layout: Mapping[str, Any], model: str, inputs: Sequence[str], outputs: Sequence[str]
+) -> dict[str, Any]:
+    """The arena layout of partition `model` taking tensors `inputs` and
+    giving `outputs` of the pipeline arena: a partition spanning several of
+    its stages (a model served by pipelines cut at different blocks shares
+    one arena cut at all of them)."""
+    missing = [n for n in (*inputs, *outputs) if n not in layout["tensors"]]
+    if missing:
+        raise ValueError(f"pipeline arena of {layout['model']!r} carries no tensor {missing}")
+    return _arena_layout(layout, model, inputs, outputs)
+
+
 def request_layout(layout: Mapping[str, Any]) -> dict[str, Any]:
     """The daemon's view: the model's inputs and outputs (first stage's
     inputs, last stage's outputs)."""

@@ -1,0 +1,61 @@
+"""bench/ppipe_live.py's plan search and capacity bisection, on a made-up
+block profile and a made-up attainment curve (no measurement)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import numpy as np
+import pytest
+
+from app.planning.ppipe.profiles import BlockProfile
+from bench.ppipe_live import bisect, search_plan
+
+MS = 0.001
+
+
+def profile() -> BlockProfile:
+    """10 blocks of 1 ms per item on `fast`, 3 ms on `slow`."""
+    per_item = np.array([1.0, 2.0, 3.0, 4.0])
+    return BlockProfile(
+        "m",
+        {
+            ("fast", 1): np.tile(MS * per_item, (10, 1)),
+            ("slow", 1): np.tile(3 * MS * per_item, (10, 1)),
+        },
+        np.full(9, 1024.0),
+    )
+
+
+def test_the_search_balances_one_fast_instance_against_two_slow_ones():
+    plan = search_plan(profile(), {"fast": 1, "slow": 2}, slo_s=0.05, margin=0.4, max_batch=4)
+    (pipeline,) = plan.pipelines
+    first, second = pipeline.stages
+    # fast [0, 6): 6 ms an item; slow [6, 10) on two: 12 ms / 2 = 6 ms an item.
+    assert (first.device_class, first.end, second.device_class, second.devices) == (
+        "fast",
+        6,
+        "slow",
+        2,
+    )
+    assert pipeline.batch == 1  # larger batches gain nothing here: the smaller one wins
+    assert pipeline.throughput == pytest.approx(1 / 0.006)
+    assert plan.cluster.bandwidth_gbps >= 1e6  # shared memory: transfers take ~0 s
+    # 18 ms of stages at batch 1 exceed 0.025 × 0.6: nothing fits.
+    with pytest.raises(SystemExit, match="no two-stage pipeline fits"):
+        search_plan(profile(), {"fast": 1, "slow": 2}, slo_s=0.015, margin=0.4, max_batch=4)
+
+
+def test_the_bisection_finds_the_edge_within_four_percent():
+    def curve(edge: float):
+        async def probe(load: float) -> float:
+            return 1.0 if load <= edge else 0.9
+
+        return probe
+
+    found, probes = asyncio.run(bisect(curve(0.83), 1.0, 12))
+    assert 0.83 / 1.04 <= found <= 0.83 and probes[0] == (1.0, 0.9)
+    found, _ = asyncio.run(bisect(curve(2.0), 1.0, 12))
+    assert 2.0 / 1.04 <= found <= 2.0
+    found, probes = asyncio.run(bisect(curve(0.0), 1.0, 3))
+    assert found == 0.0 and [p[0] for p in probes] == [1.0, 0.5, 0.25]
