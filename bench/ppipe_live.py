@@ -70,12 +70,13 @@ from typing import Any
 
 import numpy as np
 
+from app.planning.ppipe.layout import build_layout
 from app.planning.ppipe.plan import Cluster, ModelTarget, Pipeline, Plan, Stage
 from app.planning.ppipe.profiles import BlockProfile
 from app.repository.block_profile import DeviceClass, prepartition, profile_blocks
 from app.repository.chain_model import CHAIN_MODEL, write_chain
 from app.repository.partition import run, session, synthetic_inputs, verify_chain
-from app.scheduling.ppipe import PPipeScheduler, build_layout
+from app.scheduling.ppipe import PPipeScheduler
 from app.server.pipeline_setup import LivePipelines, wait_answered
 from app.simulation.ppipe_run import plan_arrivals, simulate_plan
 

@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 from app.errors import Dropped, ExecutorFailed
+from app.planning.ppipe.layout import build_layout
 from app.planning.ppipe.plan import Cluster, ModelTarget, Pipeline, Plan, Stage
 from app.planning.ppipe.profiles import BlockProfile
 from app.repository.config import ModelConfig, TensorSpec
@@ -21,7 +22,7 @@ from app.runtime.arena import Arena
 from app.runtime.events import BatchFinished, DeviceDown
 from app.runtime.executor import Executor
 from app.runtime.messages import Ran
-from app.scheduling.ppipe import PPipeScheduler, build_layout
+from app.scheduling.ppipe import PPipeScheduler
 from app.server.pipeline_driver import PipelineDriver, PipelineModel
 from tests.fakes import FakeClock, FakeTimer
 
