@@ -64,6 +64,7 @@ from app.scheduling.types import (
 )
 from app.server.alone_sampling import AloneSampler, alone_time_per_request
 from app.server.timerfd import Timer, make_timer
+from app.server.wakeup import WakeupTimer
 
 log = logging.getLogger(__name__)
 
@@ -142,11 +143,11 @@ class Dispatcher:
         self._by_device = {device: group for group in groups for device in group.devices}
         self._executors = executors
         self._clock = clock
-        self._timer_factory = timer_factory or (lambda: make_timer(asyncio.get_running_loop()))
+        self._wakeup = WakeupTimer(
+            timer_factory or (lambda: make_timer(asyncio.get_running_loop())), self._on_wakeup
+        )
         self._on_batch = on_batch
         self._sampler = AloneSampler(alone_sample_rate, rng)
-        self._timer: Timer | None = None  # made on first use, on the running loop
-        self.wake_at: float | None = None  # what the timer is armed for
         self._events: deque[ExecutorEvent] = deque()
         self._handling = False
         self._ids = itertools.count()
@@ -156,7 +157,12 @@ class Dispatcher:
     @property
     def timer(self) -> Timer | None:
         """The timer of the cores' wakeups, once it has been armed."""
-        return self._timer
+        return self._wakeup.timer
+
+    @property
+    def wake_at(self) -> float | None:
+        """What the timer is armed for."""
+        return self._wakeup.wake_at
 
     def group_of(self, model: str) -> CoreGroup | None:
         return self._by_model.get(model)
@@ -314,23 +320,11 @@ class Dispatcher:
     def _rearm(self) -> None:
         wakeups = [w for g in self.groups if (w := g.scheduler.next_wakeup()) is not None]
         wake_at = min(wakeups) if wakeups else None
-        if wake_at == self.wake_at or self.closing:
-            return
-        self.wake_at = wake_at
-        if wake_at is None:
-            if self._timer is not None:
-                self._timer.cancel()
-            return
-        if self._timer is None:
-            self._timer = self._timer_factory()
-        self._timer.call_at(wake_at, self._on_wakeup)
+        if not self.closing:
+            self._wakeup.arm(wake_at)
 
     def _on_wakeup(self) -> None:
-        due = self.wake_at
-        self.wake_at = None
-        now = self._clock()
-        if due is not None and due > now:  # a timer that fired early: as of its time
-            now = due
+        now = self._wakeup.fired(self._clock())
 
         def advance_due_cores() -> None:
             for group in self.groups:
@@ -386,10 +380,7 @@ class Dispatcher:
         self._events.clear()
         waiting = [p.request for p in self.pending.values()]
         self._fail(waiting, error)
-        if self._timer is not None:
-            self._timer.close()
-            self._timer = None
-        self.wake_at = None
+        self._wakeup.close()
         return len(waiting)
 
 

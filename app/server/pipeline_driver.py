@@ -75,6 +75,7 @@ from app.scheduling.ppipe.batches import (
 from app.scheduling.ppipe.policy import PPipeScheduler
 from app.scheduling.types import Drop, DropReason, Request
 from app.server.timerfd import Timer, make_timer
+from app.server.wakeup import WakeupTimer
 
 log = logging.getLogger(__name__)
 
@@ -200,9 +201,9 @@ class PipelineDriver:
         self.models = dict(models)
         self._executors = executors
         self._clock = clock
-        self._timer_factory = timer_factory or (lambda: make_timer(asyncio.get_running_loop()))
-        self._timer: Timer | None = None
-        self.wake_at: float | None = None
+        self._wakeup = WakeupTimer(
+            timer_factory or (lambda: make_timer(asyncio.get_running_loop())), self._on_wakeup
+        )
         self.lead_s = default_lead(scheduler) if lead_s is None else lead_s
         if not 0.0 <= self.lead_s < math.inf:
             raise ValueError(f"lead_s must be a finite number ≥ 0, got {self.lead_s}")
@@ -530,23 +531,11 @@ class PipelineDriver:
         if core is not None:
             wakes.append(core)
         wake_at = min(wakes) if wakes else None
-        if wake_at == self.wake_at or self.closing:
-            return
-        self.wake_at = wake_at
-        if wake_at is None:
-            if self._timer is not None:
-                self._timer.cancel()
-            return
-        if self._timer is None:
-            self._timer = self._timer_factory()
-        self._timer.call_at(wake_at, self._on_wakeup)
+        if not self.closing:
+            self._wakeup.arm(wake_at)
 
     def _on_wakeup(self) -> None:
-        due = self.wake_at
-        self.wake_at = None
-        now = self._clock()
-        if due is not None and due > now:  # a timer that fired early: as of its time
-            now = due
+        now = self._wakeup.fired(self._clock())
 
         def wake() -> None:
             wake_core = self.core.next_wakeup()
@@ -568,10 +557,7 @@ class PipelineDriver:
         self._events.clear()
         waiting = [p.request for p in self.pending.values()]
         self._fail(waiting, error)
-        if self._timer is not None:
-            self._timer.close()
-            self._timer = None
-        self.wake_at = None
+        self._wakeup.close()
         return len(waiting)
 
 
