@@ -41,7 +41,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from app.results import DROP_REASONS, Outcome
+from app.results import DROP_REASONS
 from app.scheduling.ppipe.batches import (
     PipelineBatch,
     PipelineComplete,
@@ -51,10 +51,8 @@ from app.scheduling.ppipe.batches import (
 from app.scheduling.ppipe.layout import Layout
 from app.scheduling.ppipe.policy import PPipeScheduler
 from app.scheduling.types import Drop, Request
+from app.simulation.engine import DROPPED, GOOD, LATE, PENDING
 
-PENDING, GOOD, LATE, DROPPED = (
-    int(o) for o in (Outcome.PENDING, Outcome.GOOD, Outcome.LATE, Outcome.DROPPED)
-)
 # Event kinds, in the order they are handled at equal times.
 _STAGE_END, _XFER_END, _WAKE_DEVICE, _WAKE_XFER, _FAULT, _TIMER, _ARRIVAL = range(7)
 
