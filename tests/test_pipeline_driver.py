@@ -143,6 +143,32 @@ def test_a_stage_is_handed_over_only_a_lead_before_its_reserved_start():
     asyncio.run(scenario())
 
 
+def test_the_next_stage_is_handed_over_while_the_instance_still_runs_one():
+    async def scenario() -> None:
+        live, _, executors, clock, timer, slots = driver()
+        for value in (1.0, 2.0, 3.0, 4.0):  # two batches of two, back to back on instance 0
+            live.submit("m", x(value))
+        assert [(r[0], r[4]) for r in executors.runs] == [(0, 0.0)]
+        # At 3 ms (4 ms − the 1 ms lead) the second batch goes to instance 0
+        # while the first still runs there: no round trip between them.
+        assert timer.when == pytest.approx(0.003)
+        clock.now = 0.003
+        timer.fire()
+        assert [(r[0], r[4]) for r in executors.runs] == [(0, 0.0), (0, pytest.approx(0.004))]
+        # A third is not handed over before one of the two is reported.
+        for value in (5.0, 6.0):
+            live.submit("m", x(value))
+        assert len([r for r in executors.runs if r[0] == 0]) == 2
+        finish(live, slots, executors.runs[0], 0.0, 0.004, clock=clock)
+        assert timer.when == pytest.approx(0.007)  # the third batch's lead
+        clock.now = 0.007
+        timer.fire()
+        assert [r[4] for r in executors.runs if r[0] == 0] == pytest.approx([0.0, 0.004, 0.008])
+        slots.close_and_unlink()
+
+    asyncio.run(scenario())
+
+
 def test_a_request_that_cannot_make_its_slo_is_dropped_and_its_slot_freed():
     async def scenario() -> None:
         live, _, executors, _, _, slots = driver()

@@ -226,6 +226,20 @@ def test_admission_at_the_head_drops_what_only_a_small_batch_could_serve() -> No
     assert core.next_wakeup() == pytest.approx(7.0)  # deadline 9 − ℓ(2)
 
 
+def test_a_request_of_more_items_than_the_planned_batch_runs_whole() -> None:
+    # Planned batch 1; a request of 3 items needs a batch of 3 (3.5 s on the
+    # idle device): it goes at once, never split and never in a batch of 1.
+    layout = make_layout([(LAT, (0.0,) * 4, [0])], slo=8.0, batch=1, nodes=1)
+    core = PPipeScheduler(layout)
+    (decision,) = core.add_request(Request(1, "m", 0.0, 8.0, items=3), 0.0)
+    assert isinstance(decision, PipelineDispatch) and decision.batch.size == 3
+    assert decision.batch.stages[0].finish == pytest.approx(3.5)
+    # Five items: more than any batch the profile covers (4).
+    (drop,) = core.add_request(Request(2, "m", 0.1, 8.1, items=5), 0.1)
+    assert isinstance(drop, Drop) and drop.reason is DropReason.NOT_SERVED
+    assert not core.models["m"].queue
+
+
 # ---------------------------------------------------------------- feedback correction
 
 

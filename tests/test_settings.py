@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 import app.__main__ as cli
+from app.repository.device_class import DeviceClass
 from app.runtime import realtime
 from app.runtime.realtime import RealtimeUnavailable
 from app.server.setting_parsers import FALSE, TRUE
@@ -61,6 +62,12 @@ SAMPLES: dict[str, tuple[str, object]] = {
     "PROFILE_CACHE_DIR": ("/var/cache/ds", Path("/var/cache/ds")),
     "PROFILE_MIN_R2": ("0.5", 0.5),
     "PROFILE_SAMPLE_RATE": ("0.25", 0.25),
+    "PPIPE_PLAN": ("/srv/plan.json", Path("/srv/plan.json")),
+    "PPIPE_TIMINGS": ("/srv/profiles", Path("/srv/profiles")),
+    "PPIPE_CLASSES": (
+        "fast:2,slow:1:3.5",
+        (DeviceClass("fast", 2), DeviceClass("slow", 1, 3.5)),
+    ),
 }
 
 # (variable, bad text, the error after the variable's or flag's name)
@@ -104,6 +111,10 @@ BAD: list[tuple[str, str, str]] = [
     ("PROFILE_SAMPLE_RATE", "-0.1", " must be 0 to 1, got -0.1"),
     ("PROFILE_SAMPLE_RATE", "nan", "='nan' is not a finite number"),
     ("PROFILE_SAMPLE_RATE", "often", "='often' is not a number"),
+    ("PPIPE_CLASSES", "fast", "='fast': device class 'fast': expected NAME:THREADS[:SLOWDOWN]"),
+    ("PPIPE_CLASSES", "a:1,a:2", "='a:1,a:2': class names repeat"),
+    ("PPIPE_CLASSES", "slow:1:0.5", "='slow:1:0.5': device class 'slow': slowdown must be ≥ 1"),
+    ("PPIPE_CLASSES", "x-y:1", "='x-y:1': device class name 'x-y': use letters, digits and '_'"),
 ]
 
 FLAG = {setting.env: setting.flag for setting in SETTINGS}
@@ -126,6 +137,7 @@ def test_flag_names_come_from_the_variables():
         "max_buffered_bytes", "max_connections", "deadline_margin_ms", "timer_lead_ms",
         "realtime_priority", "max_body_bytes", "max_json_bytes", "metrics_prefix", "admin_token",
         "profile_batch_sizes", "profile_cache_dir", "profile_min_r2", "profile_sample_rate",
+        "ppipe_plan", "ppipe_timings", "ppipe_classes",
     ]  # fmt: skip
 
 

@@ -45,10 +45,8 @@ reference class defaults to the one with the fewest threads.
 from __future__ import annotations
 
 import argparse
-import re
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -56,6 +54,7 @@ import numpy as np
 import onnx
 
 from app.planning.ppipe.profiles import BlockProfile
+from app.repository.device_class import DEFAULT_CLASSES, DeviceClass
 from app.repository.files import atomic_write_bytes
 from app.repository.partition import (
     DEFAULT_BLOCKS,
@@ -70,61 +69,6 @@ from app.repository.partition import (
     synthetic_inputs,
     verify_chain,
 )
-
-_CLASS_NAME = re.compile(r"^[A-Za-z0-9_]+$")
-
-
-@dataclass(frozen=True)
-class DeviceClass:
-    """A live CPU device class (see the module docstring)."""
-
-    name: str
-    threads: int
-    slowdown: float = 1.0
-
-    def __post_init__(self) -> None:
-        if not _CLASS_NAME.match(self.name):
-            raise ValueError(
-                f"device class name {self.name!r}: use letters, digits and '_' only "
-                "(profile file names separate model, class and share with '-')"
-            )
-        if self.threads < 1:
-            raise ValueError(f"device class {self.name!r}: threads must be ≥ 1, got {self.threads}")
-        if not (np.isfinite(self.slowdown) and self.slowdown >= 1.0):
-            raise ValueError(
-                f"device class {self.name!r}: slowdown must be ≥ 1, got {self.slowdown}"
-            )
-
-    def threads_at(self, share: int) -> int:
-        """Threads of 1/`share` of this class."""
-        if share < 1 or self.threads % share:
-            raise ValueError(
-                f"device class {self.name!r} ({self.threads} threads): share 1/{share} is not "
-                "a whole number of threads"
-            )
-        return self.threads // share
-
-    def shares(self, wanted: Sequence[int]) -> list[int]:
-        """The shares of `wanted` this class has (share 1 always)."""
-        return sorted({1, *(v for v in wanted if v >= 1 and self.threads % v == 0)})
-
-    @classmethod
-    def parse(cls, text: str) -> DeviceClass:
-        """`NAME:THREADS[:SLOWDOWN]`, e.g. `cpu1t:1` or `slow:1:2.5`."""
-        parts = text.split(":")
-        if len(parts) not in (2, 3):
-            raise ValueError(f"device class {text!r}: expected NAME:THREADS[:SLOWDOWN]")
-        try:
-            threads = int(parts[1])
-            slowdown = float(parts[2]) if len(parts) == 3 else 1.0
-        except ValueError:
-            raise ValueError(
-                f"device class {text!r}: THREADS must be an integer, SLOWDOWN a number"
-            ) from None
-        return cls(parts[0], threads, slowdown)
-
-
-DEFAULT_CLASSES = (DeviceClass("cpu2t", 2), DeviceClass("cpu1t", 1))
 
 
 def _timed(sess: Any, feed: Mapping[str, np.ndarray], warmup: int, repeats: int) -> float:

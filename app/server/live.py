@@ -17,7 +17,7 @@ free the shared memory. So every accepted request gets exactly one answer,
 and the server's own wait for open connections ends with the grace.
 
 Two hooks feed Triton's statistics (app/server/statistics.py): `infer`
-counts a request answered with an error, `_count_success` one answered with
+counts a request answered with an error, `_serve` one answered with
 outputs, `_on_batch` each batch once. Models are loaded and unloaded while
 serving by app/server/model_control.py (`load_model`, `unload_model`); a
 model in `control_state` takes no requests.
@@ -55,16 +55,17 @@ from app.runtime.devices import ExecutorDevice
 from app.runtime.events import AloneStopped, AloneTimed, DeviceDown, DeviceUp, ExecutorEvent
 from app.runtime.pool import ExecutorPool
 from app.runtime.realtime import SchedState, restore, set_fifo
-from app.scheduling.autoscale import advised_device_change
 from app.scheduling.types import Batch
 from app.server import model_control, startup
+from app.server.autoscale_signals import publish_signals
 from app.server.dispatcher import Dispatcher, Finished
 from app.server.heap import freeze_startup_heap, thaw_heap
 from app.server.metrics import Metrics, metric_label
+from app.server.pipeline_service import PipelineService, start_pipelines
 from app.server.service import InferResult, request_items
 from app.server.settings import Settings
 from app.server.startup import ModelState
-from app.server.statistics import Statistics
+from app.server.statistics import Statistics, epoch_ms
 
 log = logging.getLogger("app.server")
 
@@ -87,6 +88,8 @@ class LiveService:
         self.devices: list[ExecutorDevice] = []
         self.pool: ExecutorPool | None = None
         self.dispatcher: Dispatcher | None = None
+        # Models served as PPipe pipelines (PPIPE_PLAN; app/server/pipeline_service.py).
+        self.pipelines: PipelineService | None = None
         self.ready = False
         self.closing = False
         self._signals_task: asyncio.Task | None = None
@@ -111,8 +114,11 @@ class LiveService:
         index = await startup.load_models(settings)
         self.unavailable.update(index.errors)
         self.optional = set(index.optional)
-        self._check_loaded(index.models)
-        self.devices = startup.device_layout(settings)
+        self.pipelines = await start_pipelines(settings, index, self.metrics, self.statistics)
+        piped = self.pipelines.configs if self.pipelines is not None else {}
+        self._check_loaded({**index.models, **piped})
+        # No executor of DEVICES when a plan serves every model.
+        self.devices = startup.device_layout(settings) if index.models else []
         if settings.realtime_priority:
             # Before the executors start: they inherit it, then step one below.
             self._sched_before = set_fifo(settings.realtime_priority)
@@ -121,10 +127,11 @@ class LiveService:
             settings, self.devices, index, self._on_event
         )
         self.unavailable.update(unavailable)
-        for name, state in self.models.items():
-            self.statistics.add_model(name, state.config.version, state.config.model_name)
-            self.versions[name] = state.config.version
-        self._check_loaded(self.models)
+        configs = {**{n: s.config for n, s in self.models.items()}, **piped}
+        for name, config in configs.items():
+            self.statistics.add_model(name, config.version, config.model_name)
+            self.versions[name] = config.version
+        self._check_loaded(configs)
         for state in self.models.values():
             device = self._device(state.devices[0])
             await startup.measure_model(settings, self.pool, device, state)
@@ -136,7 +143,9 @@ class LiveService:
         )
         # The watchdog judges a batch by the profile the core plans with.
         self.pool.expected_latency = self._expected_latency
-        self._signals_task = asyncio.create_task(self._publish_signals())
+        self._signals_task = asyncio.create_task(
+            publish_signals(self.dispatcher, self.metrics, lambda d: self._device(d).name)
+        )
         frozen = freeze_startup_heap()
         log.info("%d start-up objects exempted from garbage collection", frozen)
         self.ready = True
@@ -194,9 +203,17 @@ class LiveService:
             return
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.settings.shutdown_grace_s
-        while dispatcher.pending and not self._hurried and loop.time() < deadline:
+        pipelines = self.pipelines
+        while (
+            (dispatcher.pending or (pipelines is not None and pipelines.pending))
+            and not self._hurried
+            and loop.time() < deadline
+        ):
             await asyncio.sleep(0.01)
-        failed = dispatcher.fail_all(ShuttingDown("server shut down before this request finished"))
+        error = ShuttingDown("server shut down before this request finished")
+        failed = dispatcher.fail_all(error)
+        if pipelines is not None:
+            failed += pipelines.fail_all(error)
         if failed:
             log.warning("shutdown: answered %d unfinished requests with 503 shutting_down", failed)
 
@@ -214,6 +231,8 @@ class LiveService:
             await self.pool.stop(timeout=_EXECUTOR_STOP_S)
         for state in self.models.values():
             state.arena.close_and_unlink()
+        if self.pipelines is not None:
+            await self.pipelines.stop()
         thaw_heap()
         if self._sched_before is not None:
             restore(self._sched_before)
@@ -263,7 +282,8 @@ class LiveService:
     # ------------------------------------------------------------- service API
 
     def model_names(self) -> list[str]:
-        return sorted({state.config.model_name for state in self.models.values()})
+        piped = self.pipelines.configs.values() if self.pipelines is not None else ()
+        return sorted({c.model_name for c in (*(s.config for s in self.models.values()), *piped)})
 
     def model_config(self, name: str, version: str | None = None) -> ModelConfig:
         """The config of `name`'s `version` (None: its default version); its
@@ -282,6 +302,8 @@ class LiveService:
     def _model_config(self, name: str) -> ModelConfig:
         """The config of the served model `name` (a version key)."""
         shown = shown_model(name)
+        if self.pipelines is not None and name in self.pipelines.configs:
+            return self.pipelines.configs[name]
         if name in self.control_state:
             raise ModelUnloaded(f"model {shown} is {self.control_state[name]}")
         state = self.models.get(name)
@@ -295,6 +317,8 @@ class LiveService:
         return state.config
 
     def model_ready(self, name: str) -> bool:
+        if self.pipelines is not None and name in self.pipelines.configs:
+            return self.ready and self.pipelines.ready(name)
         state = self.models.get(name)
         if state is None or not self.ready or self.pool is None or name in self.control_state:
             return False
@@ -304,11 +328,12 @@ class LiveService:
         """Serving, and every model has at least one live device (while an
         executor restarts, a model with another device stays ready); under
         STRICT_READINESS also no model of the repository failed to load."""
-        if not self.ready or self.closing or not self.models:
+        piped = list(self.pipelines.configs) if self.pipelines is not None else []
+        if not self.ready or self.closing or not (self.models or piped):
             return False
         if self.settings.strict_readiness and self.failed():
             return False
-        serving = [name for name in self.models if name not in self.control_state]
+        serving = [name for name in self.models if name not in self.control_state] + piped
         return all(self.model_ready(name) for name in serving)
 
     def capacity(self) -> dict[str, object]:
@@ -316,12 +341,13 @@ class LiveService:
         (the body of /v2/health/ready)."""
         pool = self.pool
         alive = [d.id for d in self.devices if pool is not None and pool.alive(d.id)]
+        piped = self.pipelines.device_counts() if self.pipelines is not None else (0, 0)
         return {
-            "devices_alive": len(alive),
-            "devices_total": len(self.devices),
+            "devices_alive": len(alive) + piped[0],
+            "devices_total": len(self.devices) + piped[1],
             "models_unavailable": sorted(
                 shown_model(n, quote=False)
-                for n in self.models
+                for n in (*self.models, *(self.pipelines.configs if self.pipelines else ()))
                 if not self.model_ready(n) and n not in self.control_state
             ),
             "models_failed": (
@@ -341,6 +367,11 @@ class LiveService:
             }
             for name, state in self.models.items()
         ]
+        for name, config in (self.pipelines.configs if self.pipelines else {}).items():
+            ready = "READY" if self.model_ready(name) else "UNAVAILABLE"
+            index.append(
+                {"name": config.model_name, "version": config.version, "state": ready, "reason": ""}
+            )
         for key, reason in self.unavailable.items():
             loading = self.control_state.get(key) == "loading"
             name, _, version = key.partition(VERSION_KEY_SEP)
@@ -381,7 +412,7 @@ class LiveService:
     ) -> InferResult:
         """Answer one request (`_serve`). One answered with an error is
         counted in its model's statistics here; one answered with outputs
-        where its timings are known (`_count_success`)."""
+        where its timings are known (`_serve`)."""
         began = time.monotonic()
         try:
             return await self._serve(
@@ -395,7 +426,7 @@ class LiveService:
         except ServingError:
             now = time.monotonic()
             arrival = began if received_at is None else min(received_at, began)
-            self.statistics.request_failed(model, total_s=now - arrival, at_ms=_epoch_ms())
+            self.statistics.request_failed(model, total_s=now - arrival, at_ms=epoch_ms())
             raise
 
     async def _serve(
@@ -423,6 +454,10 @@ class LiveService:
                     "the model config does not allow loosening"
                 )
             slo = slo_ms
+        if self.pipelines is not None and model in self.pipelines.configs:
+            return await self.pipelines.serve(
+                config, inputs, slo, request_id=request_id, received_at=received_at, app=app
+            )
         state = self.models[model]
         limit = self.settings.max_queue
         outstanding = self._outstanding.get(model, 0)
@@ -475,7 +510,17 @@ class LiveService:
             self.metrics.request_finished(
                 metric_label(model), latency, queue, finished.batch.size, latency <= slo / 1000.0
             )
-            self._count_success(model, items, request.arrival, seen_at, finished, now)
+            self.statistics.request_succeeded(
+                model,
+                items=items,
+                total_s=now - request.arrival,
+                queue_s=queue,
+                input_s=max(0.0, seen_at - request.arrival),
+                infer_s=finished.finished_at - finished.started_at,
+                output_s=max(0.0, now - finished.finished_at),
+                at_ms=epoch_ms(),
+                batch=(finished.batch.device, finished.batch.id),
+            )
             return InferResult(
                 model=config.model_name,
                 request_id=request_id,
@@ -491,29 +536,6 @@ class LiveService:
         finally:
             if release:
                 self._settle(model, state, slots)
-
-    def _count_success(
-        self,
-        model: str,
-        items: int,
-        arrival: float,
-        seen_at: float,
-        finished: Finished,
-        now: float,
-    ) -> None:
-        """A request answered with outputs, in its model's statistics: the
-        mapping of these times to Triton's fields is app/server/statistics.py's."""
-        self.statistics.request_succeeded(
-            model,
-            items=items,
-            total_s=now - arrival,
-            queue_s=max(0.0, finished.started_at - arrival),
-            input_s=max(0.0, seen_at - arrival),
-            infer_s=finished.finished_at - finished.started_at,
-            output_s=max(0.0, now - finished.finished_at),
-            at_ms=_epoch_ms(),
-            batch=(finished.batch.device, finished.batch.id),
-        )
 
     def _abandoned(
         self, future: asyncio.Future, model: str, state: ModelState, slots: list[int]
@@ -569,32 +591,3 @@ class LiveService:
                 requests=len(batch.requests),
                 infer_s=compute_s,
             )
-
-    async def _publish_signals(self, period_s: float = 5.0) -> None:
-        """Symphony's autoscaling signals (§4.4) to /metrics, every period."""
-        assert self.dispatcher is not None
-        while True:
-            await asyncio.sleep(period_s)
-            now = time.monotonic()
-            total = bad = 0.0
-            idle = []
-            for group in self.dispatcher.groups:
-                signals = group.scheduler.signals(now)
-                requests = signals.finished_good + signals.finished_late + signals.dropped
-                total += requests
-                bad += signals.finished_late + signals.dropped
-                idle.append((signals.idle_fraction, len(group.devices)))
-                for device, busy in signals.per_device_busy.items():
-                    self.metrics.set_device_busy(self._device(device).name, busy)
-                group.scheduler.reset_signals(now)
-            devices = sum(n for _, n in idle)
-            idle_fraction = sum(f * n for f, n in idle) / devices if devices else 0.0
-            bad_rate = bad / total if total else 0.0
-            self.metrics.set_autoscale(
-                bad_rate, idle_fraction, advised_device_change(devices, bad_rate, idle_fraction)
-            )
-
-
-def _epoch_ms() -> int:
-    """Now, in milliseconds since the epoch (Triton's `last_inference`)."""
-    return time.time_ns() // 1_000_000

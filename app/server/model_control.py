@@ -183,9 +183,19 @@ def _version_keys(keys: Any, name: str) -> list[str]:
     return [k for k in keys if k.partition(VERSION_KEY_SEP)[0] == name]
 
 
+def _refuse_pipeline(service: LiveService, name: str) -> None:
+    """A model served as a pipeline of PPIPE_PLAN is not under model control."""
+    if service.pipelines is not None and name in service.pipelines.configs:
+        raise InvalidInput(
+            f"model {name!r} is served as a pipeline of PPIPE_PLAN; its partitions are loaded "
+            "and unloaded with the server, not by model control"
+        )
+
+
 async def unload(service: LiveService, name: str) -> None:
     """Unload every version of `name` (see the module docstring); returns
     once they are gone."""
+    _refuse_pipeline(service, name)
     keys = _version_keys(service.models, name)
     failed = _version_keys(service.unavailable, name)
     if not keys and not failed:
@@ -251,6 +261,7 @@ async def _wait(done: Any, seconds: float) -> bool:
 async def load(service: LiveService, name: str, override: str | None = None) -> None:
     """(Re)load every version of `name` from the repository (see the module
     docstring)."""
+    _refuse_pipeline(service, name)
     settings = service.settings
     index = await asyncio.to_thread(load_repository, settings.repository)
     if name not in index.models:

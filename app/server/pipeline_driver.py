@@ -28,6 +28,12 @@ simulated ones can be compared:
   the executor holds it until that start (`Run.start_at`). The lead is
   shorter than any stage, so no batch reserved later can fit before a stage
   already handed over: the order of the reservations is kept;
+* an executor holds at most `HANDED_AHEAD` (2) runs: the one it runs and
+  the next, waiting in its inbox. Handing the next one over only after the
+  current one's report would leave the instance idle for a round trip
+  through this process per stage (1–4 ms on a busy two-core box, as long
+  as a stage of the chain model on the fast class): the pipeline's busiest
+  pool would lose a third of its throughput to it;
 * transfers between stages are shared memory on one machine: the next stage
   reads the slots the previous one wrote, nothing is copied, so a transfer
   takes no time. The plan's cluster should say so (a bandwidth high enough
@@ -79,6 +85,9 @@ from app.server.wakeup import WakeupTimer
 
 log = logging.getLogger(__name__)
 
+# Runs an executor holds at once: the one it runs and the next (see above).
+HANDED_AHEAD = 2
+
 
 class StageExecutors(Protocol):
     """Where stages run (`app.runtime.pool.ExecutorPool`): device ids are
@@ -113,6 +122,7 @@ class PipelineAnswer:
     batch_size: int
     pipeline: int
     devices: tuple[int, ...]  # the instance of each stage, in order
+    started_at: float  # its first stage's start, as its executor reported it
     finished_at: float
 
 
@@ -128,7 +138,7 @@ class _Pending:
 class _Device:
     # (reserved start, batch, stage, route) of the stages planned on it
     queue: list[tuple[float, int, int, int]] = field(default_factory=list)
-    running: int | None = None  # the run handed to the executor and not reported yet
+    handed: list[int] = field(default_factory=list)  # runs handed over, not reported yet
     wake: float = math.inf  # when its queue's head is due to be handed over
 
 
@@ -345,22 +355,28 @@ class PipelineDriver:
         )
 
     def _try_device(self, device: int, now: float) -> None:
+        """Hand the device's next stages over, as many as are due and ready
+        and the executor may hold."""
         state = self._devices[device]
-        if state.running is not None or not self.core.alive[device]:
-            return
         queue = state.queue
-        while queue and not self._live(queue[0]):
+        while len(state.handed) < HANDED_AHEAD and self.core.alive[device]:
+            while queue and not self._live(queue[0]):
+                heapq.heappop(queue)
+            if not queue:
+                return
+            start, batch_id, stage, gen = queue[0]
+            if (batch_id, stage) not in self._ready:
+                return
+            if start - self.lead_s > now:
+                state.wake = start - self.lead_s
+                return
             heapq.heappop(queue)
-        if not queue:
-            return
-        start, batch_id, stage, gen = queue[0]
-        if (batch_id, stage) not in self._ready:
-            return
-        if start - self.lead_s > now:
-            state.wake = start - self.lead_s
-            return
-        heapq.heappop(queue)
-        state.wake = math.inf
+            state.wake = math.inf
+            self._hand_over(device, batch_id, stage, gen, start, now)
+
+    def _hand_over(
+        self, device: int, batch_id: int, stage: int, gen: int, start: float, now: float
+    ) -> None:
         batch = self.core.in_flight[batch_id]
         pipeline = self.core.layout.pipelines[batch.pipeline]
         blocks = pipeline.stages[stage]
@@ -369,7 +385,7 @@ class PipelineDriver:
         run_id = next(self._run_ids)
         self._runs[run_id] = _RunOf(batch_id, stage, gen, device)
         self._open_runs[batch_id] = self._open_runs.get(batch_id, 0) + 1
-        state.running = run_id
+        self._devices[device].handed.append(run_id)
         self.counts.stage_runs += 1
         try:
             self._executors.submit(device, run_id, partition, slots, start)
@@ -389,8 +405,8 @@ class PipelineDriver:
             log.warning("report of unknown stage run %d", run_id)
             return
         state = self._devices[of.device]
-        if state.running == run_id:
-            state.running = None
+        if run_id in state.handed:
+            state.handed.remove(run_id)
         self._close_run(of.batch)
         now = self._clock()
         batch = self.core.in_flight.get(of.batch)
@@ -485,7 +501,9 @@ class PipelineDriver:
             if pending is None:
                 continue  # answered already (its batch failed)
             outputs = arena.read_rows(pending.slots)
-            answer = PipelineAnswer(outputs, batch.id, batch.size, batch.pipeline, devices, now)
+            answer = PipelineAnswer(
+                outputs, batch.id, batch.size, batch.pipeline, devices, batch.stages[0].start, now
+            )
             self.counts.answered += 1
             if not pending.future.done():
                 pending.future.set_result(answer)

@@ -28,8 +28,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from app.repository.block_profile import DeviceClass
 from app.repository.config import ModelConfig
+from app.repository.device_class import DeviceClass
 from app.repository.partition import (
     Partitioning,
     partition_config,
@@ -115,7 +115,8 @@ def model_partitions(
             runs_on.setdefault((stage.start, stage.end), set()).update(
                 names[i] for i in stage.devices
             )
-    max_batch = max(p.batch for p in pipelines)
+    # Batches up to the profile's largest: a request may outgrow the planned size.
+    max_batch = max(len(s.latency) for p in pipelines for s in p.stages)
     # The arena carries the tensor at every cut some pipeline makes.
     cuts = sorted({b for r in runs_on for b in r})
     chain = [
@@ -195,8 +196,12 @@ class LivePipelines:
             respawn=respawn,
         )
         self.driver = PipelineDriver(scheduler, models, self.pool, clock=clock, lead_s=lead_s)
+        # Sees every executor event before the driver does (logs, metrics).
+        self.on_event: Callable[[Any], None] | None = None
 
     def _post(self, event: Any) -> None:
+        if self.on_event is not None:
+            self.on_event(event)
         self.driver.post(event)
 
     async def start(self, timeout: float = 120.0) -> None:

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
+from app.repository.device_class import DeviceClass
 from app.runtime.realtime import MAX_PRIORITY, check_priority
 from app.scheduling.registry import policy_names
 
@@ -195,6 +196,34 @@ class IntegerList:
 
     def describe(self) -> str:
         return f"comma-separated integers ≥ {self.minimum}"
+
+
+@dataclass(frozen=True)
+class DeviceClasses:
+    """Comma-separated live CPU device classes, `NAME:THREADS[:SLOWDOWN]`
+    each (app/repository/device_class.py), names distinct, at least one."""
+
+    metavar: str = "NAME:THREADS[:SLOWDOWN],…"
+
+    def parse(self, text: str, label: str) -> tuple[DeviceClass, ...]:
+        try:
+            classes = tuple(DeviceClass.parse(item.strip()) for item in text.split(","))
+        except ValueError as exc:
+            raise ValueError(f"{label}={text!r}: {exc}") from None
+        names = [c.name for c in classes]
+        if len(set(names)) != len(names):
+            raise ValueError(f"{label}={text!r}: class names repeat")
+        return classes
+
+    def show(self, value: object) -> str:
+        assert isinstance(value, tuple)
+        return ",".join(
+            f"{c.name}:{c.threads}" + (f":{c.slowdown:g}" if c.slowdown != 1.0 else "")
+            for c in value
+        )
+
+    def describe(self) -> str:
+        return "comma-separated NAME:THREADS[:SLOWDOWN]"
 
 
 @dataclass(frozen=True)

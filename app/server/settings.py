@@ -25,9 +25,11 @@ from pathlib import Path
 from typing import Any
 
 from app.repository import BUNDLED_REPOSITORY
+from app.repository.device_class import DEFAULT_CLASSES, DeviceClass
 from app.scheduling.registry import policy_options
 from app.server.setting_parsers import (
     Boolean,
+    DeviceClasses,
     FilePath,
     Integer,
     IntegerList,
@@ -408,6 +410,37 @@ class Settings:
             "fraction of the requests of models with input-dependent latency (`dynamic`) "
             "that their executor re-runs alone while idle, feeding the scheduler's "
             "alone-time histograms (0: off; static models are never re-run)",
+        ),
+    )
+
+    # PPipe (app/server/pipeline_setup.py): models served as pipelines.
+    ppipe_plan: Path | None = field(
+        default=None,
+        metadata=_setting(
+            "PPIPE_PLAN",
+            FilePath(),
+            "a PPipe plan (`python -m app plan ppipe … --out FILE`): its models are served as "
+            "pipelines of partitions over executors of its device classes (`PPIPE_CLASSES`)",
+            shown="unset (no pipelines)",
+        ),
+    )
+    ppipe_timings: Path | None = field(
+        default=None,
+        metadata=_setting(
+            "PPIPE_TIMINGS",
+            FilePath(),
+            "the plan's block profiles and partitions "
+            "(`python -m app.repository.block_profile … --out DIR`)",
+            shown="the directory the plan was made from",
+        ),
+    )
+    ppipe_classes: tuple[DeviceClass, ...] = field(
+        default=DEFAULT_CLASSES,
+        metadata=_setting(
+            "PPIPE_CLASSES",
+            DeviceClasses(),
+            "the live CPU device classes the plan's classes name: intra-op threads and an "
+            "emulated slowdown",
         ),
     )
 

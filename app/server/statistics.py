@@ -40,6 +40,7 @@ unloaded, as Triton's do.
 
 from __future__ import annotations
 
+import time
 from collections import OrderedDict
 from collections.abc import Hashable
 from dataclasses import dataclass, field
@@ -254,3 +255,8 @@ class Statistics:
 
 
 __all__ = ["BatchSizeStats", "Duration", "ModelStatistics", "Statistics"]
+
+
+def epoch_ms() -> int:
+    """Now, in milliseconds since the epoch (Triton's `last_inference`)."""
+    return time.time_ns() // 1_000_000

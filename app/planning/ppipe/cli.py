@@ -93,9 +93,11 @@ def main(argv: Sequence[str], out: TextIO = sys.stdout, err: TextIO = sys.stderr
             return 0
         if args.config is None:
             raise InputError("give a config file (YAML) or --reference FILE")
-        cluster, demands, options = read_config(args.config, args)
+        cluster, demands, options, timings = read_config(args.config, args)
         start = read_plan(args.start) if args.start is not None else None
         result = plan(cluster, demands, options, start)
+        # The daemon serving the plan (PPIPE_PLAN) reads its profiles here.
+        result.details["timings"] = str(timings.resolve())
     except (ValueError, TypeError, KeyError, FileNotFoundError, yaml.YAMLError) as error:
         message = error.args[0] if isinstance(error, KeyError) and error.args else error
         err.write(f"{PROG}: error: {message}\n")
@@ -121,9 +123,10 @@ def _only(body: dict[str, Any], allowed: set[str], where: str) -> None:
 
 def read_config(
     path: Path, args: argparse.Namespace
-) -> tuple[Cluster, list[ModelDemand], PlannerOptions]:
+) -> tuple[Cluster, list[ModelDemand], PlannerOptions, Path]:
     """The cluster, models and planner options a YAML file describes, with
-    the command line's flags over its `planner` section."""
+    the command line's flags over its `planner` section, and the directory
+    of the block timings."""
     if not path.is_file():
         raise InputError(f"{path}: no such file")
     body = _mapping(yaml.safe_load(path.read_text()), str(path))
@@ -165,7 +168,7 @@ def read_config(
     if not isinstance(models, list) or not models:
         raise InputError(f"{path}: models must be a non-empty list")
     demands = [_demand(m, i, root, cluster, path) for i, m in enumerate(models)]
-    return cluster, demands, options
+    return cluster, demands, options, root
 
 
 def _demand(raw: Any, index: int, root: Path, cluster: Cluster, path: Path) -> ModelDemand:

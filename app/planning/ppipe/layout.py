@@ -49,6 +49,7 @@ def build_layout(
             raise KeyError(f"no block profile for model {pipeline.model!r}")
         profile = profiles[pipeline.model]
         stages: list[PoolStage] = []
+        largest = min(profile.max_batch(s.device_class, s.share) for s in pipeline.stages)
         for k, stage in enumerate(pipeline.stages):
             cls = stage.device_class
             if cls not in cluster.classes:
@@ -72,7 +73,9 @@ def build_layout(
                 instances.append(DeviceInstance(len(instances), cls, share, physical, node))
                 ids.append(instances[-1].id)
                 open_device[cls] = (physical, share, left - 1)
-            batches = range(1, pipeline.batch + 1)
+            # Every size the profile covers, not only up to the planned one:
+            # a request of more items than the planned batch runs whole.
+            batches = range(1, max(pipeline.batch, largest) + 1)
             latency = tuple(
                 profile.partition_latency(stage.start, stage.end, b, cls, stage.share)
                 for b in batches

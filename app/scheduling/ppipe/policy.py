@@ -284,14 +284,19 @@ class PPipeScheduler:
             if chosen_pipeline is None or first is None:
                 self._drop_head(state, DropReason.NOT_SERVED)
                 continue
-            planned = chosen_pipeline.batch
+            if head.items > len(chosen_pipeline.stages[0].latency):
+                # More items than any batch the profile covers.
+                self._drop_head(state, DropReason.NOT_SERVED)
+                continue
+            # A batch carries the head whole: never fewer items than it has.
+            planned = max(chosen_pipeline.batch, head.items)
             if self.admit_floor > 0.0 and head.id not in self._admitted:
-                floor = max(1, round(planned * self.admit_floor))
+                floor = max(head.items, round(chosen_pipeline.batch * self.admit_floor))
                 if self._descend(chosen_pipeline, planned, floor, deadline, now, first) is None:
                     self._drop_head(state, DropReason.DEADLINE)
                     continue
                 self._admitted.add(head.id)
-            found = self._descend(chosen_pipeline, planned, 1, deadline, now, first)
+            found = self._descend(chosen_pipeline, planned, head.items, deadline, now, first)
             if found is None:
                 self._drop_head(state, DropReason.DEADLINE)
                 continue
@@ -305,7 +310,7 @@ class PPipeScheduler:
                 state.waiting_for = found.batch
                 state.waiting_version = state.version
                 return
-            last = self._descend(chosen_pipeline, state.queued_items, 1, deadline, now)
+            last = self._descend(chosen_pipeline, state.queued_items, head.items, deadline, now)
             if last is None:
                 self._drop_head(state, DropReason.DEADLINE)
                 continue

@@ -1,0 +1,336 @@
+"""Models served as PPipe pipelines by the daemon (`PPIPE_PLAN`): start-up
+from a plan file, and the serving path of their requests.
+
+Start-up (`start_pipelines`). The plan (app/planning/ppipe/plan.py, written
+by `python -m app plan ppipe … --out FILE`) names its models, device classes
+and pipelines. Each of its models must be an ONNX model of the repository;
+its partitioning (the boundary tensors, `partitions/MODEL.json`) and block
+profiles are read from the timings directory (`PPIPE_TIMINGS`; by default
+the one the planner read, as the plan records it: what
+`python -m app.repository.block_profile … --out DIR` wrote). Every class the
+plan uses must be a live class (`PPIPE_CLASSES`: threads and an emulated
+slowdown). The plan's models leave the repository's ordinary serving (no
+executor of the other devices loads them); their partitions are written to
+a temporary directory and loaded by one executor per device instance of the
+plan's layout (app/server/pipeline_setup.py's `LivePipelines`), and the
+`ppipe` core (app/scheduling/ppipe/) serves them. Anything missing stops
+start-up with `StartupFailed` naming it.
+
+One machine: stages hand over through shared memory, so the plan's links
+are not used: the layout is built with a bandwidth at which a transfer
+takes ~0 s, as app/server/pipeline_driver.py expects.
+
+Serving (`serve`): what LiveService's `_serve` does for any model — the
+request's SLO (the model config's, or a tighter per-request one; a plan
+made for another SLO is warned about at start-up), MAX_QUEUE, the same
+metrics and statistics — with the pipeline driver in place of the
+dispatcher. An answer's `device` names the instance of each stage in order
+(`cpu2t:0>cpu1t:2`); its `exec_ms` runs from the first stage's start to the
+last one's end. Executors that die are respawned (RESPAWN): the driver
+takes the instance out of the core's tables at `DeviceDown` and back at
+`DeviceUp`, as for ordinary executors.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import shutil
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+from app.errors import Dropped, ExecutorFailed, InvalidInput, Overloaded, ShuttingDown
+from app.repository.config import ModelConfig, shown_model
+from app.repository.loader import RepositoryIndex
+from app.runtime.events import DeviceDown, DeviceUp, ExecutorEvent
+from app.server.metrics import Metrics, metric_label
+from app.server.pipeline_driver import PipelineAnswer
+from app.server.pipeline_setup import LivePipelines
+from app.server.service import InferResult, request_items
+from app.server.settings import Settings
+from app.server.startup import StartupFailed
+from app.server.statistics import Statistics, epoch_ms
+
+log = logging.getLogger("app.server")
+
+# Shared memory: a bandwidth at which the largest cut moves in nanoseconds.
+SHARED_MEMORY_GBPS = 1e9
+
+
+class PipelineService:
+    """The plan's models, served (see the module docstring)."""
+
+    def __init__(
+        self,
+        live: LivePipelines,
+        configs: dict[str, ModelConfig],
+        workdir: Path,
+        settings: Settings,
+        metrics: Metrics,
+        statistics: Statistics,
+    ) -> None:
+        self.live = live
+        self.configs = configs
+        self._workdir = workdir
+        self._settings = settings
+        self._metrics = metrics
+        self._statistics = statistics
+        self._outstanding: dict[str, int] = dict.fromkeys(configs, 0)
+        self._names = {d.id: d.name for d in live.devices}
+        # The largest batch a pipeline of the model can run: its profile's.
+        layout = live.driver.core.layout
+        self._max_items = {
+            m: min(c.max_batch_size, max(len(p.stages[0].latency) for p in layout.pipelines_of(m)))
+            for m, c in configs.items()
+        }
+
+    @property
+    def pending(self) -> int:
+        """Requests accepted and not answered yet."""
+        return len(self.live.driver.pending)
+
+    def ready(self, model: str) -> bool:
+        """Some pipeline of `model` has a live instance in every stage."""
+        core = self.live.driver.core
+        return any(
+            all(any(core.alive[d] for d in stage.devices) for stage in pipeline.stages)
+            for pipeline in core.layout.pipelines_of(model)
+        )
+
+    def device_counts(self) -> tuple[int, int]:
+        """Instances alive, and in all."""
+        alive = self.live.driver.core.alive
+        return sum(alive), len(alive)
+
+    def on_event(self, event: ExecutorEvent) -> None:
+        """The pipelines' executor events, logged and counted as LiveService
+        does its own (the driver carries them out)."""
+        if isinstance(event, DeviceDown):
+            name = self._names.get(event.device, str(event.device))
+            log.error("pipeline device %s out of service: %s", name, event.reason)
+            self._metrics.executor_failed(name)
+        elif isinstance(event, DeviceUp):
+            name = self._names.get(event.device, str(event.device))
+            log.warning("pipeline device %s back in service after %.3f s", name, event.seconds_down)
+            self._metrics.executor_restarted(name, event.seconds_down)
+
+    async def serve(
+        self,
+        config: ModelConfig,
+        inputs: dict[str, np.ndarray],
+        slo_ms: float,
+        *,
+        request_id: str | None,
+        received_at: float | None,
+        app: str,
+    ) -> InferResult:
+        """One request of a pipeline model, its SLO checked by the caller."""
+        model = config.name
+        label = metric_label(model)
+        limit = self._settings.max_queue
+        if limit and self._outstanding[model] >= limit:
+            self._metrics.request_dropped(label, "queue_full")
+            raise Overloaded(
+                f"model {shown_model(model)}: queue full ({limit} requests waiting)", "queue_full"
+            )
+        items = request_items(config, inputs)
+        if items > self._max_items[model]:
+            raise InvalidInput(
+                f"model {shown_model(model)} is served as a pipeline whose block profile covers "
+                f"batches of up to {self._max_items[model]} items; this request has {items}"
+            )
+        seen_at = time.monotonic()
+        future = self.live.driver.submit(
+            model, inputs, slo_s=slo_ms / 1000.0, received_at=received_at
+        )
+        self._metrics.request_received(label)
+        self._outstanding[model] += 1
+        try:
+            answer: PipelineAnswer = await asyncio.shield(future)
+        except asyncio.CancelledError:
+            # The client went away; the driver still answers it (and frees
+            # its slots once no executor can touch them).
+            future.add_done_callback(lambda f: f.cancelled() or f.exception())
+            raise
+        except (Dropped, Overloaded) as exc:
+            self._metrics.request_dropped(label, exc.reason)
+            raise
+        except ShuttingDown:
+            self._metrics.request_dropped(label, "shutting_down")
+            raise
+        except ExecutorFailed:
+            self._metrics.request_dropped(label, "executor_failed")
+            raise
+        finally:
+            self._outstanding[model] -= 1
+            self._metrics.request_answered(label)
+        now = time.monotonic()
+        arrival = seen_at if received_at is None else min(received_at, seen_at)
+        latency = now - arrival
+        queue = max(0.0, answer.started_at - arrival)
+        exec_s = answer.finished_at - answer.started_at
+        self._metrics.request_finished(
+            label, latency, queue, answer.batch_size, latency <= slo_ms / 1000.0
+        )
+        self._statistics.request_succeeded(
+            model,
+            items=items,
+            total_s=latency,
+            queue_s=queue,
+            input_s=max(0.0, seen_at - arrival),
+            infer_s=exec_s,
+            output_s=max(0.0, now - answer.finished_at),
+            at_ms=epoch_ms(),
+        )
+        return InferResult(
+            model=config.model_name,
+            request_id=request_id,
+            outputs=answer.outputs,
+            queue_ms=queue * 1000.0,
+            exec_ms=exec_s * 1000.0,
+            batch_size=answer.batch_size,
+            device=">".join(self._names[d] for d in answer.devices),
+            intake_ms=max(0.0, seen_at - arrival) * 1000.0,
+            answer_ms=max(0.0, now - answer.finished_at) * 1000.0,
+            app=app,
+        )
+
+    def fail_all(self, error: Exception) -> int:
+        """Answer every request still waiting with `error`; return how many."""
+        return self.live.driver.fail_all(error)
+
+    async def stop(self) -> None:
+        """Stop the executors, free the arenas and the partition files."""
+        await self.live.stop()
+        shutil.rmtree(self._workdir, ignore_errors=True)
+
+
+async def start_pipelines(
+    settings: Settings, index: RepositoryIndex, metrics: Metrics, statistics: Statistics
+) -> PipelineService | None:
+    """Serve PPIPE_PLAN's models (None when it is unset); they are taken out
+    of `index.models`. Raises StartupFailed naming what is missing."""
+    if settings.ppipe_plan is None:
+        return None
+    try:
+        configs, live, workdir = _build(settings, index)
+    except (ValueError, KeyError, FileNotFoundError) as exc:
+        message = exc.args[0] if isinstance(exc, KeyError) and exc.args else exc
+        raise StartupFailed(f"PPIPE_PLAN {settings.ppipe_plan}: {message}") from exc
+    service = PipelineService(live, configs, workdir, settings, metrics, statistics)
+    live.on_event = service.on_event
+    try:
+        await live.start()
+    except BaseException as exc:
+        shutil.rmtree(workdir, ignore_errors=True)
+        if isinstance(exc, RuntimeError):
+            raise StartupFailed(f"PPIPE_PLAN {settings.ppipe_plan}: {exc}") from exc
+        raise
+    for name in configs:
+        index.models.pop(name, None)
+    for device in live.devices:
+        log.info("pipeline device %d: %s (%d threads)", device.id, device.name, device.threads)
+    log.info(
+        "serving %s as pipelines: %s",
+        ", ".join(configs),
+        "; ".join(
+            f"{p.model} batch {p.batch}: "
+            + " > ".join(f"[{s.start},{s.end}) on {list(s.devices)}" for s in p.stages)
+            for p in live.driver.core.layout.pipelines
+        ),
+    )
+    return service
+
+
+def _build(
+    settings: Settings, index: RepositoryIndex
+) -> tuple[dict[str, ModelConfig], LivePipelines, Path]:
+    """Read the plan, the models' partitionings and profiles; lay the plan
+    out and create its executors' pool (not started)."""
+    from app.planning.ppipe.layout import build_layout
+    from app.planning.ppipe.plan import read_plan
+    from app.planning.ppipe.profiles import load_profile
+    from app.planning.ppipe.reference import timings_root
+    from app.repository.partition import load_partitioning
+    from app.scheduling.ppipe import PPipeScheduler
+
+    assert settings.ppipe_plan is not None
+    plan = read_plan(settings.ppipe_plan)
+    timings = settings.ppipe_timings or plan.details.get("timings")
+    if timings is None:
+        raise ValueError("the plan does not say where its block profiles are: set PPIPE_TIMINGS")
+    root = timings_root(Path(timings))
+    classes = {c.name: c for c in settings.ppipe_classes}
+    used = {s.device_class for p in plan.pipelines for s in p.stages}
+    missing = sorted(used - set(classes))
+    if missing:
+        raise ValueError(
+            f"its classes {missing} are not live classes (PPIPE_CLASSES has {sorted(classes)})"
+        )
+    configs: dict[str, ModelConfig] = {}
+    partitionings = {}
+    profiles = {}
+    for target in plan.models:
+        name = target.name
+        config = index.models.get(name)
+        if config is None:
+            why = index.errors.get(name, "no such model in the repository")
+            raise ValueError(f"model {name!r}: {why}")
+        if config.backend != "onnx" or config.model_file is None:
+            raise ValueError(
+                f"model {name!r}: a pipeline cuts an ONNX model, this one's backend is "
+                f"{config.backend}"
+            )
+        partitions = root / "partitions" / f"{name}.json"
+        if not partitions.is_file():
+            raise ValueError(
+                f"model {name!r}: no {partitions} "
+                "(written by python -m app.repository.block_profile --name MODEL)"
+            )
+        partitionings[name] = load_partitioning(partitions, config.model_file)
+        if partitionings[name].name != name:
+            raise ValueError(
+                f"model {name!r}: {partitions} partitions model "
+                f"{partitionings[name].name!r} (block_profile --name {name})"
+            )
+        profiles[name] = load_profile(name, root, used)
+        if abs(config.slo_ms - target.slo_s * 1000.0) > 1e-6:
+            log.warning(
+                "model %s: its SLO is %g ms; the plan was made for %g ms",
+                name,
+                config.slo_ms,
+                target.slo_s * 1000.0,
+            )
+        if not plan.pipelines_of(name):
+            raise ValueError(f"model {name!r}: the plan gives it no pipeline")
+        batch = max(p.batch for p in plan.pipelines_of(name))
+        if batch > config.max_batch_size:
+            raise ValueError(
+                f"model {name!r}: the plan batches {batch}, above its max_batch_size "
+                f"{config.max_batch_size}"
+            )
+        configs[name] = config
+    local = dataclasses.replace(
+        plan, cluster=dataclasses.replace(plan.cluster, bandwidth_gbps=SHARED_MEMORY_GBPS)
+    )
+    core = PPipeScheduler(
+        build_layout(local, profiles), deadline_margin=settings.deadline_margin_ms / 1000.0
+    )
+    workdir = Path(tempfile.mkdtemp(prefix="deadline-serve-ppipe-"))
+    try:
+        live = LivePipelines(
+            core,
+            partitionings,
+            {c: classes[c] for c in used},
+            workdir,
+            capacity=max(settings.arena_slots, *(c.max_batch_size for c in configs.values())),
+            respawn=settings.respawn,
+        )
+    except BaseException:
+        shutil.rmtree(workdir, ignore_errors=True)
+        raise
+    return configs, live, workdir

@@ -1,0 +1,177 @@
+"""The daemon serving a model as a PPipe pipeline (PPIPE_PLAN,
+app/server/pipeline_service.py): the `chain` model profiled on two live
+classes, planned by `python -m app plan ppipe`, served over HTTP beside an
+ordinary model; answers equal to the uncut model's, readiness, model control
+refused, an executor killed and respawned (DeviceDown, then DeviceUp back
+into the core), and start-up errors that name what is missing."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import time
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pytest
+import yaml
+
+from app.planning.ppipe import cli as plan_cli
+from app.repository import block_profile
+from app.repository.device_class import DeviceClass
+from app.repository.loader import load_repository
+from app.server.metrics import Metrics
+from app.server.pipeline_service import start_pipelines
+from app.server.settings import Settings
+from app.server.startup import StartupFailed
+from app.server.statistics import Statistics
+from bench.overload import MODEL as ORDINARY
+from bench.overload import executor_pids, write_repository
+
+CLASSES = "fast:1,slow:1:2"
+
+
+@pytest.fixture(scope="module")
+def planned(tmp_path_factory) -> tuple[Path, Path, Path]:
+    """(repository, timings directory, plan file): `chain` cut into 10
+    blocks and profiled on `fast` and `slow`, an ordinary emulated model
+    beside it, and a plan of at most two partitions over 1 fast + 2 slow."""
+    root = tmp_path_factory.mktemp("ppipe-serve")
+    timings = root / "timings"
+    argv = ["--chain", "--out", str(timings), "--max-batch", "2", "--repeats", "1"]
+    for cls in CLASSES.split(","):
+        argv += ["--class", cls]
+    assert block_profile.main(argv) == 0
+    repository = timings / "models"
+    write_repository(repository)
+    config = root / "cluster.yaml"
+    config.write_text(
+        yaml.safe_dump(
+            {
+                "cluster": {"classes": {"fast": 1, "slow": 2}, "bandwidth_gbps": 1e6},
+                "timings": str(timings),
+                # Planned for 12 ms (7.2 ms less the margin): a slow instance
+                # cannot run the whole model in time, so the plan cuts it and
+                # chains slow instances behind the fast one. Served with the
+                # repository's SLO of 100 ms, for a busy test box.
+                "models": [{"name": "chain", "weight": 1.0, "slo_ms": 12}],
+                "planner": {"time_limit_s": 30},
+            }
+        )
+    )
+    plan = root / "plan.json"
+    assert plan_cli.main(["ppipe", str(config), "--out", str(plan)]) == 0
+    assert json.loads(plan.read_text())["details"]["timings"] == str(timings.resolve())
+    return repository, timings, plan
+
+
+def infer(url: str, model: str, inputs: dict[str, np.ndarray]) -> httpx.Response:
+    body = {
+        "inputs": [
+            {"name": n, "datatype": "FP32", "shape": list(a.shape), "data": a.ravel().tolist()}
+            for n, a in inputs.items()
+        ]
+    }
+    return httpx.post(f"{url}/v2/models/{model}/infer", json=body, timeout=30)
+
+
+@pytest.mark.slow
+def test_the_daemon_serves_the_plan_beside_an_ordinary_model(planned, launch_daemon):
+    import onnxruntime as ort
+
+    repository, _, plan = planned
+    daemon = launch_daemon(
+        repository,
+        policy="symphony-wc",
+        emulated_devices=1,
+        cpu_slices=0,
+        startup_timeout_s=180,
+        extra_env={"PPIPE_PLAN": str(plan), "PPIPE_CLASSES": CLASSES},
+    )
+    url = daemon.url
+    assert httpx.get(f"{url}/v2/health/ready").status_code == 200
+    assert httpx.get(f"{url}/v2/models/chain/ready").status_code == 200
+    index = httpx.post(f"{url}/v2/repository/index", json={}).json()
+    assert {(m["name"], m["state"]) for m in index} == {("chain", "READY"), (ORDINARY, "READY")}
+    whole = ort.InferenceSession(str(repository / "chain" / "model.onnx"))
+    rng = np.random.default_rng(3)
+    devices = set()
+    for _ in range(8):
+        x = rng.standard_normal((1, 3, 32, 32)).astype(np.float32)
+        reply = infer(url, "chain", {"input": x})
+        assert reply.status_code == 200, reply.text
+        body = reply.json()
+        got = np.asarray(body["outputs"][0]["data"], np.float32).reshape(1, 10)
+        (expected,) = whole.run(None, {"input": x})
+        np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-5)
+        devices.add(body["parameters"]["device"])
+    # Each answer names the instance of each stage, in order.
+    plan_body = json.loads(plan.read_text())
+    classes = [[s["device_class"] for s in p["stages"]] for p in plan_body["pipelines"]]
+    assert ["fast", "slow"] in classes  # the plan cuts the model (see `planned`)
+    assert {tuple(d.split(":")[0] for d in path.split(">")) for path in devices} <= {
+        tuple(c) for c in classes
+    }
+    # The ordinary model is served by the dispatcher, as without a plan.
+    reply = infer(url, ORDINARY, {"x": np.ones((1, 4), np.float32)})
+    assert reply.status_code == 200, reply.text
+    # Model control leaves the plan's models alone, with a reason.
+    reply = httpx.post(f"{url}/v2/repository/models/chain/unload", json={})
+    assert reply.status_code == 400 and "PPIPE_PLAN" in reply.text
+    # An executor of the pipeline killed: it is respawned, its instance back
+    # in the core's tables, and the model answers again.
+    pid = daemon.process.pid
+    pipeline_executors = {
+        name: p for name, p in executor_pids(pid).items() if name.split(":")[0] in ("fast", "slow")
+    }
+    assert sorted(pipeline_executors) == ["fast:0", "slow:1", "slow:2"]
+    os.kill(pipeline_executors["fast:0"], signal.SIGKILL)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        again = executor_pids(pid).get("fast:0")
+        ready = httpx.get(f"{url}/v2/models/chain/ready").status_code == 200
+        if again not in (None, pipeline_executors["fast:0"]) and ready:
+            break
+        time.sleep(0.2)
+    else:
+        pytest.fail("the pipeline's fast executor did not come back")
+    x = rng.standard_normal((2, 3, 32, 32)).astype(np.float32)
+    reply = infer(url, "chain", {"input": x})
+    assert reply.status_code == 200, reply.text
+    got = np.asarray(reply.json()["outputs"][0]["data"], np.float32).reshape(2, 10)
+    np.testing.assert_allclose(got, whole.run(None, {"input": x})[0], rtol=1e-4, atol=1e-5)
+    # More items than the profile covers (--max-batch 2): refused, with why.
+    x = rng.standard_normal((3, 3, 32, 32)).astype(np.float32)
+    reply = infer(url, "chain", {"input": x})
+    assert reply.status_code == 400 and "batches of up to 2 items" in reply.text
+    metrics = httpx.get(f"{url}/metrics").text
+    assert 'deadline_serve_executor_failures_total{device="fast:0"} 1.0' in metrics
+
+
+@pytest.mark.parametrize(
+    "change,message",
+    [
+        ({"ppipe_classes": ()}, "its classes ['fast', 'slow'] are not live classes"),
+        ({"ppipe_timings": Path("/nonexistent")}, "no block-timing/ and cut-bytes/"),
+        ({"repository": "empty"}, "model 'chain': no such model in the repository"),
+    ],
+)
+def test_a_plan_that_cannot_be_served_stops_start_up_naming_why(planned, tmp_path, change, message):
+    repository, _, plan = planned
+    if change.get("repository") == "empty":
+        change = {"repository": tmp_path}
+    live_classes = tuple(DeviceClass.parse(c) for c in CLASSES.split(","))
+    fields = {"repository": repository, "ppipe_plan": plan, "ppipe_classes": live_classes}
+    settings = Settings(**{**fields, **change})
+    index = load_repository(settings.repository)
+
+    async def start() -> None:
+        await start_pipelines(settings, index, Metrics(), Statistics())
+
+    with pytest.raises(StartupFailed) as failed:
+        asyncio.run(start())
+    assert str(failed.value).startswith(f"PPIPE_PLAN {plan}: ")
+    assert message in str(failed.value)
