@@ -59,6 +59,19 @@ PLAN_REFERENCE = (
 CI_LINE = "pip install -e '.[test]' && ruff check . && python -m pytest -q"
 
 _INSTALLS = "installs into the running environment from the package index (.ci/run installs)"
+PPIPE_PROFILE = (
+    "python -m app.repository.block_profile --chain --out /tmp/ppipe-chain --class fast:1 "
+    "--class slow:1:2 --max-batch 2"
+)
+PPIPE_PLAN = (
+    "python -m app plan ppipe bench/workloads/ppipe/chain-live.yaml --timings /tmp/ppipe-chain "
+    "--out /tmp/ppipe-chain/plan.json"
+)
+PPIPE_SERVE = (
+    "PPIPE_PLAN=/tmp/ppipe-chain/plan.json PPIPE_CLASSES=fast:1,slow:1:2 python -m app serve "
+    "--repository /tmp/ppipe-chain/models"
+)
+
 NOT_RUN = {
     "pip install -e .": _INSTALLS,
     "pip install -e '.[test]'": _INSTALLS,
@@ -123,6 +136,9 @@ def run_set(commands: list[str]) -> set[str]:
         SIMULATOR,
         PLAN_PPIPE,
         PLAN_REFERENCE,
+        PPIPE_PROFILE,
+        PPIPE_PLAN,
+        PPIPE_SERVE,
         *client_commands(commands),
     }
 
@@ -299,6 +315,29 @@ def test_ppipe_planner_commands(cli_env) -> None:
     assert abs(answer["objective"] - answer["reference_objective"]) <= 0.01 * abs(
         answer["reference_objective"]
     )
+
+
+@pytest.mark.slow
+def test_ppipe_serving_commands(serve_readme, cli_env) -> None:
+    """Profile, plan and serve the chain model as the README says; the
+    plan cuts it, and an answer runs through a fast and a slow instance."""
+    import shutil
+
+    shutil.rmtree("/tmp/ppipe-chain", ignore_errors=True)
+    for command in (PPIPE_PROFILE, PPIPE_PLAN):
+        done = subprocess.run(
+            ["bash", "-c", command], cwd=ROOT, env=cli_env, capture_output=True, timeout=300
+        )
+        assert done.returncode == 0, done.stderr.decode()
+    plan = orjson.loads(Path("/tmp/ppipe-chain/plan.json").read_bytes())
+    assert any(len(p["stages"]) == 2 for p in plan["pipelines"])
+    url = serve_readme(PPIPE_SERVE)
+    x = [0.5] * (3 * 32 * 32)
+    body = {"inputs": [{"name": "input", "datatype": "FP32", "shape": [1, 3, 32, 32], "data": x}]}
+    reply = httpx.post(f"{url}/v2/models/chain/infer", json=body, timeout=30)
+    assert reply.status_code == 200, reply.text
+    assert len(reply.json()["outputs"][0]["data"]) == 10
+    assert ">" in reply.json()["parameters"]["device"]
 
 
 def test_the_scheduling_core_example_runs() -> None:

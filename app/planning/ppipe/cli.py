@@ -8,7 +8,8 @@ plan and writes it (`--out`) in the form the simulator and daemon load:
       bandwidth_gbps: 10            # each node's uplink and downlink
       devices_per_node: 1           # or per class: {L4: 4, T4: 2}
     timings: data/ppipe             # block timings (the artifact's layout);
-                                    # relative to this file; default: bundled
+                                    # relative to this file; default: bundled;
+                                    # --timings DIR wins over it
     models:
       - {name: repvgg-b3, weight: 0.3, slo_ms: 47.5}
       - {name: googlenet-v3-pytorch, weight: 0.7, slo_multiple: 5}
@@ -75,7 +76,9 @@ def build_parser() -> argparse.ArgumentParser:
     ppipe.add_argument("--time-limit", type=float, help="solver time limit, seconds")
     ppipe.add_argument("--reference", type=Path, help="a reference plan file to re-solve")
     ppipe.add_argument(
-        "--timings", type=Path, help=f"block timings directory (default {BUNDLED_DIR})"
+        "--timings",
+        type=Path,
+        help=f"block timings directory (over the config's `timings`; default {BUNDLED_DIR})",
     )
     return parser
 
@@ -150,6 +153,8 @@ def read_config(
     timings = Path(body["timings"]) if "timings" in body else BUNDLED_DIR
     if not timings.is_absolute():
         timings = path.parent / timings
+    if args.timings is not None:  # the flag wins over the file
+        timings = args.timings
     root = timings_root(timings)
     planner = dict(_mapping(body.get("planner", {}), f"{path}: planner"))
     _only(planner, _PLANNER_KEYS, f"{path}: planner")
