@@ -6,7 +6,7 @@ the same plan and block profile.
         [--fast-count 1] [--slow-count 2] [--slo-ms 50] [--margin 0.4]
         [--max-batch 4] [--probe-s 3] [--max-probes 6] [--sim-s 30]
         [--fault-s 4] [--fault-load 0.5] [--repeats 3] [--deadline-margin-ms 0]
-        [--out-dir DIR]
+        [--handoff-ms MS] [--no-calibrate] [--out-dir DIR]
 
 1. **Model and profile.** `chain` (app/repository/chain_model.py) is cut
    into 10 blocks of roughly equal time on the slow class
@@ -25,7 +25,22 @@ the same plan and block profile.
 3. **Answers.** 16 requests with different inputs through the live
    pipeline; each answer is compared with the uncut model's
    (`np.allclose`, rtol 1e-4, atol 1e-5).
-4. **Capacity**: the highest Poisson rate with ≥ 99 % of requests answered
+4. **Calibration.** While the answers ran (20 ms apart: nothing queued,
+   batches of 1), the mean time from a stage's end to the next one's start
+   is the hand-over through this process (the executor's report, the
+   driver, the next executor), and each stage's mean time against the
+   profile is how much slower (or faster) its class runs in an executor
+   than in the profiler (a cold cache between sparse batches, the copies in
+   and out of the arena, both multiplied by an emulated slowdown). The
+   capacity runs, live and simulated, plan with the hand-over
+   (`PoolPipeline.handoff_s`; `--handoff-ms` sets it instead) and with the
+   profile scaled per class by that ratio, on fresh executors; the
+   simulator also draws each stage's time with the spread the stages showed
+   (log-normal jitter, `stage_jitter`). `--no-calibrate`: the profile as
+   measured and no jitter. Reported beside it: the simulator once more with
+   the stage times the live capacity runs saw (a busy two-core box slows
+   the executors further; the emulated slowdown multiplies that too).
+5. **Capacity**: the highest Poisson rate with ≥ 99 % of requests answered
    within the SLO, by bisection over the load factor (× the plan's
    throughput), live (`--probe-s` per probe) and simulated (the pipeline
    simulator, app/simulation/pipeline_engine.py, on the same plan and
@@ -36,7 +51,7 @@ the same plan and block profile.
    slower than profiled on a busy machine); the simulator plans without.
    Reported beside it: the stages' mean live time against the profile, and
    the mean time from a stage's end to the next one's start.
-5. **Device failure.** At `--fault-load` × the live capacity for
+6. **Device failure.** At `--fault-load` × the live capacity for
    `--fault-s`, one executor of the pool with more than one instance is
    killed (SIGKILL) 40 % into the run and not restarted: the core re-routes
    its batches to the other instances or drops them; every request must be
@@ -77,6 +92,7 @@ from app.repository.block_profile import DeviceClass, prepartition, profile_bloc
 from app.repository.chain_model import CHAIN_MODEL, write_chain
 from app.repository.partition import run, session, synthetic_inputs, verify_chain
 from app.scheduling.ppipe import PPipeScheduler
+from app.server.pipeline_driver import DriverCounts
 from app.server.pipeline_setup import LivePipelines, wait_answered
 from app.simulation.ppipe_run import plan_arrivals, simulate_plan
 
@@ -214,6 +230,27 @@ async def bisect(
     return best, probes
 
 
+def stage_jitter(counts: DriverCounts) -> float:
+    """The log-normal sigma of stage time ÷ planned time, each stage's
+    spread about its own mean (sigma² = ln(1 + CV²)), averaged over the
+    stages weighted by their batches."""
+    total = weighted = 0.0
+    for key, n in counts.stage_batches.items():
+        mean = counts.stage_ratio_sum[key] / n
+        cv2 = max(0.0, counts.stage_ratio_squares[key] / n / (mean * mean) - 1.0)
+        weighted += n * math.sqrt(math.log1p(cv2))
+        total += n
+    return weighted / total if total else 0.0
+
+
+def scaled(profile: BlockProfile, scale: dict[str, float] | None) -> BlockProfile:
+    """`profile` with every block of class c taking `scale[c]` times as long."""
+    if not scale:
+        return profile
+    latency = {key: table * scale.get(key[0], 1.0) for key, table in profile.latency.items()}
+    return BlockProfile(profile.model, latency, profile.cut_bytes)
+
+
 # ------------------------------------------------------------------ main
 
 
@@ -265,6 +302,46 @@ async def live_part(args: argparse.Namespace, setup: dict[str, Any]) -> dict[str
                 f"answers: {answered} of 16 answered, {equal} equal to the uncut model's "
                 f"(max |Δ| {worst:.2e})"
             )
+
+            # The hand-over between stages and each class's stage time live
+            # against the profile, at no load (the answers went 20 ms apart,
+            # batches of 1): the capacity runs, live and simulated, plan with
+            # them.
+            counts = live.driver.counts
+            measured = counts.handoff_seconds / max(1, counts.handoffs)
+            handoff_s = measured if args.handoff_ms is None else args.handoff_ms / 1000.0
+            stage_ratio = {}
+            for k, stage in enumerate(core.layout.pipelines[0].stages):
+                key = f"0.{k}"
+                if counts.stage_batches.get(key):
+                    mean = counts.stage_seconds[key] / counts.stage_batches[key]
+                    stage_ratio[stage.device_class] = mean / stage.latency[0]
+            scale = stage_ratio if args.calibrate else {}
+            out["calibration"] = {
+                "handoff_ms_idle": 1e3 * measured,
+                "handoff_ms_planned": 1e3 * handoff_s,
+                "stage_over_profile_idle": stage_ratio,
+                "profile_scaled": args.calibrate,
+                "jitter": stage_jitter(counts) if args.calibrate else 0.0,
+            }
+            log(
+                f"at no load: hand-over {1e3 * measured:.2f} ms (planned {1e3 * handoff_s:.2f}), "
+                "stage time / profile "
+                + ", ".join(f"{c} {r:.3f}" for c, r in stage_ratio.items())
+                + f", spread (log-normal sigma) {stage_jitter(counts):.3f}"
+                + (" (the simulator's profile and jitter)" if args.calibrate else "")
+            )
+            await live.stop()
+            core = setup["make_core"](handoff_s, scale)
+            live = LivePipelines(
+                core,
+                {model: partitioning},
+                classes,
+                Path(tmp),
+                capacity=args.capacity,
+                respawn=False,
+            )
+            await live.start()
 
             throughput = plan.pipelines[0].throughput
             seeds = iter(range(1000))
@@ -371,6 +448,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--fault-load", type=float, default=0.5)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--deadline-margin-ms", type=float, default=0.0)
+    parser.add_argument(
+        "--no-calibrate",
+        dest="calibrate",
+        action="store_false",
+        help="plan the capacity runs with the block profile as measured, not scaled per class "
+        "by the stage times seen at no load",
+    )
+    parser.add_argument(
+        "--handoff-ms",
+        type=float,
+        help="hand-over between stages both sides plan with (default: measured at no load)",
+    )
     parser.add_argument("--capacity", type=int, default=128, help="arena slots")
     parser.add_argument("--out-dir", type=Path, default=OUT_DIR)
     args = parser.parse_args(argv)
@@ -403,19 +492,53 @@ def main(argv: list[str] | None = None) -> int:
         )
         + f", batch {pipeline.batch}, {pipeline.throughput:.0f} requests/s"
     )
-    core = PPipeScheduler(
-        build_layout(plan, {partitioning.name: profile}),
-        deadline_margin=args.deadline_margin_ms / 1000.0,
-    )
-    setup = {"plan": plan, "core": core, "partitioning": partitioning, "classes": classes}
+
+    def make_core(handoff_s: float, scale: dict[str, float] | None = None) -> PPipeScheduler:
+        return PPipeScheduler(
+            build_layout(plan, {partitioning.name: scaled(profile, scale)}, handoff_s=handoff_s),
+            deadline_margin=args.deadline_margin_ms / 1000.0,
+        )
+
+    setup = {
+        "plan": plan,
+        "core": make_core(0.0),
+        "make_core": make_core,
+        "partitioning": partitioning,
+        "classes": classes,
+    }
     live = asyncio.run(live_part(args, setup))
+    calibration = live["calibration"]
+    handoff_s = calibration["handoff_ms_planned"] / 1000.0
+    idle_scale = calibration["stage_over_profile_idle"] if args.calibrate else {}
+    # What the stages took during the live capacity runs, against the profile.
+    stages = pipeline.stages
+    loaded_scale = {
+        stages[int(key.split(".")[1])].device_class: ms / live["live"]["stage_ms_profiled"][key]
+        for key, ms in live["live"]["stage_ms_mean"].items()
+    }
 
-    async def sim_probe(load: float) -> float:
-        result = simulate_plan(plan, {partitioning.name: profile}, load, duration_s=args.sim_s)
-        return result.within_slo[partitioning.name]
+    def sim_capacity(scale: dict[str, float]) -> tuple[float, list[tuple[float, float]]]:
+        profiles = {partitioning.name: scaled(profile, scale)}
 
-    sim_capacity, sim_probes = asyncio.run(bisect(sim_probe, 1.0, 12))
-    ratio = live["live"]["load_factor"] / sim_capacity if sim_capacity else float("nan")
+        async def sim_probe(load: float) -> float:
+            result = simulate_plan(
+                plan,
+                profiles,
+                load,
+                duration_s=args.sim_s,
+                handoff_s=handoff_s,
+                jitter=calibration["jitter"],
+            )
+            return result.within_slo[partitioning.name]
+
+        return asyncio.run(bisect(sim_probe, 1.0, 12))
+
+    sim_capacity_idle, sim_probes = sim_capacity(idle_scale)
+    sim_capacity_loaded, loaded_probes = sim_capacity(loaded_scale)
+    ratio = live["live"]["load_factor"] / sim_capacity_idle if sim_capacity_idle else math.nan
+    ratio_loaded = (
+        live["live"]["load_factor"] / sim_capacity_loaded if sim_capacity_loaded else math.nan
+    )
     throughput = pipeline.throughput
     summary = {
         "classes": {n: asdict(c) for n, c in classes.items()},
@@ -432,12 +555,20 @@ def main(argv: list[str] | None = None) -> int:
         },
         **live,
         "simulated": {
-            "load_factor": sim_capacity,
-            "rate": sim_capacity * throughput,
+            "load_factor": sim_capacity_idle,
+            "rate": sim_capacity_idle * throughput,
             "probes": sim_probes,
             "sim_s": args.sim_s,
+            "stage_over_profile": idle_scale,
+        },
+        "simulated_with_loaded_stage_times": {
+            "load_factor": sim_capacity_loaded,
+            "rate": sim_capacity_loaded * throughput,
+            "probes": loaded_probes,
+            "stage_over_profile": loaded_scale,
         },
         "live_over_simulated": ratio,
+        "live_over_simulated_loaded": ratio_loaded,
         "within_15_percent": abs(ratio - 1.0) <= 0.15,
         "wall_s": time.monotonic() - started,
     }
@@ -446,7 +577,10 @@ def main(argv: list[str] | None = None) -> int:
     print(
         f"plan {throughput:.0f} requests/s (batch {pipeline.batch}); capacity live "
         f"{live['live']['load_factor']:.3f} ({live['live']['rate']:.0f}/s), simulated "
-        f"{sim_capacity:.3f} ({sim_capacity * throughput:.0f}/s): live/simulated {ratio:.3f}"
+        f"{sim_capacity_idle:.3f} ({sim_capacity_idle * throughput:.0f}/s): live/simulated "
+        f"{ratio:.3f}; simulated with the stage times of the live runs "
+        f"({', '.join(f'{c} ×{r:.3f}' for c, r in loaded_scale.items())}) "
+        f"{sim_capacity_loaded:.3f}: live/simulated {ratio_loaded:.3f}"
     )
     print(
         f"answers equal to the uncut model's: {live['answers']['all_equal']}; fault run: "

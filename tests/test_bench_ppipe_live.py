@@ -59,3 +59,18 @@ def test_the_bisection_finds_the_edge_within_four_percent():
     assert 2.0 / 1.04 <= found <= 2.0
     found, probes = asyncio.run(bisect(curve(0.0), 1.0, 3))
     assert found == 0.0 and [p[0] for p in probes] == [1.0, 0.5, 0.25]
+
+
+def test_stage_jitter_is_the_log_normal_sigma_of_each_stage_about_its_mean():
+    import math
+
+    from app.server.pipeline_driver import DriverCounts
+    from bench.ppipe_live import stage_jitter
+
+    counts = DriverCounts()
+    # Stage 0: ratios 0.9 and 1.1 (CV 0.1); stage 1: always 1.3 (no spread).
+    counts.stage_batches = {"0.0": 2, "0.1": 2}
+    counts.stage_ratio_sum = {"0.0": 2.0, "0.1": 2.6}
+    counts.stage_ratio_squares = {"0.0": 0.81 + 1.21, "0.1": 2 * 1.69}
+    assert stage_jitter(counts) == pytest.approx(0.5 * math.sqrt(math.log1p(0.01)))
+    assert stage_jitter(DriverCounts()) == 0.0

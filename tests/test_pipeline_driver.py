@@ -121,6 +121,9 @@ def test_stages_run_in_order_and_the_answers_come_from_the_arena():
         assert (counts.submitted, counts.answered, counts.failed, counts.stage_runs) == (2, 2, 0, 2)
         assert counts.stage_batches == {"0.0": 1, "0.1": 1}
         assert counts.stage_seconds == pytest.approx({"0.0": 0.004, "0.1": 0.012})
+        # Both took their planned time (2 blocks at batch 2: 4 and 12 ms).
+        assert counts.stage_ratio_sum == pytest.approx({"0.0": 1.0, "0.1": 1.0})
+        assert counts.stage_ratio_squares == pytest.approx({"0.0": 1.0, "0.1": 1.0})
         slots.close_and_unlink()
 
     asyncio.run(scenario())

@@ -34,6 +34,7 @@ def make_layout(
     slo: float,
     batch: int,
     nodes: int,
+    handoff: float = 0.0,
 ) -> Layout:
     """One model "m", one pipeline; each stage is (latency per batch size,
     transfer in per batch size, the nodes of its instances)."""
@@ -47,7 +48,7 @@ def make_layout(
         pool_stages.append(
             PoolStage(k, k + 1, "G", 1, tuple(ids), latency, transfer, frozenset(on_nodes))
         )
-    pipeline = PoolPipeline(0, "m", batch, tuple(pool_stages), 100.0)
+    pipeline = PoolPipeline(0, "m", batch, tuple(pool_stages), 100.0, handoff)
     return Layout(tuple(devices), nodes, (pipeline,), {"m": slo}, {"G": len(devices)})
 
 
@@ -238,6 +239,24 @@ def test_a_request_of_more_items_than_the_planned_batch_runs_whole() -> None:
     (drop,) = core.add_request(Request(2, "m", 0.1, 8.1, items=5), 0.1)
     assert isinstance(drop, Drop) and drop.reason is DropReason.NOT_SERVED
     assert not core.models["m"].queue
+
+
+def test_a_hand_over_delays_each_later_stage_and_counts_as_work() -> None:
+    # Two stages of 1 s at batch 1 on one node, 0.25 s to hand over: the
+    # second starts 0.25 s after the first ends; the path has no waiting.
+    layout = make_layout(
+        [(LAT, (0.0,) * 4, [0]), (LAT, (0.0,) * 4, [0])], slo=8.0, batch=1, nodes=1, handoff=0.25
+    )
+    assert layout.pipelines[0].work(1) == pytest.approx(2.25)
+    core = PPipeScheduler(layout)
+    (decision,) = core.add_request(request(1, 0.0, 8.0), 0.0)
+    assert isinstance(decision, PipelineDispatch)
+    first, second = decision.batch.stages
+    assert (first.start, first.finish, second.start, second.finish) == pytest.approx(
+        (0.0, 1.0, 1.25, 2.25)
+    )
+    found = PPipeScheduler(layout)._probe(layout.pipelines[0], 1, 0.0)
+    assert found is not None and found.wait == pytest.approx(0.0)
 
 
 # ---------------------------------------------------------------- feedback correction

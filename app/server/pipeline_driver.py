@@ -166,6 +166,10 @@ class DriverCounts:
     # the executors reported it, and how many (mean = seconds / batches).
     stage_seconds: dict[str, float] = field(default_factory=dict)
     stage_batches: dict[str, int] = field(default_factory=dict)
+    # ...and the sums of each one's time ÷ its planned time, and of that
+    # squared (the spread of stage times: a simulator's jitter)
+    stage_ratio_sum: dict[str, float] = field(default_factory=dict)
+    stage_ratio_squares: dict[str, float] = field(default_factory=dict)
     # ...and between a stage's end and the next one's start (the hand-over
     # through the driver, plus any wait for the instance or its reservation)
     handoff_seconds: float = 0.0
@@ -491,8 +495,14 @@ class PipelineDriver:
             for run in batch.stages:
                 key = f"{batch.pipeline}.{run.stage}"
                 seconds = self.counts.stage_seconds
-                seconds[key] = seconds.get(key, 0.0) + run.finish - run.start
+                took = run.finish - run.start
+                seconds[key] = seconds.get(key, 0.0) + took
                 self.counts.stage_batches[key] = self.counts.stage_batches.get(key, 0) + 1
+                planned = self.core.layout.pipelines[batch.pipeline].stages[run.stage]
+                ratio = took / planned.latency[batch.size - 1]
+                ratios, squares = self.counts.stage_ratio_sum, self.counts.stage_ratio_squares
+                ratios[key] = ratios.get(key, 0.0) + ratio
+                squares[key] = squares.get(key, 0.0) + ratio * ratio
             for before, after in itertools.pairwise(batch.stages):
                 self.counts.handoff_seconds += after.start - before.finish
                 self.counts.handoffs += 1

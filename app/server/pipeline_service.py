@@ -276,6 +276,8 @@ def _build(
     profiles = {}
     for target in plan.models:
         name = target.name
+        if not plan.pipelines_of(name):
+            raise ValueError(f"model {name!r}: the plan gives it no pipeline (none met its SLO)")
         config = index.models.get(name)
         if config is None:
             why = index.errors.get(name, "no such model in the repository")
@@ -305,8 +307,6 @@ def _build(
                 config.slo_ms,
                 target.slo_s * 1000.0,
             )
-        if not plan.pipelines_of(name):
-            raise ValueError(f"model {name!r}: the plan gives it no pipeline")
         batch = max(p.batch for p in plan.pipelines_of(name))
         if batch > config.max_batch_size:
             raise ValueError(

@@ -21,7 +21,9 @@ What it emulates (`Layout`, app/scheduling/ppipe/layout.py):
   authors' simulator.
 
 A resource runs its work in the order of the reserved starts, never before
-a reserved start, and never before the work's input is there. Without
+a reserved start, and never before the work's input is there — a
+pipeline's hand-over (`PoolPipeline.handoff_s`) after the previous stage's
+end or the transfer's. Without
 jitter everything then runs exactly as reserved; with it, late work delays
 what follows on the same resource. A batch re-dispatched after a device
 fault replaces its stages from the re-dispatched one on; what the failed
@@ -185,12 +187,14 @@ class _Run:
         if not queue:
             return
         planned, batch_id, stage, gen = queue[0]
-        if (batch_id, stage) not in self.input_ready:
+        ready_at = self.input_ready.get((batch_id, stage))
+        if ready_at is None:
             return
-        if planned > now:
-            if planned < self.dev_wake[device]:
-                self.dev_wake[device] = planned
-                self.push(planned, _WAKE_DEVICE, (device,))
+        start_at = max(planned, ready_at)  # ready_at: after the hand-over
+        if start_at > now:
+            if start_at < self.dev_wake[device]:
+                self.dev_wake[device] = start_at
+                self.push(start_at, _WAKE_DEVICE, (device,))
             return
         heapq.heappop(queue)
         batch = self.core.in_flight[batch_id]
@@ -217,7 +221,7 @@ class _Run:
                 nxt = batch.stages[stage + 1]
                 key = (batch_id, stage + 1)
                 if nxt.source_node is None:
-                    self.input_ready[key] = now
+                    self.input_ready[key] = now + self.layout.pipelines[batch.pipeline].handoff_s
                     self.try_device(nxt.device, now)
                 else:
                     self.data_ready[key] = now
@@ -267,7 +271,8 @@ class _Run:
         if batch is not None and self.generation.get((batch_id, stage)) == gen:
             self.call(self.core.transfer_finished, batch_id, stage, started, now, now)
             run = batch.stages[stage]
-            self.input_ready[(batch_id, stage)] = now
+            handoff = self.layout.pipelines[batch.pipeline].handoff_s
+            self.input_ready[(batch_id, stage)] = now + handoff
             self.try_device(run.device, now)
         self.wake_links(up_node, down_node, now)
 

@@ -126,10 +126,17 @@ def plan_arrivals(
 
 
 def plan_layout(
-    plan: Plan, profiles: Mapping[str, BlockProfile], models: set[str] | None
+    plan: Plan,
+    profiles: Mapping[str, BlockProfile],
+    models: set[str] | None,
+    handoff_s: float = 0.0,
 ) -> Layout:
     return build_layout(
-        plan, profiles, devices_per_node=reference_devices_per_node(plan), models=models
+        plan,
+        profiles,
+        devices_per_node=reference_devices_per_node(plan),
+        models=models,
+        handoff_s=handoff_s,
     )
 
 
@@ -173,12 +180,14 @@ def simulate_plan(
     admit_floor: float = 0.95,
     jitter: float = 0.0,
     faults: tuple[InstanceFault, ...] = (),
+    handoff_s: float = 0.0,
 ) -> PlanRunResult:
     """Serve `plan` (its `models`, default all) at `load_factor` × `reference`
-    requests/s per model (default: the plan's own throughputs)."""
+    requests/s per model (default: the plan's own throughputs); `handoff_s`
+    between consecutive stages (`PoolPipeline.handoff_s`)."""
     if not load_factor > 0.0:
         raise ValueError(f"load factor must be > 0, got {load_factor}")
-    layout = plan_layout(plan, profiles, models)
+    layout = plan_layout(plan, profiles, models, handoff_s)
     served = [m for m in plan.models if m.name in layout.slo_s]
     if reference is None:
         reference = {m.name: m.throughput for m in served}

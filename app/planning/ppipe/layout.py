@@ -19,11 +19,15 @@ def build_layout(
     *,
     devices_per_node: Mapping[str, int] | None = None,
     models: set[str] | None = None,
+    handoff_s: float = 0.0,
 ) -> Layout:
     """Lay `plan` onto devices and nodes. `devices_per_node` per class
     defaults to the plan's cluster figure for every class; `models` keeps
     only those models' pipelines (their devices keep the ids and nodes they
-    have in the whole plan's layout)."""
+    have in the whole plan's layout); `handoff_s` is every pipeline's
+    hand-over between stages (`PoolPipeline.handoff_s`)."""
+    if not handoff_s >= 0.0:
+        raise ValueError(f"handoff_s must be ≥ 0, got {handoff_s}")
     cluster = plan.cluster
     per_node = {cls: cluster.devices_per_node for cls in cluster.classes}
     if devices_per_node is not None:
@@ -108,6 +112,7 @@ def build_layout(
                     pipeline.batch,
                     tuple(stages),
                     pipeline.throughput,
+                    handoff_s,
                 )
             )
     slo = {m.name: m.slo_s for m in plan.models if models is None or m.name in models}

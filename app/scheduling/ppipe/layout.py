@@ -66,10 +66,15 @@ class PoolPipeline:
     batch: int
     stages: tuple[PoolStage, ...]
     throughput: float
+    # From a stage's end (or its output's arrival) until the next stage can
+    # start: nothing across a cluster's links (the transfer is the cost);
+    # on one machine, the report through the daemon to the next executor.
+    handoff_s: float = 0.0
 
     def work(self, batch: int) -> float:
-        """Compute plus transfers of a batch of `batch` with no waiting."""
-        return sum(s.latency[batch - 1] + s.transfer_in[batch - 1] for s in self.stages)
+        """Compute, transfers and hand-overs of a batch of `batch` with no waiting."""
+        handoffs = self.handoff_s * (len(self.stages) - 1)
+        return handoffs + sum(s.latency[batch - 1] + s.transfer_in[batch - 1] for s in self.stages)
 
 
 @dataclass(frozen=True)

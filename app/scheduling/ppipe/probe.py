@@ -7,6 +7,10 @@ instance's node uplink and this instance's node downlink, the stage at the
 earliest slot of its own table after the transfer; the instance whose stage
 ends first is taken, and the next stage starts from its end.
 
+A pipeline's hand-over (`PoolPipeline.handoff_s`, 0 on a cluster) is a
+fixed delay between a stage's input being there and the stage being able
+to start: it is work, not waiting, in step 1's ranking.
+
 Two refinements of the pseudo-code, each for a reason:
 
 * Before the last stage an instance is ranked by when its node's uplink can
@@ -81,7 +85,8 @@ def probe(
         # No instance can end before the stage runs right after its input
         # arrives (at once on the sender's node, after one transfer elsewhere).
         local = prev_node is not None and prev_node in stage.nodes
-        bound = t_g + li + (0.0 if local else ln) + EPS
+        handoff = pipeline.handoff_s if k > 0 else 0.0
+        bound = t_g + li + (0.0 if local else ln) + handoff + EPS
         for device in stage.devices:
             if not alive[device]:
                 continue
@@ -92,7 +97,7 @@ def probe(
                 t = earliest_common_slot((up, downlinks[node]), t, ln)
                 xs = t
                 t += ln
-            s = device_tables[device].earliest_slot(t, li)
+            s = device_tables[device].earliest_slot(t + handoff, li)
             f = s + li
             key = f
             if ln_next > 0.0:
@@ -100,7 +105,7 @@ def probe(
             if key < best_key:
                 best_key = key
                 best_finish = f
-                best_work = li + (ln if xs is not None else 0.0)
+                best_work = li + handoff + (ln if xs is not None else 0.0)
                 best = StageRun(
                     k,
                     device,
