@@ -72,3 +72,21 @@ class ExecutorFailed(ServingError):
 class ShuttingDown(ServingError):
     status = 503
     reason = "shutting_down"
+
+
+# The answer to a request the scheduling core dropped, by its reason
+# (app.scheduling.types.DropReason's values), for every driver of a core.
+DROP_MESSAGES = {
+    "deadline": "dropped: the deadline cannot be met",
+    "queue_timeout": "dropped: waited longer than the queue timeout",
+    "preempted": "dropped: preempted and the deadline can no longer be met",
+    "overloaded": "dropped: server overloaded",
+    "not_served": "dropped: nothing that can run this model serves it",
+    "device_failed": "dropped: its device failed and the deadline can no longer be met",
+    "unloaded": "dropped: its model was unloaded before it ran",
+}
+
+
+def dropped(reason: str) -> Dropped:
+    """The error a request dropped for `reason` (a DropReason value) gets."""
+    return Dropped(DROP_MESSAGES.get(reason, f"dropped: {reason}"), reason)

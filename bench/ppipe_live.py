@@ -92,8 +92,8 @@ from app.repository.block_profile import DeviceClass, prepartition, profile_bloc
 from app.repository.chain_model import CHAIN_MODEL, write_chain
 from app.repository.partition import run, session, synthetic_inputs, verify_chain
 from app.scheduling.ppipe import PPipeScheduler
-from app.server.pipeline_driver import DriverCounts
 from app.server.pipeline_setup import LivePipelines, wait_answered
+from app.server.pipeline_types import DriverCounts
 from app.simulation.ppipe_run import plan_arrivals, simulate_plan
 
 OUT_DIR = Path(__file__).resolve().parent / "results" / "ppipe"

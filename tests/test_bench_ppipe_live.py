@@ -64,7 +64,7 @@ def test_the_bisection_finds_the_edge_within_four_percent():
 def test_stage_jitter_is_the_log_normal_sigma_of_each_stage_about_its_mean():
     import math
 
-    from app.server.pipeline_driver import DriverCounts
+    from app.server.pipeline_types import DriverCounts
     from bench.ppipe_live import stage_jitter
 
     counts = DriverCounts()

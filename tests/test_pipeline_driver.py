@@ -23,7 +23,8 @@ from app.runtime.events import BatchFinished, DeviceDown
 from app.runtime.executor import Executor
 from app.runtime.messages import Ran
 from app.scheduling.ppipe import PPipeScheduler
-from app.server.pipeline_driver import PipelineDriver, PipelineModel
+from app.server.pipeline_driver import PipelineDriver
+from app.server.pipeline_types import PipelineModel
 from tests.fakes import FakeClock, FakeTimer
 
 MS = 0.001

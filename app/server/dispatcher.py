@@ -40,7 +40,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from app.errors import Dropped, ShuttingDown
+from app.errors import ShuttingDown, dropped
 from app.runtime.events import (
     AloneTimed,
     BatchFinished,
@@ -58,7 +58,6 @@ from app.scheduling.types import (
     Decision,
     Dispatch,
     Drop,
-    DropReason,
     Preempt,
     Request,
 )
@@ -252,7 +251,7 @@ class Dispatcher:
             elif isinstance(decision, Complete):
                 self._complete(decision.batch, decision.requests, report)
             elif isinstance(decision, Drop):
-                error = Dropped(_DROP_MESSAGES[decision.reason], decision.reason.value)
+                error = dropped(decision.reason.value)
                 self._fail(decision.requests, error)
             elif isinstance(decision, Preempt):
                 try:
@@ -382,14 +381,3 @@ class Dispatcher:
         self._fail(waiting, error)
         self._wakeup.close()
         return len(waiting)
-
-
-_DROP_MESSAGES = {
-    DropReason.DEADLINE: "dropped: the deadline cannot be met",
-    DropReason.QUEUE_TIMEOUT: "dropped: waited longer than the queue timeout",
-    DropReason.PREEMPTED: "dropped: preempted and the deadline can no longer be met",
-    DropReason.OVERLOADED: "dropped: server overloaded",
-    DropReason.NOT_SERVED: "dropped: no device serves this model",
-    DropReason.DEVICE_FAILED: "dropped: its device failed and the deadline can no longer be met",
-    DropReason.UNLOADED: "dropped: its model was unloaded before it ran",
-}

@@ -63,14 +63,12 @@ import itertools
 import logging
 import math
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Protocol
 
 import numpy as np
 
-from app.errors import Dropped, ExecutorFailed, Overloaded, ShuttingDown
-from app.runtime.arena import Arena
+from app.errors import ExecutorFailed, Overloaded, ShuttingDown, dropped
 from app.runtime.events import BatchFinished, BatchStopped, DeviceDown, DeviceUp, ExecutorEvent
 from app.scheduling.ppipe.batches import (
     PipelineBatch,
@@ -80,6 +78,12 @@ from app.scheduling.ppipe.batches import (
 )
 from app.scheduling.ppipe.policy import PPipeScheduler
 from app.scheduling.types import Drop, DropReason, Request
+from app.server.pipeline_types import (
+    DriverCounts,
+    PipelineAnswer,
+    PipelineModel,
+    StageExecutors,
+)
 from app.server.timerfd import Timer, make_timer
 from app.server.wakeup import WakeupTimer
 
@@ -87,43 +91,6 @@ log = logging.getLogger(__name__)
 
 # Runs an executor holds at once: the one it runs and the next (see above).
 HANDED_AHEAD = 2
-
-
-class StageExecutors(Protocol):
-    """Where stages run (`app.runtime.pool.ExecutorPool`): device ids are
-    the layout's instance ids."""
-
-    def submit(
-        self, device_id: int, batch_id: int, model: str, slots: Sequence[int], start_at: float
-    ) -> None:
-        """Queue a run of partition `model` on the device; raises when it
-        cannot take it. Exactly one BatchFinished (or BatchStopped) follows
-        a run it took."""
-        ...
-
-
-@dataclass(frozen=True)
-class PipelineModel:
-    """A model served as a pipeline: its arena (the daemon's view: the
-    model's inputs and outputs, `create_pipeline_arena`) and the name of
-    the partition model the executors loaded for each block range."""
-
-    name: str
-    arena: Arena
-    partitions: Mapping[tuple[int, int], str]
-
-
-@dataclass(frozen=True)
-class PipelineAnswer:
-    """What a request gets: its outputs, and where its batch ran."""
-
-    outputs: dict[str, np.ndarray]
-    batch_id: int
-    batch_size: int
-    pipeline: int
-    devices: tuple[int, ...]  # the instance of each stage, in order
-    started_at: float  # its first stage's start, as its executor reported it
-    finished_at: float
 
 
 @dataclass
@@ -148,32 +115,6 @@ class _RunOf:
     stage: int
     gen: int
     device: int
-
-
-@dataclass
-class DriverCounts:
-    """What happened, for benchmarks and metrics."""
-
-    submitted: int = 0
-    answered: int = 0
-    failed: int = 0  # answered with an error (drops included)
-    dropped: dict[str, int] = field(default_factory=dict)  # by DropReason value
-    dispatched: int = 0
-    rerouted: int = 0  # batches dispatched again after a device failed
-    stage_runs: int = 0
-    stage_errors: int = 0
-    # Per "pipeline.stage" of the completed batches: their stages' time, as
-    # the executors reported it, and how many (mean = seconds / batches).
-    stage_seconds: dict[str, float] = field(default_factory=dict)
-    stage_batches: dict[str, int] = field(default_factory=dict)
-    # ...and the sums of each one's time ÷ its planned time, and of that
-    # squared (the spread of stage times: a simulator's jitter)
-    stage_ratio_sum: dict[str, float] = field(default_factory=dict)
-    stage_ratio_squares: dict[str, float] = field(default_factory=dict)
-    # ...and between a stage's end and the next one's start (the hand-over
-    # through the driver, plus any wait for the instance or its reservation)
-    handoff_seconds: float = 0.0
-    handoffs: int = 0
 
 
 def default_lead(scheduler: PPipeScheduler) -> float:
@@ -523,7 +464,7 @@ class PipelineDriver:
     def _drop(self, requests: list[Request], reason: DropReason) -> None:
         for _ in requests:
             self.counts.dropped[reason.value] = self.counts.dropped.get(reason.value, 0) + 1
-        self._fail(requests, Dropped(_DROP_MESSAGES[reason], reason.value))
+        self._fail(requests, dropped(reason.value))
 
     def _fail(self, requests: list[Request], error: Exception) -> None:
         batches: set[int] = set()
@@ -587,14 +528,3 @@ class PipelineDriver:
         self._fail(waiting, error)
         self._wakeup.close()
         return len(waiting)
-
-
-_DROP_MESSAGES = {
-    DropReason.DEADLINE: "dropped: the deadline cannot be met",
-    DropReason.QUEUE_TIMEOUT: "dropped: waited longer than the queue timeout",
-    DropReason.PREEMPTED: "dropped: preempted and the deadline can no longer be met",
-    DropReason.OVERLOADED: "dropped: server overloaded",
-    DropReason.NOT_SERVED: "dropped: no pipeline serves this model",
-    DropReason.DEVICE_FAILED: "dropped: its device failed and the deadline can no longer be met",
-    DropReason.UNLOADED: "dropped: its model was unloaded before it ran",
-}

@@ -48,8 +48,8 @@ from app.repository.config import ModelConfig, shown_model
 from app.repository.loader import RepositoryIndex
 from app.runtime.events import DeviceDown, DeviceUp, ExecutorEvent
 from app.server.metrics import Metrics, metric_label
-from app.server.pipeline_driver import PipelineAnswer
 from app.server.pipeline_setup import LivePipelines
+from app.server.pipeline_types import PipelineAnswer
 from app.server.service import InferResult, request_items
 from app.server.settings import Settings
 from app.server.startup import StartupFailed

@@ -42,7 +42,8 @@ from app.runtime.pool import ExecutorPool
 from app.runtime.stage_arena import create_pipeline_arena, partition_view
 from app.scheduling.ppipe.layout import Layout
 from app.scheduling.ppipe.policy import PPipeScheduler
-from app.server.pipeline_driver import PipelineDriver, PipelineModel
+from app.server.pipeline_driver import PipelineDriver
+from app.server.pipeline_types import PipelineModel
 
 
 @dataclass(frozen=True)
