@@ -119,6 +119,12 @@ def test_the_daemon_serves_the_plan_beside_an_ordinary_model(planned, launch_dae
     assert {tuple(d.split(":")[0] for d in path.split(">")) for path in devices} <= {
         tuple(c) for c in classes
     }
+    # Triton's statistics count the pipeline's batches and requests.
+    stats = httpx.get(f"{url}/v2/models/chain/stats").json()["model_stats"][0]
+    assert stats["inference_count"] == 8 and stats["execution_count"] >= 1
+    assert (
+        sum(b["compute_infer"]["count"] for b in stats["batch_stats"]) == stats["execution_count"]
+    )
     # The ordinary model is served by the dispatcher, as without a plan.
     reply = infer(url, ORDINARY, {"x": np.ones((1, 4), np.float32)})
     assert reply.status_code == 200, reply.text

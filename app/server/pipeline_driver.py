@@ -179,6 +179,8 @@ class PipelineDriver:
         self.pending: dict[int, _Pending] = {}
         self.counts = DriverCounts()
         self.closing = False
+        # Called once per batch that ran to its end, before its answers.
+        self.on_batch: Callable[[PipelineBatch], None] | None = None
 
     # ---------------------------------------------------------------- inputs
 
@@ -447,6 +449,8 @@ class PipelineDriver:
             for before, after in itertools.pairwise(batch.stages):
                 self.counts.handoff_seconds += after.start - before.finish
                 self.counts.handoffs += 1
+            if self.on_batch is not None:
+                self.on_batch(batch)
         for request in requests:
             pending = self.pending.pop(request.id, None)
             if pending is None:

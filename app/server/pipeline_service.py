@@ -47,6 +47,7 @@ from app.errors import Dropped, ExecutorFailed, InvalidInput, Overloaded, Shutti
 from app.repository.config import ModelConfig, shown_model
 from app.repository.loader import RepositoryIndex
 from app.runtime.events import DeviceDown, DeviceUp, ExecutorEvent
+from app.scheduling.ppipe.batches import PipelineBatch
 from app.server.metrics import Metrics, metric_label
 from app.server.pipeline_setup import LivePipelines
 from app.server.pipeline_types import PipelineAnswer
@@ -81,6 +82,7 @@ class PipelineService:
         self._statistics = statistics
         self._outstanding: dict[str, int] = dict.fromkeys(configs, 0)
         self._names = {d.id: d.name for d in live.devices}
+        live.driver.on_batch = self._on_batch
         # The largest batch a pipeline of the model can run: its profile's.
         layout = live.driver.core.layout
         self._max_items = {
@@ -117,6 +119,17 @@ class PipelineService:
             name = self._names.get(event.device, str(event.device))
             log.warning("pipeline device %s back in service after %.3f s", name, event.seconds_down)
             self._metrics.executor_restarted(name, event.seconds_down)
+
+    def _on_batch(self, batch: PipelineBatch) -> None:
+        """A batch ran through every stage: Triton's per-batch statistics,
+        its compute from the first stage's start to the last one's end."""
+        self._statistics.batch_executed(
+            batch.model,
+            batch=("pipeline", batch.id),
+            batch_size=batch.size,
+            requests=len(batch.requests),
+            infer_s=batch.stages[-1].finish - batch.stages[0].start,
+        )
 
     async def serve(
         self,
@@ -185,6 +198,7 @@ class PipelineService:
             infer_s=exec_s,
             output_s=max(0.0, now - answer.finished_at),
             at_ms=epoch_ms(),
+            batch=("pipeline", answer.batch_id),
         )
         return InferResult(
             model=config.model_name,
