@@ -4,7 +4,8 @@ Start-up (app/server/startup.py) loads the repository, starts one executor
 process per device, profiles the models and builds the scheduling cores;
 this module admits requests (queue and arena limits, SLO checks), hands
 them to the dispatcher, answers them from their shared-memory slots, and
-shuts down.
+shuts down. The models of a PPipe plan (PPIPE_PLAN) are served by
+app/server/pipeline_service.py instead, behind the same API.
 
 Shutdown begins at SIGTERM or SIGINT (app/server/stop_signals.py hooks them
 for `begin_shutdown`), or when the app's lifespan ends without one: new

@@ -54,6 +54,11 @@ Deviations from the pseudo-code, each for a reason:
   its queue below the size Step 2 found, with no change in the tables its
   pipelines use since, changes nothing: the core does not re-probe (the
   artifact re-probes on every arrival). Probes are counted (`probes`).
+* *Requests of several items* (the paper's are one each): a batch carries
+  whole requests, so Step 2 never goes below the head's items, and starts
+  above the planned size when the head alone exceeds it, up to the
+  largest batch the profile covers; a head beyond that is dropped
+  (`DropReason.NOT_SERVED`).
 * *Re-routing on a device failure*: a batch that still needs the failed
   device, or whose intermediate output it held, is probed again from its
   first unfinished stage (from the start if the output it needs is lost),
