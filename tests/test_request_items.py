@@ -22,7 +22,7 @@ from tests.fakes import devices, dispatches, drops, model
 POLICIES = policy_names()
 # Policies that run a request whatever its deadline (the batchers of Triton
 # and Clipper): nothing is refused for lateness before it runs.
-DEADLINE_UNAWARE = ("triton", "clipper")
+DEADLINE_UNAWARE = ("triton", "gpulet", "clipper")
 GOOD, DROPPED, LATE = int(Outcome.GOOD), int(Outcome.DROPPED), int(Outcome.LATE)
 
 
@@ -52,6 +52,7 @@ def test_every_policy_is_covered() -> None:
             "clockwork",
             "nexus",
             "triton",
+            "gpulet",
             "clipper",
             "orloj",
         ]
@@ -69,6 +70,7 @@ MIXED = {
     "clockwork": (8, 113, 127, 0, 48, 183),
     "nexus": (8, 156, 84, 0, 36, 264),
     "triton": (7, 33, 148, 59, 46, 79),
+    "gpulet": (7, 34, 147, 59, 45, 80),
     "clipper": (6, 30, 153, 57, 46, 70),
     "orloj": (8, 113, 127, 0, 48, 183),
 }

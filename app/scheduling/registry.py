@@ -20,6 +20,7 @@ _POLICIES: dict[str, tuple[str, str, dict[str, Any]]] = {
     "clockwork": ("app.scheduling.clockwork", "ClockworkScheduler", {}),
     "nexus": ("app.scheduling.nexus", "NexusScheduler", {}),
     "triton": ("app.scheduling.triton", "TritonScheduler", {}),
+    "gpulet": ("app.scheduling.gpulet", "GpuletScheduler", {}),
     "clipper": ("app.scheduling.clipper", "ClipperScheduler", {}),
     "orloj": ("app.scheduling.orloj", "OrlojScheduler", {}),
 }
