@@ -1,0 +1,2 @@
+"""InSS: several models sharing a device (inss.txt): the latency model,
+batch decisions (BDA) and placement."""
