@@ -5,6 +5,7 @@ queue, and the bundled Gpulet data."""
 
 from __future__ import annotations
 
+import json
 import math
 
 import numpy as np
@@ -338,3 +339,24 @@ def test_gpulet_reader_returns_the_known_first_rows():
     )
     with pytest.raises(FileNotFoundError, match="have: 2080ti, 3080"):
         load_util("a100")
+
+
+# ---------------------------------------------------------------- bench
+
+
+def test_inss_tables_bench_fits_and_predicts_the_published_cells(tmp_path, capsys):
+    from bench.inss_tables import main as tables_main
+
+    assert tables_main(["--out", str(tmp_path)]) == 0
+    report = json.loads((tmp_path / "tables.json").read_text())
+    cells = {(c["row"], c["column"]): c for c in report["cells"]}
+    assert len(cells) == 28
+    roles = [c["role"] for c in report["cells"]]
+    assert roles.count("predicted") == 14 and roles.count("fit") == 14
+    # E*&M1: two cells fit (exactly), two predicted by the L2 cache term.
+    assert cells[("E*&M1", "6%")]["ours_error_pct"] < 1e-9
+    assert cells[("E*&M1", "24%")]["role"] == "predicted"
+    assert cells[("E*&M1", "24%")]["ours_error_pct"] < 1.0  # 0.07 % measured
+    assert cells[("E*&M1", "42%")]["ours_error_pct"] < 1.0  # 0.64 % measured
+    assert report["cache_fit_e_m1"]["alpha_cache"] == pytest.approx(1.542, abs=1e-3)
+    assert "predicted cells: paper mean 1.81 %" in capsys.readouterr().out
