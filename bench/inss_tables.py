@@ -29,8 +29,9 @@ What is fitted and what is predicted:
   L2 utilisation of mobilenet_v2 at batch 4 on the RTX 2080 Ti, scaled by
   the share as Gpulet scales it (l(ρ) = 0.159·ρ, β_u = 0; the paper's GPUs
   are RTX 2060-class). E's alone time and α_cache are fitted on the 6 % and
-  60 % cells (fit_cache_interference with the alone time unknown); the 24 %
-  and 42 % cells are predicted.
+  60 % cells (fit_cache_interference with the alone time unknown; that
+  "alone" time also carries E's scheduling and its constant interference
+  with one neighbour); the 24 % and 42 % cells are predicted.
 
 Assumptions (the tables do not give them): an input of 3×224×224 float32
 (602,112 bytes), an output of 1,000 float32 (4,000 bytes), a host link of
