@@ -99,6 +99,8 @@ NOT_RUN = {
     "python -m bench.ppipe_sim": "6 groups × 4 clusters × 3 variants × 2 arrival processes, "
     "capacity searches of 30-s simulations, ~20 min (tests/test_ppipe_simulation.py runs plans)",
     "python -m bench.ppipe_live": "block profiling and live capacity searches, minutes of load",
+    "python -m bench.inss_tables": "fits to the paper's tables; tests/test_inss_latency.py runs it "
+    "and checks what it writes",
     "python -m bench.inprocess --workload bench/workloads/live-a-resnet50-emulated.yaml "
     "--capacity": "a capacity bisection of 15-s runs, minutes of load",
 }
