@@ -36,6 +36,7 @@ SAMPLES: dict[str, tuple[str, object]] = {
     "CPU_SLICES": ("3", 3),
     "THREADS_PER_SLICE": ("2", 2),
     "EMULATED_DEVICES": ("0", 0),
+    "DEVICE_SHARES": (" cpu=0.5,0.5 ; cuda:1=0.3, 0.7", {"cpu": (0.5, 0.5), "cuda:1": (0.3, 0.7)}),
     "ARENA_SLOTS": ("64", 64),
     "MAX_QUEUE": ("5", 5),
     "STUCK_FACTOR": ("2.5", 2.5),
@@ -85,6 +86,15 @@ BAD: list[tuple[str, str, str]] = [
     ("HEADER_TIMEOUT_S", "-1", " must be ≥ 0, got -1"),
     ("MAX_CONNECTIONS", "0", " must be ≥ 1, got 0"),
     ("EMULATED_DEVICES", "1.5", "='1.5' is not an integer"),
+    ("DEVICE_SHARES", "cpu", "='cpu': 'cpu': expected DEVICE=SHARE,SHARE…"),
+    ("DEVICE_SHARES", "cpu=0.5;", "='cpu=0.5;': '': expected DEVICE=SHARE,SHARE…"),
+    ("DEVICE_SHARES", "tpu=0.5", "='tpu=0.5': 'tpu' is not a device: use a kind (cpu, cuda,"),
+    ("DEVICE_SHARES", "cpu=0.5,x", "='cpu=0.5,x': device 'cpu': '0.5,x' are not numbers"),
+    ("DEVICE_SHARES", "cpu=0.5,,0.5", "='cpu=0.5,,0.5': device 'cpu': '0.5,,0.5' are not num"),
+    ("DEVICE_SHARES", "cpu=0.6,0.5", "='cpu=0.6,0.5': device 'cpu': shares sum to 1.1, more "),
+    ("DEVICE_SHARES", "cpu=0", "='cpu=0': device 'cpu': a share must be in (0, 1], got 0.0"),
+    ("DEVICE_SHARES", "cpu=nan", "='cpu=nan': device 'cpu': a share must be in (0, 1], got nan"),
+    ("DEVICE_SHARES", "cpu=1;cpu=1", "='cpu=1;cpu=1': device 'cpu' is given twice"),
     ("STUCK_FACTOR", "-0.5", " must be ≥ 0, got -0.5"),
     ("STUCK_MARGIN_S", "nan", "='nan' is not a finite number"),
     ("HEARTBEAT_TIMEOUT_S", "-0.5", " must be ≥ 0, got -0.5"),
@@ -130,8 +140,8 @@ def test_flag_names_come_from_the_variables():
     assert FLAG["SHUTDOWN_GRACE_S"] == "--shutdown-grace-s"
     assert [setting.name for setting in SETTINGS] == [
         "repository", "policy", "policy_options", "host", "port", "grpc_port", "cpu_slices",
-        "threads_per_slice", "emulated_devices", "arena_slots", "max_queue", "stuck_factor",
-        "stuck_margin_s", "heartbeat_timeout_s", "respawn", "shutdown_grace_s",
+        "threads_per_slice", "emulated_devices", "device_shares", "arena_slots", "max_queue",
+        "stuck_factor", "stuck_margin_s", "heartbeat_timeout_s", "respawn", "shutdown_grace_s",
         "exit_on_error", "strict_readiness", "header_timeout_s", "body_timeout_s",
         "keep_alive_timeout_s", "max_header_bytes",
         "max_buffered_bytes", "max_connections", "deadline_margin_ms", "timer_lead_ms",
@@ -209,13 +219,14 @@ def test_booleans_are_a_few_spellings_only():
 
 
 def test_unset_by_default_means_empty_is_unset():
-    empty = {"CPU_SLICES": "", "THREADS_PER_SLICE": " ", "ADMIN_TOKEN": ""}
+    empty = {"CPU_SLICES": "", "THREADS_PER_SLICE": " ", "ADMIN_TOKEN": "", "DEVICE_SHARES": ""}
     settings = Settings.from_env(empty)
     assert (settings.cpu_slices, settings.threads_per_slice, settings.admin_token) == (
         None,
         None,
         None,
     )
+    assert settings.device_shares is None
     assert Settings.from_env({"CPU_SLICES": "0"}).cpu_slices == 0
     assert serve("--cpu-slices", "", env={"CPU_SLICES": "2"}).cpu_slices is None
 

@@ -1,4 +1,4 @@
-"""Backends by name: `make_backend(config, device_kind, index, threads)` —
+"""Backends by name: `make_backend(config, device_kind, index, threads, share=…)` —
 ONNX Runtime (`app.runtime.onnx_backend`), Torch (`app.runtime.torch_backend`,
 optional) and the emulator (`app.runtime.emulated`). The interface they
 share is `app.runtime.backend`."""
@@ -20,11 +20,15 @@ __all__ = [
 ]
 
 
-def make_backend(config: ModelConfig, device_kind: str, device_index: int, threads: int) -> Backend:
+def make_backend(
+    config: ModelConfig, device_kind: str, device_index: int, threads: int, share: float = 1.0
+) -> Backend:
+    """`share`: the executor's share of its device (app.runtime.shares); only
+    the emulator uses it, other backends get theirs from pinning or MPS."""
     if config.backend == "onnx":
         return OnnxBackend(device_kind, device_index, threads)
     if config.backend == "emulated":
-        return EmulatedBackend()
+        return EmulatedBackend(share=share)
     if config.backend == "torch":
         # Imported here: torch is an optional extra, and importing it costs
         # seconds; a server without torch reports the model as unavailable.

@@ -1,17 +1,24 @@
 """The executor layout of a machine: one executor per GPU, CPU slice or
-emulated device (`detect_devices`), and which models each may load."""
+emulated device (`detect_devices`), or per share of one when a device is
+split into shares (`split_devices`, the rules in `app.runtime.shares`), and
+which models each may load."""
 
 from __future__ import annotations
 
 import itertools
+import logging
 import os
 import shutil
 import subprocess
-from dataclasses import asdict, dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, replace
 from typing import Any, Literal
 
 from app.repository.config import ModelConfig
 from app.runtime.backend import backend_supports
+from app.runtime.shares import SHARE_SEP, check_shares, shared_cores, split_cores
+
+log = logging.getLogger("app.runtime.devices")
 
 DeviceKind = Literal["cpu", "cuda", "emulated"]
 
@@ -26,7 +33,9 @@ class ExecutorDevice:
     times slower: each batch is held until its start + `slowdown` × its
     compute, the CPU time it took per thread (app/runtime/executor.py), as a
     block profile measured with the same factor says
-    (app/repository/block_profile.py).
+    (app/repository/block_profile.py). `share` (in (0, 1]) is the fraction
+    of a device split into shares that this executor has (`split_devices`):
+    its name is then the whole device's, "/" and the share's number.
     """
 
     id: int
@@ -36,10 +45,19 @@ class ExecutorDevice:
     threads: int = 1
     cpus: tuple[int, ...] | None = None
     slowdown: float = 1.0
+    share: float = 1.0
 
     def __post_init__(self) -> None:
         if not (self.slowdown >= 1.0 and self.slowdown < float("inf")):
             raise ValueError(f"device {self.name!r}: slowdown must be ≥ 1, got {self.slowdown}")
+        if not 0.0 < self.share <= 1.0:
+            raise ValueError(f"device {self.name!r}: share must be in (0, 1], got {self.share}")
+
+    @property
+    def whole(self) -> str:
+        """The name of the device this executor has a share of (its own
+        name when it is not split)."""
+        return self.name.partition(SHARE_SEP)[0]
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -91,6 +109,7 @@ def detect_devices(
     emulated: int = 0,
     *,
     gpus: int | None = None,
+    shares: Mapping[str, Sequence[float]] | None = None,
 ) -> list[ExecutorDevice]:
     """The executor layout of this machine.
 
@@ -98,7 +117,8 @@ def detect_devices(
     CPU slices: `cpu_slices=None` means one slice with every visible core when
     there is no GPU and none when there is; `0` none; `n` that many slices of
     `threads_per_slice` threads (default: cores // n), each pinned to its own
-    cores when they fit. Then `emulated` emulated devices.
+    cores when they fit. Then `emulated` emulated devices. Last, the devices
+    `shares` names are split into shares (`split_devices`).
     """
     n_gpus = cuda_device_count() if gpus is None else gpus
     devices: list[ExecutorDevice] = []
@@ -121,14 +141,76 @@ def detect_devices(
         raise ValueError(f"emulated must be ≥ 0, got {emulated}")
     for i in range(emulated):
         devices.append(ExecutorDevice(next(ids), "emulated", f"emulated:{i}", index=i))
-    return devices
+    return split_devices(devices, shares) if shares else devices
+
+
+def split_devices(
+    devices: Sequence[ExecutorDevice], shares: Mapping[str, Sequence[float]]
+) -> list[ExecutorDevice]:
+    """`devices` with those that `shares` names split: one executor per
+    share, in its place, named `<device>/<i>`; ids are numbered again in
+    order. A key of `shares` is a device name or kind (every device of that
+    kind); each must name some device, and no device twice.
+
+    A CPU share is pinned to its part of the device's cores (its `cpus`, or
+    every visible core) by `split_cores`, with one thread per core; shares
+    that must run on one core are said in a log line. A GPU or emulated share
+    keeps the device's index and threads."""
+    by_device: dict[str, tuple[str, tuple[float, ...]]] = {}
+    for key, values in shares.items():
+        matched = [d for d in devices if key in (d.name, d.kind)]
+        if not matched:
+            have = ", ".join(d.name for d in devices) or "no devices"
+            raise ValueError(f"device shares: {key!r} names no device of this server ({have})")
+        for d in matched:
+            if d.name in by_device:
+                raise ValueError(
+                    f"device shares: {d.name} is given by both {by_device[d.name][0]!r} and {key!r}"
+                )
+            by_device[d.name] = (key, check_shares(key, values))
+    out: list[ExecutorDevice] = []
+    for device in devices:
+        if device.name not in by_device:
+            out.append(replace(device, id=len(out)))
+            continue
+        values = by_device[device.name][1]
+        names = [f"{device.name}{SHARE_SEP}{i}" for i in range(len(values))]
+        if device.kind != "cpu":
+            for name, share in zip(names, values, strict=True):
+                out.append(replace(device, id=len(out), name=name, share=share))
+            log.info("%s split into shares: %s", device.name, _listed(out[-len(values) :]))
+            continue
+        cores = device.cpus if device.cpus is not None else tuple(_visible_cores())
+        split = split_cores(cores, values)
+        for name, share, cpus in zip(names, values, split, strict=True):
+            part = replace(device, id=len(out), name=name, share=share, cpus=cpus)
+            out.append(replace(part, threads=len(cpus)))  # a thread per core
+        log.info("%s split into shares: %s", device.name, _listed(out[-len(values) :]))
+        for core, users in shared_cores(split).items():
+            log.warning(
+                "%s: %d shares on %d cores, so %s run on core %d together",
+                device.name,
+                len(values),
+                len(cores),
+                " and ".join(names[i] for i in users),
+                core,
+            )
+    return out
+
+
+def _listed(parts: Sequence[ExecutorDevice]) -> str:
+    return ", ".join(
+        f"{d.name} ({d.share:g}" + ("" if d.cpus is None else f", cores {list(d.cpus)}") + ")"
+        for d in parts
+    )
 
 
 def model_allowed_on(config: ModelConfig, device: ExecutorDevice) -> bool:
     """Backend supports the device kind, and ModelConfig.devices (kinds or
-    names) includes it when set."""
+    names) includes it when set; naming a device split into shares names
+    each of its shares."""
     if not backend_supports(config.backend, device.kind):
         return False
     if config.devices is None:
         return True
-    return device.kind in config.devices or device.name in config.devices
+    return any(n in config.devices for n in (device.kind, device.name, device.whole))

@@ -1,6 +1,8 @@
 """The emulated backend: a device that holds each batch for ℓ(b) of the
 model's latency profile (the papers' emulated GPUs), echoing inputs as
-outputs."""
+outputs. A share of an emulated device (app.runtime.shares) is that fraction
+of its speed: it holds a batch ℓ(b) / share. Nothing more: what co-located
+shares cost each other is the latency model's to say, not the emulator's."""
 
 from __future__ import annotations
 
@@ -58,7 +60,10 @@ class EmulatedBackend:
     hold ends before that finishes normally (the stop lost the race).
     """
 
-    def __init__(self, *_: Any, **__: Any) -> None:
+    def __init__(self, *_: Any, share: float = 1.0, **__: Any) -> None:
+        if not 0.0 < share <= 1.0:
+            raise ValueError(f"share must be in (0, 1], got {share}")
+        self.share = share
         self.profile: LatencyProfile | None = None
         self.preemption_delay_s = 0.0
         self._plan: list[tuple[str, str | None, TensorSpec]] = []
@@ -100,9 +105,9 @@ class EmulatedBackend:
         return outputs
 
     def latency(self, batch: int) -> float:
-        """ℓ(batch) in seconds."""
+        """ℓ(batch) in seconds, on this share of the device."""
         assert self.profile is not None, "load() first"
-        return self.profile.latency(batch)
+        return self.profile.latency(batch) / self.share
 
     def outputs(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         """The batch's outputs (echoes or zeros), ready before the hold ends."""

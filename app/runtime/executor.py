@@ -1,7 +1,7 @@
 """The executor process: one per device, driven by small control messages.
 
 Started by `ExecutorPool` with the *spawn* context as
-``executor_main(conn, device, log_level, realtime_priority, cancels, heartbeat)``.
+``executor_main(conn, device, log_level, realtime_priority, cancels, heartbeat, env)``.
 The messages on its two pipes are the dataclasses of `app.runtime.messages`:
 Load, Run, Profile and Stop on the main pipe, answered by Loaded, Ran or
 Cancelled, Profiled and Stopped; Cancel on the second, one-way pipe. While
@@ -36,6 +36,7 @@ import threading
 import time
 import traceback
 from collections import OrderedDict
+from collections.abc import Iterable
 from typing import Any
 
 import numpy as np
@@ -168,6 +169,21 @@ def tighten_timer_slack(slack_ns: int = 1000) -> None:
             pass
 
 
+def pin_to_cores(cpus: Iterable[int]) -> None:
+    """Pin every thread of this process to `cpus`. Threads started later
+    inherit the caller's mask, but some started at import keep their own
+    (OpenBLAS's pool, started by importing numpy), so each is pinned."""
+    mask = {int(c) for c in cpus}
+    os.sched_setaffinity(0, mask)
+    try:
+        tids = [int(t) for t in os.listdir("/proc/self/task")]
+    except OSError:
+        return  # no /proc: the calling thread only
+    for tid in tids:
+        with contextlib.suppress(ProcessLookupError):  # it exited meanwhile
+            os.sched_setaffinity(tid, mask)
+
+
 def _error_text(exc: BaseException) -> str:
     text = f"{type(exc).__name__}: {exc}"
     return text if len(text) <= 2000 else text[:2000] + "…"
@@ -272,6 +288,7 @@ class Executor:
                     self.device["kind"],
                     int(self.device.get("index", 0)),
                     int(self.device.get("threads", 1)),
+                    share=float(self.device.get("share", 1.0)),
                 )
                 backend.load(config)
                 arena = Arena.attach(layouts[name]) if name in layouts else None
@@ -492,11 +509,17 @@ def executor_main(
     realtime_priority: int = 0,
     cancels: Any = None,
     heartbeat: Heartbeat | None = None,
+    env: dict[str, str] | None = None,
 ) -> None:
     """Entry point of an executor process (spawn target). `realtime_priority`
     is the event loop's; the executor runs one below it (app.runtime.realtime).
     `heartbeat`, if given, is stamped by a thread of its own, started after
-    the priority is set (it inherits it)."""
+    the priority is set (it inherits it). `env` is added to the process's
+    environment first, before any backend reads it (a GPU share's MPS
+    settings, app.runtime.mps). Every thread of the process is pinned to the
+    device's `cpus` (`pin_to_cores`) before its own threads start and before
+    any backend loads, so those inherit it."""
+    os.environ.update(env or {})
     name = str(device.get("name", "executor"))
     logging.basicConfig(
         level=log_level,
@@ -521,7 +544,7 @@ def executor_main(
     cpus = device.get("cpus")
     if cpus and hasattr(os, "sched_setaffinity"):
         try:
-            os.sched_setaffinity(0, {int(c) for c in cpus})
+            pin_to_cores(cpus)
         except OSError as exc:
             log.warning("%s: cannot pin to CPUs %s: %s", name, cpus, exc)
     stop_beating = threading.Event()

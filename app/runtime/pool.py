@@ -67,6 +67,7 @@ from app.runtime.messages import (
     Unloaded,
     config_to_dict,
 )
+from app.runtime.mps import GpuSharing
 from app.runtime.pool_models import ModelChanges
 from app.runtime.watchdog import Heartbeat, check_interval, hang_of, reap
 
@@ -161,6 +162,7 @@ class ExecutorPool(ModelChanges):
         self.load_timeout_s = load_timeout_s
         self.realtime_priority = realtime_priority  # the event loop's; see app.runtime.realtime
         self._tasks: set[asyncio.Task] = set()
+        self._gpu_sharing = GpuSharing()  # MPS for GPU shares, while running
 
     # ----------------------------------------------------------- placement
     def placement(self, device_id: int) -> list[str]:
@@ -213,6 +215,7 @@ class ExecutorPool(ModelChanges):
         self._started = True
         self._loop = asyncio.get_running_loop()
         try:
+            self._gpu_sharing = GpuSharing.start(self.devices.values())
             for w in self._workers.values():
                 self._spawn(w)
             loads = [self._load(w) for w in self._workers.values()]
@@ -239,7 +242,7 @@ class ExecutorPool(ModelChanges):
         process = ctx.Process(
             target=executor_main,
             args=(child, w.device.to_dict(), self.log_level, self.realtime_priority, cancels_in),
-            kwargs={"heartbeat": heartbeat},
+            kwargs={"heartbeat": heartbeat, "env": self._gpu_sharing.env_for(w.device)},
             name=f"executor-{w.device.name}",
             daemon=True,
         )
@@ -457,6 +460,7 @@ class ExecutorPool(ModelChanges):
                 arena.close_and_unlink()
             except Exception:
                 log.exception("unlinking arena %s failed", arena.name)
+        self._gpu_sharing.stop()
 
     # ---------------------------------------------------------- internals
     def _expect(self, req: int, w: _Worker) -> asyncio.Future:

@@ -148,7 +148,12 @@ def _executors(settings: Settings) -> int:
     from app.runtime.devices import detect_devices
 
     return len(
-        detect_devices(settings.cpu_slices, settings.threads_per_slice, settings.emulated_devices)
+        detect_devices(
+            settings.cpu_slices,
+            settings.threads_per_slice,
+            settings.emulated_devices,
+            shares=settings.device_shares,
+        )
     )
 
 

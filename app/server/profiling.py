@@ -110,10 +110,12 @@ def profile_cache_path_for(settings: Settings, config: ModelConfig, device: Exec
 
 
 def device_tag(device: ExecutorDevice) -> str:
-    """The device part of a profile's cache key."""
+    """The device part of a profile's cache key (a CPU share's is its
+    threads, one per core; a GPU share's says its share)."""
     if device.kind == "cpu":
         return f"cpu-{device.threads}t"
-    return f"{device.kind}-{device.index}"
+    share = "" if device.share == 1.0 else f"-{device.share:g}"
+    return f"{device.kind}-{device.index}{share}"
 
 
 async def measure_profile(

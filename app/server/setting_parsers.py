@@ -21,6 +21,7 @@ from typing import Protocol
 
 from app.repository.device_class import DeviceClass
 from app.runtime.realtime import MAX_PRIORITY, check_priority
+from app.runtime.shares import parse_device_shares, show_device_shares
 from app.scheduling.registry import policy_names
 
 
@@ -224,6 +225,28 @@ class DeviceClasses:
 
     def describe(self) -> str:
         return "comma-separated NAME:THREADS[:SLOWDOWN]"
+
+
+@dataclass(frozen=True)
+class DeviceShares:
+    """Devices split into shares: `DEVICE=SHARE,SHARE…` items separated by
+    `;` (app/runtime/shares.py), each share in (0, 1], a device's summing
+    to at most 1."""
+
+    metavar: str = "DEVICE=SHARE,…;…"
+
+    def parse(self, text: str, label: str) -> dict[str, tuple[float, ...]]:
+        try:
+            return parse_device_shares(text)
+        except ValueError as exc:
+            raise ValueError(f"{label}={text!r}: {exc}") from None
+
+    def show(self, value: object) -> str:
+        assert isinstance(value, dict)
+        return show_device_shares(value)
+
+    def describe(self) -> str:
+        return "DEVICE=SHARE,SHARE… items separated by ';', e.g. cpu=0.5,0.5"
 
 
 @dataclass(frozen=True)

@@ -30,6 +30,7 @@ from app.scheduling.registry import policy_options
 from app.server.setting_parsers import (
     Boolean,
     DeviceClasses,
+    DeviceShares,
     FilePath,
     Integer,
     IntegerList,
@@ -175,6 +176,18 @@ class Settings:
         default=2,
         metadata=_setting(
             "EMULATED_DEVICES", Integer(0), "emulated devices for emulated models (0: none)"
+        ),
+    )
+    device_shares: dict[str, tuple[float, ...]] | None = field(
+        default=None,
+        metadata=_setting(
+            "DEVICE_SHARES",
+            DeviceShares(),
+            "devices split into shares, one executor each, `DEVICE=SHARE,…` items separated "
+            "by `;`: `cpu=0.5,0.5` runs `cpu:0/0` and `cpu:0/1` on half the cores each, "
+            "`cuda:0=0.3,0.7` two MPS clients of GPU 0 (a kind names each device of it; "
+            "a device's shares sum to ≤ 1)",
+            shown="none",
         ),
     )
     arena_slots: int = field(

@@ -106,7 +106,10 @@ async def load_models(settings: Settings) -> RepositoryIndex:
 
 def device_layout(settings: Settings) -> list[ExecutorDevice]:
     devices = detect_devices(
-        settings.cpu_slices, settings.threads_per_slice, settings.emulated_devices
+        settings.cpu_slices,
+        settings.threads_per_slice,
+        settings.emulated_devices,
+        shares=settings.device_shares,
     )
     for device in devices:
         log.info(
