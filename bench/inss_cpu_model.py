@@ -203,9 +203,11 @@ def _prediction_row(p: Prediction) -> dict[str, Any]:
     return {**asdict(p), "error": p.error}
 
 
-def report(settings: Settings, measured: dict[str, Any], scored: dict[str, Any]) -> dict[str, Any]:
+def report(
+    settings: Settings, measured: dict[str, Any], scored: dict[str, Any], argv: Sequence[str] = ()
+) -> dict[str, Any]:
     return {
-        "command": "python -m bench.inss_cpu_model " + " ".join(sys.argv[1:]),
+        "command": " ".join(["python -m bench.inss_cpu_model", *argv]),
         "recorded_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "machine": {
             "cpus": os.cpu_count(),
@@ -249,11 +251,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("--quick", action="store_true", help="a tiny run that checks the pipeline")
     parser.add_argument("--out-dir", type=Path, default=DEFAULT_OUT, help=f"default {DEFAULT_OUT}")
-    args = parser.parse_args(argv)
+    given = sys.argv[1:] if argv is None else list(argv)
+    args = parser.parse_args(given)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     settings = QUICK if args.quick else FULL
     measured = asyncio.run(measure(settings))
-    doc = report(settings, measured, fit_and_score(measured))
+    doc = report(settings, measured, fit_and_score(measured), given)
     args.out_dir.mkdir(parents=True, exist_ok=True)
     path = args.out_dir / RESULT_FILE
     path.write_text(json.dumps(doc, indent=1, allow_nan=False) + "\n")
