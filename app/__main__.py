@@ -1,7 +1,8 @@
 """`python -m app serve …` — start the inference server (uvicorn);
 `python -m app profile MODEL [--force]` — measure a model's latency profile
 and store it in the profile cache (app/server/profile_command.py);
-`python -m app plan ppipe …` — make a PPipe serving plan (app/planning/ppipe/cli.py).
+`python -m app plan ppipe …` — make a PPipe serving plan (app/planning/ppipe/cli.py);
+`python -m app plan inss …` — place models on shared devices (app/planning/inss/cli.py).
 
 Every setting has a flag (`--help` lists them, the README's settings table
 too); a flag wins over its environment variable. The flags are passed to
@@ -61,7 +62,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     profile.add_argument("--log-level", default="warning", choices=LOG_LEVELS)
     add_setting_flags(profile)
-    commands.add_parser("plan", help="make a serving plan (`python -m app plan ppipe --help`)")
+    commands.add_parser(
+        "plan", help="make a serving plan (`python -m app plan {ppipe,inss} --help`)"
+    )
     return parser
 
 
@@ -102,7 +105,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if argv[:1] == ["profile"]:
         return profile_main(argv)
     if argv[:1] == ["plan"]:
-        from app.planning.ppipe.cli import main as plan_main
+        from app.planning.cli import main as plan_main
 
         return plan_main(argv[1:])
     try:

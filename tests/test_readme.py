@@ -56,6 +56,9 @@ PLAN_REFERENCE = (
     "pytorch-repvgg-b3_0.3-0.33-0.37_L4-P4_25-75_bw-gbps-6_sla-multiplier-5_v4.json "
     "--timings data/ppipe"
 )
+PLAN_INSS = (
+    "python -m app plan inss bench/workloads/inss/paper-setting.yaml --out /tmp/inss-plan.json"
+)
 CI_LINE = "pip install -e '.[test]' && ruff check . && python -m pytest -q"
 
 _INSTALLS = "installs into the running environment from the package index (.ci/run installs)"
@@ -138,6 +141,7 @@ def run_set(commands: list[str]) -> set[str]:
         SIMULATOR,
         PLAN_PPIPE,
         PLAN_REFERENCE,
+        PLAN_INSS,
         PPIPE_PROFILE,
         PPIPE_PLAN,
         PPIPE_SERVE,
@@ -317,6 +321,30 @@ def test_ppipe_planner_commands(cli_env) -> None:
     assert abs(answer["objective"] - answer["reference_objective"]) <= 0.01 * abs(
         answer["reference_objective"]
     )
+
+
+@pytest.mark.slow
+def test_inss_planner_command(cli_env) -> None:
+    """InSS's README command: the paper's setting placed, every model served
+    within its SLO and rate, the plan written and read back."""
+    from app.planning.inss.plan import read_plan
+
+    out = Path("/tmp/inss-plan.json")
+    out.unlink(missing_ok=True)
+    done = subprocess.run(
+        ["bash", "-c", PLAN_INSS], cwd=ROOT, env=cli_env, capture_output=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr.decode()
+    assert done.stdout.decode().startswith("InSS plan (exact, 10% share steps) on 4 devices")
+    plan = read_plan(out)
+    assert plan.feasible and plan.method == "exact"
+    assert {m.model for m in plan.models} == {
+        "alexnet", "resnet50", "vgg16", "mnasnet", "mobilenet", "efficientnet"
+    }  # fmt: skip
+    for m in plan.models:
+        assert m.worst_latency_s <= m.slo_s and m.throughput >= m.rate, m
+    assert all(d.shares_used <= 1 + 1e-9 for d in plan.devices)
+    assert plan.objective == sum(m.throughput for m in plan.models)
 
 
 @pytest.mark.slow

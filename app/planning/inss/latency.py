@@ -13,7 +13,8 @@ Execution (§4.1), for model i at batch b and share ρ on device k:
     l(ρ)  = α_u·ρ + β_u                           (L2 cache use, alone)
     h     = b / t_inf                             (throughput)
 
-o_r is the alone running time from locally weighted regression (lwr.py).
+o_r is the alone running time from locally weighted regression (lwr.py)
+or any `RunningTime` (a closed form, problem.py).
 The coefficients are fitted by fit.py.
 
 Task latency (§4.2, eq. 2), for a task that finds W tasks queued (itself
@@ -49,8 +50,14 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Protocol
 
-from app.planning.inss.lwr import LocallyWeightedRegression
+
+class RunningTime(Protocol):
+    """o_r(b, ρ), seconds alone: LWR (lwr.py) or a closed form
+    (problem.py's LinearRunningTime)."""
+
+    def predict(self, batch: float, share: float) -> float: ...
 
 
 @dataclass(frozen=True)
@@ -81,7 +88,7 @@ class ModelLatency:
     output_bytes: float  # p_f, per item
     sched_per_kernel_s: float  # o_sch
     kernels: int | Mapping[int, int]
-    running_time: LocallyWeightedRegression  # o_r(b, ρ) alone
+    running_time: RunningTime  # o_r(b, ρ) alone
     l2: L2Use
     alpha_cache: float
     _kernels: dict[int, int] | None = field(init=False, repr=False, compare=False)

@@ -1,0 +1,34 @@
+"""`python -m app plan PLANNER …` — the planners' command lines: `ppipe`
+(app/planning/ppipe/cli.py) and `inss` (app/planning/inss/cli.py)."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Sequence
+from typing import TextIO
+
+USAGE = (
+    "usage: python -m app plan {ppipe,inss} ...\n\n"
+    "  ppipe  PPipe: partitioned models on pools of heterogeneous devices "
+    "(`python -m app plan ppipe --help`)\n"
+    "  inss   InSS: several models sharing devices with MPS shares "
+    "(`python -m app plan inss --help`)\n"
+)
+
+
+def main(argv: Sequence[str], out: TextIO = sys.stdout, err: TextIO = sys.stderr) -> int:
+    """`argv` is what follows `plan`."""
+    argv = list(argv)
+    if argv[:1] == ["inss"]:
+        from app.planning.inss.cli import main as inss_main
+
+        return inss_main(argv[1:], out, err)
+    if argv[:1] == ["ppipe"]:
+        from app.planning.ppipe.cli import main as ppipe_main
+
+        return ppipe_main(argv, out, err)
+    if argv[:1] in (["-h"], ["--help"]):
+        out.write(USAGE)
+        return 0
+    err.write(USAGE + "python -m app plan: error: name a planner: ppipe or inss\n")
+    return 2

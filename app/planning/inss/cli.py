@@ -1,0 +1,92 @@
+"""`python -m app plan inss CONFIG.yaml [--out FILE] [--exact|--greedy]
+[--share-step 0.1]` — InSS's placement (placement.py) from the command line.
+
+Reads the devices and models from YAML (config.py), prints the plan and
+writes it (`--out`, plan.py's JSON). `--exact` is the branch and bound,
+`--greedy` the heuristic; without either, the exact search when the problem
+is within its size limit, else the greedy. Bad input: a message on stderr
+naming the problem, exit status 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TextIO
+
+from app.planning.inss.config import load_problem
+from app.planning.inss.placement import MAX_ASSIGNMENTS, solve_exact, solve_greedy
+from app.planning.inss.plan import Plan, write_plan
+
+PROG = "python -m app plan inss"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog=PROG,
+        description="Place models on shared devices with MPS shares and BDA batch sizes "
+        "(inss.txt problem (1)): an exact search for small clusters or a greedy heuristic.",
+    )
+    parser.add_argument("config", type=Path, help="devices and models (YAML)")
+    parser.add_argument("--out", type=Path, help="write the plan to this file (JSON)")
+    method = parser.add_mutually_exclusive_group()
+    method.add_argument("--exact", action="store_true", help="exhaustive search with pruning")
+    method.add_argument("--greedy", action="store_true", help="the greedy heuristic")
+    parser.add_argument(
+        "--share-step", type=float, help="share grid step, a fraction (over the config's; 0.1)"
+    )
+    return parser
+
+
+def main(argv: Sequence[str], out: TextIO = sys.stdout, err: TextIO = sys.stderr) -> int:
+    """`argv` is what follows `plan inss`."""
+    args = build_parser().parse_args(list(argv))
+    try:
+        problem = load_problem(args.config, args.share_step)
+        small = (len(problem.devices) + 1) ** len(problem.models) <= MAX_ASSIGNMENTS
+        plan = solve_greedy(problem) if args.greedy or not (args.exact or small) else None
+        if plan is None:
+            plan = solve_exact(problem)
+    except ValueError as error:
+        err.write(f"{PROG}: error: {error}\n")
+        return 2
+    out.write(format_plan(plan))
+    if args.out is not None:
+        write_plan(plan, args.out)
+        out.write(f"plan written to {args.out}\n")
+    return 0
+
+
+def format_plan(plan: Plan) -> str:
+    """The plan as a person reads it."""
+    verdict = "feasible" if plan.feasible else "INFEASIBLE (not every model is served)"
+    lines = [
+        f"InSS plan ({plan.method}, {plan.share_step:.0%} share steps) on "
+        f"{len(plan.devices)} devices, {len(plan.models)} models: {verdict}",
+        f"objective {plan.objective:.1f} requests/s (Σ throughput of the served models)",
+        "",
+        f"{'model':<14} {'rate':>7} {'SLO ms':>7} {'device':<8} {'share':>5} {'batch':>5} "
+        f"{'t_inf ms':>8} {'worst ms':>8} {'req/s':>8}",
+    ]
+    for m in plan.models:
+        head = f"{m.model:<14} {m.rate:>7g} {m.slo_s * 1e3:>7g} "
+        if m.served:
+            lines.append(
+                head + f"{m.device:<8} {m.share:>5.0%} {m.batch:>5} {m.exec_s * 1e3:>8.2f} "
+                f"{m.worst_latency_s * 1e3:>8.2f} {m.throughput:>8.1f}"
+            )
+        else:
+            lines.append(head + "not served")
+    for model, reason in plan.unserved().items():
+        lines.append(f"  {model}: {reason}")
+    lines += ["", f"{'device':<8} {'kind':<10} {'shares':>6} {'memory MB':>14}  models"]
+    for d in plan.devices:
+        lines.append(
+            f"{d.device:<8} {d.kind:<10} {d.shares_used:>6.0%} "
+            f"{d.memory_used_bytes / 1e6:>6.0f}/{d.memory_bytes / 1e6:<7.0f}  "
+            + (", ".join(d.models) or "-")
+        )
+    lines += ["", "search: " + ", ".join(f"{k} {v}" for k, v in plan.details.items())]
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,120 @@
+"""An InSS plan (placement, shares and batch sizes) and its file.
+
+The file is JSON with a `kind` and a `version`, as PPipe's plans
+(app/planning/ppipe/plan.py): `write_plan` / `read_plan` round-trip a `Plan`
+exactly. Units: seconds, bytes, requests/s; shares are fractions.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+PLAN_KIND = "inss-plan"
+PLAN_VERSION = 1
+
+
+@dataclass(frozen=True)
+class ModelPlan:
+    """One model: where it runs (None when it is not served), its share and
+    batch, predicted t_inf, throughput and worst-case latency (problem.py),
+    and why it is not served ("" when it is)."""
+
+    model: str
+    rate: float
+    slo_s: float
+    device: str | None
+    share: float | None
+    batch: int | None
+    exec_s: float | None
+    throughput: float
+    worst_latency_s: float | None
+    memory_bytes: float | None
+    reason: str = ""
+
+    @property
+    def served(self) -> bool:
+        return self.device is not None
+
+
+@dataclass(frozen=True)
+class DevicePlan:
+    """One device: the models on it, the shares and memory they take."""
+
+    device: str
+    kind: str
+    models: tuple[str, ...]
+    shares_used: float
+    memory_bytes: float
+    memory_used_bytes: float
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Problem (1) solved: `objective` is Σ throughput of the served models
+    (requests/s); `feasible` when every model is served; `method` is
+    "exact" or "greedy"; `details` says what the search did."""
+
+    method: str
+    share_step: float
+    models: tuple[ModelPlan, ...]
+    devices: tuple[DevicePlan, ...]
+    objective: float
+    feasible: bool
+    details: dict[str, Any] = field(default_factory=dict)
+
+    def model(self, name: str) -> ModelPlan:
+        for m in self.models:
+            if m.model == name:
+                return m
+        raise KeyError(f"no model {name!r} in the plan")
+
+    def unserved(self) -> dict[str, str]:
+        """Model → why it is not served."""
+        return {m.model: m.reason for m in self.models if not m.served}
+
+
+def plan_to_dict(plan: Plan) -> dict[str, Any]:
+    body = asdict(plan)
+    # JSON has no NaN: an unknown figure is null.
+    for m in body["models"]:
+        for key, value in m.items():
+            if isinstance(value, float) and not math.isfinite(value):
+                m[key] = None
+    return {"kind": PLAN_KIND, "version": PLAN_VERSION, **body}
+
+
+def plan_from_dict(body: dict[str, Any], source: str = "plan") -> Plan:
+    if body.get("kind") != PLAN_KIND:
+        raise ValueError(
+            f"{source}: not an InSS plan (kind {body.get('kind')!r}, want {PLAN_KIND!r})"
+        )
+    if body.get("version") != PLAN_VERSION:
+        raise ValueError(
+            f"{source}: plan version {body.get('version')!r}, this build reads {PLAN_VERSION}"
+        )
+    try:
+        return Plan(
+            method=str(body["method"]),
+            share_step=float(body["share_step"]),
+            models=tuple(ModelPlan(**m) for m in body["models"]),
+            devices=tuple(
+                DevicePlan(**{**d, "models": tuple(d["models"])}) for d in body["devices"]
+            ),
+            objective=float(body["objective"]),
+            feasible=bool(body["feasible"]),
+            details=dict(body.get("details", {})),
+        )
+    except (KeyError, TypeError) as error:
+        raise ValueError(f"{source}: malformed plan: {error}") from error
+
+
+def write_plan(plan: Plan, path: Path) -> None:
+    path.write_text(json.dumps(plan_to_dict(plan), indent=2) + "\n")
+
+
+def read_plan(path: Path) -> Plan:
+    return plan_from_dict(json.loads(path.read_text()), str(path))
