@@ -104,6 +104,8 @@ NOT_RUN = {
     "python -m bench.ppipe_live": "block profiling and live capacity searches, minutes of load",
     "python -m bench.inss_tables": "fits to the paper's tables; tests/test_inss_latency.py runs it "
     "and checks what it writes",
+    "python -m bench.inss_cpu_model": "a timing measurement of co-located executors "
+    "(tests/test_inss_cpu_model.py runs its --quick form)",
     "python -m bench.inprocess --workload bench/workloads/live-a-resnet50-emulated.yaml "
     "--capacity": "a capacity bisection of 15-s runs, minutes of load",
 }
