@@ -42,16 +42,13 @@ from typing import Any
 
 import yaml
 
+from app.planning.config_input import InputError, mapping, only
 from app.planning.inss.latency import DeviceLatency, L2Use, ModelLatency
 from app.planning.inss.lwr import LocallyWeightedRegression
 from app.planning.inss.problem import Device, LinearRunningTime, MemoryUse, ModelSpec, Problem
 
 MB = 1e6
 GB = 1e9
-
-
-class InputError(ValueError):
-    """The configuration is wrong; the message says where and how."""
 
 
 def load_problem(path: Path, share_step: float | None = None) -> Problem:
@@ -66,8 +63,8 @@ def load_problem(path: Path, share_step: float | None = None) -> Problem:
 
 
 def problem_from_dict(raw: Any, where: str, share_step: float | None = None) -> Problem:
-    body = _mapping(raw, where)
-    _only(body, {"share_step", "devices", "models"}, where)
+    body = mapping(raw, where)
+    only(body, {"share_step", "devices", "models"}, where)
     step = share_step if share_step is not None else _number(body, "share_step", where, 0.1)
     devices = [
         _device(d, f"{where}: devices[{i}]") for i, d in enumerate(_list(body, "devices", where))
@@ -84,8 +81,8 @@ def problem_from_dict(raw: Any, where: str, share_step: float | None = None) -> 
 
 
 def _device(raw: Any, where: str) -> Device:
-    body = _mapping(raw, where)
-    _only(
+    body = mapping(raw, where)
+    only(
         body, {"name", "kind", "memory_mb", "bandwidth_gb_per_s", "alpha_s_us", "beta_s_us"}, where
     )
     name = _text(body, "name", where)
@@ -104,9 +101,9 @@ def _device(raw: Any, where: str) -> Device:
 
 
 def _model(raw: Any, where: str, kinds: list[str]) -> ModelSpec:
-    body = _mapping(raw, where)
+    body = mapping(raw, where)
     allowed = {"name", "rate", "slo_ms", "memory_mb", "input_bytes", "output_bytes"}
-    _only(body, allowed | {"latency", "latency_per_kind"}, where)
+    only(body, allowed | {"latency", "latency_per_kind"}, where)
     name = _text(body, "name", where)
     if ("latency" in body) == ("latency_per_kind" in body):
         raise InputError(f"{where}: give exactly one of latency and latency_per_kind")
@@ -116,7 +113,7 @@ def _model(raw: Any, where: str, kinds: list[str]) -> ModelSpec:
             fit = _latency(name, io, body["latency"], f"{where}: latency")
             latency = dict.fromkeys(kinds, fit)
         else:
-            per_kind = _mapping(body["latency_per_kind"], f"{where}: latency_per_kind")
+            per_kind = mapping(body["latency_per_kind"], f"{where}: latency_per_kind")
             latency = {
                 str(kind): _latency(name, io, raw_fit, f"{where}: latency_per_kind[{kind}]")
                 for kind, raw_fit in per_kind.items()
@@ -142,9 +139,9 @@ def _model(raw: Any, where: str, kinds: list[str]) -> ModelSpec:
 
 
 def _latency(name: str, io: tuple[float, float], raw: Any, where: str) -> ModelLatency:
-    body = _mapping(raw, where)
+    body = mapping(raw, where)
     keys = {"running_time", "kernels", "sched_per_kernel_us", "alpha_u", "beta_u", "alpha_cache"}
-    _only(body, keys, where)
+    only(body, keys, where)
     kernels = body.get("kernels", 0)
     if not isinstance(kernels, int) or isinstance(kernels, bool):
         raise InputError(f"{where}: kernels must be an integer, got {kernels!r}")
@@ -161,17 +158,17 @@ def _latency(name: str, io: tuple[float, float], raw: Any, where: str) -> ModelL
 
 
 def _running_time(raw: Any, where: str) -> LinearRunningTime | LocallyWeightedRegression:
-    body = _mapping(raw, where)
+    body = mapping(raw, where)
     if "linear_ms" in body:
-        _only(body, {"linear_ms"}, where)
-        line = _mapping(body["linear_ms"], f"{where}: linear_ms")
-        _only(line, {"alpha", "beta"}, f"{where}: linear_ms")
+        only(body, {"linear_ms"}, where)
+        line = mapping(body["linear_ms"], f"{where}: linear_ms")
+        only(line, {"alpha", "beta"}, f"{where}: linear_ms")
         return LinearRunningTime(
             _number(line, "alpha", f"{where}: linear_ms") * 1e-3,
             _number(line, "beta", f"{where}: linear_ms") * 1e-3,
         )
     if "points_ms" in body:
-        _only(body, {"points_ms", "bandwidth", "log_space"}, where)
+        only(body, {"points_ms", "bandwidth", "log_space"}, where)
         points = body["points_ms"]
         if not isinstance(points, list) or not all(
             isinstance(p, list) and len(p) == 3 and all(_is_number(v) for v in p) for p in points
@@ -191,7 +188,7 @@ def _running_time(raw: Any, where: str) -> LinearRunningTime | LocallyWeightedRe
 
 
 def _memory(raw: Any, where: str) -> MemoryUse:
-    body = _mapping(raw, where)
+    body = mapping(raw, where)
     if set(body) <= {"base", "per_item"} and body:
         return MemoryUse(
             _number(body, "base", where, 0.0) * MB, _number(body, "per_item", where, 0.0) * MB
@@ -231,15 +228,3 @@ def _list(body: dict[str, Any], key: str, where: str) -> list[Any]:
     if not isinstance(value, list) or not value:
         raise InputError(f"{where}: {key} must be a non-empty list")
     return value
-
-
-def _mapping(value: Any, where: str) -> dict[str, Any]:
-    if not isinstance(value, dict):
-        raise InputError(f"{where} must be a mapping, got {type(value).__name__}")
-    return value
-
-
-def _only(body: dict[str, Any], allowed: set[str], where: str) -> None:
-    unknown = set(body) - allowed
-    if unknown:
-        raise InputError(f"{where}: unknown keys {sorted(unknown)} (allowed: {sorted(allowed)})")

@@ -44,6 +44,7 @@ from typing import Any, TextIO
 
 import yaml
 
+from app.planning.config_input import InputError, mapping, only
 from app.planning.ppipe.milp import PlannerOptions, plan
 from app.planning.ppipe.options import ModelDemand
 from app.planning.ppipe.plan import Cluster, Plan, read_plan, write_plan
@@ -52,10 +53,6 @@ from app.planning.ppipe.reference import resolve_reference, timings_root
 
 PROG = "python -m app plan ppipe"
 _PLANNER_KEYS = {f.name for f in fields(PlannerOptions)} - {"devices_per_node"}
-
-
-class InputError(ValueError):
-    """The command's input is wrong; the message says how."""
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -112,18 +109,6 @@ def main(argv: Sequence[str], out: TextIO = sys.stdout, err: TextIO = sys.stderr
     return 0
 
 
-def _mapping(value: Any, where: str) -> dict[str, Any]:
-    if not isinstance(value, dict):
-        raise InputError(f"{where} must be a mapping, got {type(value).__name__}")
-    return value
-
-
-def _only(body: dict[str, Any], allowed: set[str], where: str) -> None:
-    unknown = set(body) - allowed
-    if unknown:
-        raise InputError(f"{where}: unknown keys {sorted(unknown)} (allowed: {sorted(allowed)})")
-
-
 def read_config(
     path: Path, args: argparse.Namespace
 ) -> tuple[Cluster, list[ModelDemand], PlannerOptions, Path]:
@@ -132,11 +117,11 @@ def read_config(
     of the block timings."""
     if not path.is_file():
         raise InputError(f"{path}: no such file")
-    body = _mapping(yaml.safe_load(path.read_text()), str(path))
-    _only(body, {"cluster", "models", "timings", "planner"}, str(path))
-    raw_cluster = _mapping(body.get("cluster"), f"{path}: cluster")
-    _only(raw_cluster, {"classes", "bandwidth_gbps", "devices_per_node"}, f"{path}: cluster")
-    classes = {str(c): int(n) for c, n in _mapping(raw_cluster.get("classes"), "classes").items()}
+    body = mapping(yaml.safe_load(path.read_text()), str(path))
+    only(body, {"cluster", "models", "timings", "planner"}, str(path))
+    raw_cluster = mapping(body.get("cluster"), f"{path}: cluster")
+    only(raw_cluster, {"classes", "bandwidth_gbps", "devices_per_node"}, f"{path}: cluster")
+    classes = {str(c): int(n) for c, n in mapping(raw_cluster.get("classes"), "classes").items()}
     per_node = raw_cluster.get("devices_per_node", 1)
     per_class = (
         {str(c): int(n) for c, n in per_node.items()} if isinstance(per_node, dict) else None
@@ -156,8 +141,8 @@ def read_config(
     if args.timings is not None:  # the flag wins over the file
         timings = args.timings
     root = timings_root(timings)
-    planner = dict(_mapping(body.get("planner", {}), f"{path}: planner"))
-    _only(planner, _PLANNER_KEYS, f"{path}: planner")
+    planner = dict(mapping(body.get("planner", {}), f"{path}: planner"))
+    only(planner, _PLANNER_KEYS, f"{path}: planner")
     for flag, key in (
         ("variant", "variant"),
         ("max_partitions", "max_partitions"),
@@ -178,8 +163,8 @@ def read_config(
 
 def _demand(raw: Any, index: int, root: Path, cluster: Cluster, path: Path) -> ModelDemand:
     where = f"{path}: models[{index}]"
-    body = _mapping(raw, where)
-    _only(body, {"name", "weight", "slo_ms", "slo_multiple"}, where)
+    body = mapping(raw, where)
+    only(body, {"name", "weight", "slo_ms", "slo_multiple"}, where)
     if "name" not in body:
         raise InputError(f"{where}: name is missing")
     profile = load_profile(str(body["name"]), root, cluster.classes)
