@@ -1,7 +1,7 @@
 """Policy `inss` (app/scheduling/inss.py): FIFO per model, a batch of b_i
 sent once b_i requests are queued, otherwise at the queued requests' last
-moment (deadline − ℓ(queued) − delay), a request queued past its SLO
-dropped — on the virtual clock."""
+moment behind one planned batch (deadline − ℓ(queued) − delay − ℓ(b_i)), a
+request queued past its SLO dropped — on the virtual clock."""
 
 from __future__ import annotations
 
@@ -50,12 +50,13 @@ def test_a_full_batch_is_sent_at_once():
     assert d.batch.finish_at == pytest.approx(0.012)  # ℓ(4) = 8 ms
 
 
-def test_a_partial_batch_goes_at_its_last_moment():
-    # Batch 8; three requests at 10, 12, 15 ms, the oldest due at 60 ms. The
-    # last moment moves earlier as the queue grows: 60 − ℓ(1) = 55 ms, then
-    # 54, then 60 − ℓ(3) = 53 ms, when all three go and end at 60 ms.
+def test_a_partial_batch_goes_at_its_last_moment_behind_one_planned_batch():
+    # Batch 8 (ℓ(8) = 12 ms held in reserve); three requests at 10, 12,
+    # 15 ms, the oldest due at 60 ms. The last moment moves earlier as the
+    # queue grows: 60 − ℓ(1) − 12 = 43 ms, then 42, then 60 − ℓ(3) − 12 =
+    # 41 ms, when all three go (and end at 48 ms).
     s = InssScheduler([model()], devices(1), batch=8)
-    for i, (t, last) in enumerate(((0.010, 0.055), (0.012, 0.054), (0.015, 0.053)), start=1):
+    for i, (t, last) in enumerate(((0.010, 0.043), (0.012, 0.042), (0.015, 0.041)), start=1):
         assert s.add_request(request(i, t), t) == []
         assert s.next_wakeup() == pytest.approx(last)
     wake = s.next_wakeup()
@@ -63,24 +64,35 @@ def test_a_partial_batch_goes_at_its_last_moment():
     assert s.advance(before(wake)) == []
     (d,) = dispatches(s.advance(wake))
     assert ids(d.batch.requests) == [1, 2, 3]
-    assert (d.batch.start_at, d.batch.finish_at) == pytest.approx((0.053, 0.060))
+    assert (d.batch.start_at, d.batch.finish_at) == pytest.approx((0.041, 0.048))
+
+
+def test_without_the_reserve_a_partial_batch_ends_at_its_deadline():
+    s = InssScheduler([model()], devices(1), batch=8, reserve_batch=False)
+    for i, t in enumerate((0.010, 0.012, 0.015), start=1):
+        assert s.add_request(request(i, t), t) == []
+    wake = s.next_wakeup()
+    assert wake == pytest.approx(0.053)  # 60 − ℓ(3)
+    (d,) = dispatches(s.advance(wake))
+    assert d.batch.finish_at == pytest.approx(0.060)
 
 
 def test_the_last_moment_counts_the_dispatch_delay_and_the_earliest_deadline():
     # d_ctrl 1 ms + d_data 0.5 ms per item. Request 2 arrives later with a
-    # tighter deadline (30 ms): 30 − ℓ(2) − delay(2) = 30 − 6 − 2 = 22 ms.
+    # tighter deadline (30 ms): 30 − ℓ(2) − delay(2) − ℓ(8) = 30 − 6 − 2 −
+    # 12 = 10 ms.
     s = InssScheduler([model()], devices(1), batch=8, d_ctrl=0.001, d_data=0.0005)
     assert s.add_request(Request(1, "m", 0.0, 0.050), 0.0) == []
     assert s.add_request(Request(2, "m", 0.005, 0.030), 0.005) == []
-    assert s.next_wakeup() == pytest.approx(0.022)
+    assert s.next_wakeup() == pytest.approx(0.010)
     (d,) = dispatches(s.advance(s.next_wakeup()))
     assert ids(d.batch.requests) == [1, 2]
-    assert d.batch.finish_at == pytest.approx(0.030)
+    assert d.batch.finish_at == pytest.approx(0.018)
 
 
 def test_a_request_queued_past_its_slo_is_dropped():
     # Batch 1: request 1 runs at once and the device stays busy (no end is
-    # reported). Request 2 (at 1 ms) is ready at its last moment, 46 ms, but
+    # reported). Request 2 (at 1 ms) is ready at its last moment, 41 ms, but
     # no device is free; just after 51 ms (its SLO) it is dropped.
     s = InssScheduler([model()], devices(1), batch=1)
     (d,) = dispatches(s.add_request(request(1, 0.0), 0.0))
