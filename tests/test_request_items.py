@@ -20,9 +20,9 @@ from app.simulation.engine import Trace, run_simulation
 from tests.fakes import devices, dispatches, drops, model
 
 POLICIES = policy_names()
-# Policies that run a request whatever its deadline (the batchers of Triton
-# and Clipper): nothing is refused for lateness before it runs.
-DEADLINE_UNAWARE = ("triton", "gpulet", "clipper")
+# Policies that run a request whatever its deadline (the batchers of Triton,
+# Gpulet, InSS and Clipper): nothing is refused for lateness before it runs.
+DEADLINE_UNAWARE = ("triton", "gpulet", "inss", "clipper")
 GOOD, DROPPED, LATE = int(Outcome.GOOD), int(Outcome.DROPPED), int(Outcome.LATE)
 
 
@@ -53,6 +53,7 @@ def test_every_policy_is_covered() -> None:
             "nexus",
             "triton",
             "gpulet",
+            "inss",
             "clipper",
             "orloj",
         ]
@@ -71,6 +72,7 @@ MIXED = {
     "nexus": (8, 156, 84, 0, 36, 264),
     "triton": (7, 33, 148, 59, 46, 79),
     "gpulet": (7, 34, 147, 59, 45, 80),
+    "inss": (7, 34, 147, 59, 45, 80),
     "clipper": (6, 30, 153, 57, 46, 70),
     "orloj": (8, 113, 127, 0, 48, 183),
 }

@@ -21,6 +21,7 @@ _POLICIES: dict[str, tuple[str, str, dict[str, Any]]] = {
     "nexus": ("app.scheduling.nexus", "NexusScheduler", {}),
     "triton": ("app.scheduling.triton", "TritonScheduler", {}),
     "gpulet": ("app.scheduling.gpulet", "GpuletScheduler", {}),
+    "inss": ("app.scheduling.inss", "InssScheduler", {}),
     "clipper": ("app.scheduling.clipper", "ClipperScheduler", {}),
     "orloj": ("app.scheduling.orloj", "OrlojScheduler", {}),
 }

@@ -271,7 +271,7 @@ class TritonScheduler(ReplanningScheduler):
             for p in config.preferred:  # descending: the largest formable one
                 if p <= n:
                     return p
-            if n and now >= fifo[0][0] + config.max_queue_delay:
+            if n and now >= self._send_partial_at(name):
                 return n
             return 0
         # Batch sizes of the front requests taken in order (whole requests,
@@ -293,9 +293,15 @@ class TritonScheduler(ReplanningScheduler):
         for p in config.preferred:
             if p in sums:
                 return sums.index(p) + 1
-        if n and now >= fifo[0][0] + config.max_queue_delay:
+        if n and now >= self._send_partial_at(name):
             return len(sums)
         return 0
+
+    def _send_partial_at(self, name: str) -> float:
+        """When a batch that is neither full nor of a preferred size goes
+        anyway (queue not empty): the oldest request's arrival plus the
+        queue delay. Policies built on this batcher may send it otherwise."""
+        return self.fifo[name][0][0] + self.config[name].max_queue_delay
 
     def _dispatch_front(self, name: str, k: int, device: int, now: float) -> None:
         fifo = self.fifo[name]
@@ -335,7 +341,7 @@ class TritonScheduler(ReplanningScheduler):
             self.timers.reset(timeout_key, first_instant_after(oldest + config.queue_timeout, 0.0))
         # A delay timer only matters while the batcher is holding requests
         # back; a ready batch waits for a device, and batch_finished wakes us.
-        ready_at = oldest + config.max_queue_delay
+        ready_at = self._send_partial_at(name)
         if self._ready_size(name, now) == 0 and ready_at > now:
             self.timers.reset(delay_key, ready_at)
         else:

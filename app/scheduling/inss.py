@@ -1,0 +1,104 @@
+"""InSS's batching: FIFO per model under the planner (inss.txt §5; InSS:
+spatial sharing of a device by several models, with an interference-aware
+latency model).
+
+InSS's planner (app/planning/inss/) gives every model a device share, its
+co-runners there and a batch size b_i (BDA); at run time each model's
+requests queue FIFO and go to its share in batches:
+
+1. **Full batch**: as soon as b_i requests are queued, a batch of b_i is
+   sent (the size BDA chose for the model's rate and SLO);
+2. **Last moment**: otherwise the queued requests go together at their
+   last moment: the earliest deadline among them (with deadlines arrival +
+   SLO, the oldest request's) less ℓ(queued) and delay(queued), and less
+   ℓ(b_i) — room for one planned batch sent before them and still running
+   (eq. 2's worst case, which the planner's SLO check assumes: a task may
+   wait for one more t_inf). Without that reserve (`reserve_batch=False`) a
+   partial batch sent at its bare last moment ends exactly at its deadline,
+   and batches filled meanwhile by a burst queue behind it and end late: on
+   bench/workloads/inss/paper-setting.yaml, planned with 2× rate headroom
+   (≤ 50 % busy), 1.9 % of requests were late without it in a 6-s run at
+   the file's rates, none with it;
+3. **Queue timeout**: a request still queued after its SLO (its share was
+   busy past its deadline) is dropped (`DropReason.QUEUE_TIMEOUT`).
+
+Deadlines set the moment a partial batch goes, nothing else: a request is
+never refused because it will be late, and a batch may finish after its
+requests' deadlines (the core runs FIFO, as the paper's executors do).
+
+ℓ is the model's profile on the device this core drives: on a shared device
+the latency model's prediction at the model's share beside its planned
+co-runners (bench/inss_sim.py builds such profiles from the plan), so the
+core needs nothing else to know about sharing.
+
+Options: those of `triton` except `max_batch` and `max_queue_delay_ms`:
+
+* ``batch`` — b_i, an int for all models or ``{model: int}`` (the plan's
+  batches); default per model the largest b with ℓ(b) ≤ SLO / 2, Gpulet's
+  rule (app/scheduling/gpulet.py), which leaves half the SLO to the wait for
+  the batch when no plan is given. Capped by the model's max batch.
+* ``reserve_batch`` — default True: rule 2's reserve of ℓ(b_i);
+* ``queue_timeout_ms`` — default each model's SLO (rule 3).
+
+Otherwise it is Triton's dynamic batcher (app/scheduling/triton.py, which
+this class configures): a free device takes the ready batch whose oldest
+request is oldest, requests with several items count their items toward
+b_i and are never split.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from app.scheduling.gpulet import half_slo_batch
+from app.scheduling.model import ModelInfo
+from app.scheduling.triton import BatcherConfig, TritonScheduler, batcher_config
+from app.scheduling.types import DeviceInfo
+
+
+class InssScheduler(TritonScheduler):
+    """FIFO per model: b_i at once, or the rest at its last moment (module docstring)."""
+
+    name = "inss"
+
+    def __init__(
+        self,
+        models: Sequence[ModelInfo],
+        devices: Sequence[DeviceInfo],
+        *,
+        batch: int | Mapping[str, int] | None = None,
+        reserve_batch: bool = True,
+        **options: Any,
+    ) -> None:
+        self.reserve_batch = reserve_batch
+        for own in ("max_batch", "max_queue_delay_ms"):
+            if own in options:
+                raise ValueError(
+                    f"policy inss takes no {own!r}: its batch size is `batch`, and a batch "
+                    "that is not full goes at its requests' last moment"
+                )
+        super().__init__(models, devices, max_batch=batch, **options)
+
+    def _batcher_config(self, model: ModelInfo) -> BatcherConfig:
+        given = self._max_batch
+        wanted = given.get(model.name) if isinstance(given, Mapping) else given
+        settings = {**self._shared, **self._per_model.get(model.name, {})}
+        return batcher_config(
+            model,
+            half_slo_batch(model) if wanted is None else wanted,
+            **settings,  # type: ignore[arg-type]
+        )
+
+    def _send_partial_at(self, name: str) -> float:
+        """Rule 2: the earliest deadline among the queued requests (as the
+        core plans with it: less its deadline margin) less ℓ(their items) on
+        the fastest device, the dispatch delay and, with `reserve_batch`,
+        ℓ(b_i)."""
+        items = self._items[name]
+        due = min(entry[2].due for entry in self.fifo[name])
+        model = self.models[name]
+        last = due - self.latency(model, items, self._fastest) - self.delay(items)
+        if self.reserve_batch:
+            last -= self.latency(model, self.config[name].max_batch, self._fastest)
+        return last

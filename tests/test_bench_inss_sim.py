@@ -1,0 +1,73 @@
+"""bench.inss_sim (InSS vs Gpulet vs time-sharing, simulated on the paper's
+setting): its layouts on the setting, and `--quick` end to end."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from app.planning.inss.config import load_problem
+from bench.inss_sim import CONFIG, SYSTEMS, layout_for, scaled
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_every_model_runs_on_exactly_one_partition_in_each_system() -> None:
+    problem = load_problem(CONFIG)
+    names = sorted(m.name for m in problem.models)
+    for system, policy in SYSTEMS.items():
+        layout = layout_for(problem, system)
+        assert layout.policy == policy and layout.unserved == ()
+        placed = sorted(m for p in layout.partitions for m in p.models)
+        assert placed == names, system
+        shares = {p.share for p in layout.partitions}
+        if system == "gpulet":
+            assert shares == {0.5}
+        elif system == "time-sharing":
+            assert shares == {1.0}
+        for part in layout.partitions:
+            for model in part.models:
+                ell = part.profiles[model]
+                assert len(ell) == 32 and all(a < b for a, b in itertools.pairwise(ell))
+
+
+def test_inss_plans_with_headroom_and_shares_devices() -> None:
+    problem = load_problem(CONFIG)
+    layout = layout_for(problem, "inss")
+    assert layout.headroom == 2.0  # the file's rates × 2 are still served
+    # At 2× the rates only 2.4× fits: the headroom shrinks, to 1 %.
+    tighter = layout_for(scaled(problem, 2.0), "inss")
+    assert tighter.headroom is not None and 1.0 < tighter.headroom < 1.3
+    assert any(p.share < 1.0 for p in layout.partitions)
+    assert all(p.batch and p.batch[p.models[0]] >= 1 for p in layout.partitions)
+
+
+@pytest.mark.slow
+def test_quick_run_writes_capacities_for_the_three_systems(tmp_path: Path) -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "bench.inss_sim", "--quick", "--out-dir", str(tmp_path)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr
+    body = json.loads((tmp_path / "sim.json").read_text())
+    assert (tmp_path / "sim.md").read_text().startswith("InSS vs Gpulet vs time-sharing")
+    assert body["command"] == f"python -m bench.inss_sim --quick --out-dir {tmp_path}"
+    assert set(body["arrivals"]) == {"poisson", "moving"}
+    for cell in body["arrivals"].values():
+        assert set(cell["systems"]) == set(SYSTEMS)
+        for name, system in cell["systems"].items():
+            assert system["policy"] == SYSTEMS[name]
+            assert 0 < system["capacity_scale"] < 100
+            assert 0 < system["served_rps"] <= system["offered_rps"]
+            assert system["violations"] < 0.01
+            assert system["layout"]["partitions"]
+        for gain in cell["gains"].values():
+            assert gain is not None and gain > -1.0
