@@ -106,6 +106,8 @@ NOT_RUN = {
     "and checks what it writes",
     "python -m bench.inss_cpu_model": "a timing measurement of co-located executors "
     "(tests/test_inss_cpu_model.py runs its --quick form)",
+    "python -m bench.inss_sim": "capacity searches of three systems × two arrival processes, "
+    "2 min (tests/test_bench_inss_sim.py runs its --quick form)",
     "python -m bench.inprocess --workload bench/workloads/live-a-resnet50-emulated.yaml "
     "--capacity": "a capacity bisection of 15-s runs, minutes of load",
 }
