@@ -102,8 +102,12 @@ def test_quick_run_writes_finite_errors(tmp_path, capsys):
     assert len(doc["predictions"]["co"]) == len(doc["co_points"])
     for kind in ("alone", "alone_raw", "co"):
         for p in doc["predictions"][kind]:
-            assert p["measured_s"] > 0 and p["predicted_s"] > 0
-            assert math.isfinite(p["error"])
+            assert p["measured_s"] > 0 and math.isfinite(p["error"])
+            # The fitted model (log-space LWR) never predicts a negative
+            # time; the paper's raw-axis LWR, scored beside it, may when it
+            # extrapolates from a few noisy points (a busy box, --quick).
+            if kind != "alone_raw":
+                assert p["predicted_s"] > 0, (kind, p)
             assert p["error"] == pytest.approx(p["predicted_s"] / p["measured_s"] - 1)
     for kind in ("alone", "alone_raw", "co", "overall"):
         assert set(doc["summary"][kind]) == models | {"all"}
