@@ -104,8 +104,10 @@ def fit_intensities(
     observations: Sequence[Observation], iterations: int = 500
 ) -> tuple[dict[str, float], dict[str, float]]:
     """({model: α_cache}, {co-runner: l}) minimising Σ (t_co − t_alone −
-    α_i·l_v·t_alone)² by alternating least squares; the l scaled to a
-    largest |l| of 1."""
+    α_i·l_v·t_alone)² by alternating least squares, each kept ≥ 0 (a
+    co-runner never speeds a model up; noisy timings on a busy box can
+    suggest it, and a negative product would predict negative times); the
+    l scaled to a largest l of 1."""
     if not observations:
         raise ValueError("no co-located observations to fit")
     targets = sorted({o[0] for o in observations})
@@ -118,13 +120,14 @@ def fit_intensities(
             fit = fit_cache_interference(
                 [intensity[o[1]] for o in mine], [o[3] for o in mine], [o[2] for o in mine]
             )
-            alpha[i] = fit.alpha_cache
+            alpha[i] = max(0.0, fit.alpha_cache)
         for v in intensity:
             theirs = [o for o in observations if o[1] == v]
             x = [alpha[o[0]] * o[2] for o in theirs]
             xx = sum(a * a for a in x)
             if xx > 0:  # else no model feels v: its l stays where it was
-                intensity[v] = sum(a * (o[3] - o[2]) for a, o in zip(x, theirs, strict=True)) / xx
+                fitted = sum(a * (o[3] - o[2]) for a, o in zip(x, theirs, strict=True)) / xx
+                intensity[v] = max(0.0, fitted)
         scale = max(abs(v) for v in intensity.values())
         if scale > 0:
             intensity = {v: x / scale for v, x in intensity.items()}

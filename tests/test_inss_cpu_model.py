@@ -65,6 +65,16 @@ def test_fit_intensities_recovers_known_coefficients():
         assert intensity[m] == pytest.approx(INTENSITY[m], rel=1e-6)
 
 
+def test_a_co_runner_that_seems_to_speed_a_model_up_is_fitted_as_no_interference():
+    # Timings 10 % faster beside "b" than alone (noise on a busy box): the
+    # fit keeps α_cache and intensity at 0 rather than predicting a speed-up
+    # (which, large enough, would be a negative time).
+    observations = [("a", "b", 0.010, 0.009), ("a", "b", 0.020, 0.018)]
+    alpha, intensity = fit_intensities(observations)
+    assert alpha["a"] * intensity["b"] == 0.0
+    assert alpha["a"] >= 0.0 and intensity["b"] >= 0.0
+
+
 def test_predictions_on_exact_data_are_exact_and_leave_the_held_out_points_out():
     alone, co = synthetic()
     train = {m: [1, 4, 16] for m in ALPHA}
