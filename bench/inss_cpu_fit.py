@@ -117,6 +117,9 @@ def fit_intensities(
         before = (dict(alpha), dict(intensity))
         for i in targets:
             mine = [o for o in observations if o[0] == i]
+            if not any(intensity[o[1]] for o in mine):
+                alpha[i] = 0.0  # its co-runners interfere with nothing: no slowdown to fit
+                continue
             fit = fit_cache_interference(
                 [intensity[o[1]] for o in mine], [o[3] for o in mine], [o[2] for o in mine]
             )

@@ -73,6 +73,11 @@ def test_a_co_runner_that_seems_to_speed_a_model_up_is_fitted_as_no_interference
     alpha, intensity = fit_intensities(observations)
     assert alpha["a"] * intensity["b"] == 0.0
     assert alpha["a"] >= 0.0 and intensity["b"] >= 0.0
+    # ... also beside a co-runner that does slow it: "c"'s fit is unharmed.
+    observations += [("a", "c", 0.010, 0.012), ("a", "c", 0.020, 0.024)]
+    alpha, intensity = fit_intensities(observations)
+    assert alpha["a"] * intensity["c"] == pytest.approx(0.2)
+    assert intensity["b"] == 0.0
 
 
 def test_predictions_on_exact_data_are_exact_and_leave_the_held_out_points_out():
