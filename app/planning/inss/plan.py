@@ -7,11 +7,12 @@ exactly. Units: seconds, bytes, requests/s; shares are fractions.
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
+
+from app.planning.plan_files import check_tag, read_json, tagged, write_json
 
 PLAN_KIND = "inss-plan"
 PLAN_VERSION = 1
@@ -84,18 +85,11 @@ def plan_to_dict(plan: Plan) -> dict[str, Any]:
         for key, value in m.items():
             if isinstance(value, float) and not math.isfinite(value):
                 m[key] = None
-    return {"kind": PLAN_KIND, "version": PLAN_VERSION, **body}
+    return tagged(PLAN_KIND, PLAN_VERSION, body)
 
 
 def plan_from_dict(body: dict[str, Any], source: str = "plan") -> Plan:
-    if body.get("kind") != PLAN_KIND:
-        raise ValueError(
-            f"{source}: not an InSS plan (kind {body.get('kind')!r}, want {PLAN_KIND!r})"
-        )
-    if body.get("version") != PLAN_VERSION:
-        raise ValueError(
-            f"{source}: plan version {body.get('version')!r}, this build reads {PLAN_VERSION}"
-        )
+    check_tag(body, PLAN_KIND, PLAN_VERSION, "an InSS plan", source)
     try:
         return Plan(
             method=str(body["method"]),
@@ -113,8 +107,8 @@ def plan_from_dict(body: dict[str, Any], source: str = "plan") -> Plan:
 
 
 def write_plan(plan: Plan, path: Path) -> None:
-    path.write_text(json.dumps(plan_to_dict(plan), indent=2) + "\n")
+    write_json(plan_to_dict(plan), path)
 
 
 def read_plan(path: Path) -> Plan:
-    return plan_from_dict(json.loads(path.read_text()), str(path))
+    return plan_from_dict(read_json(path), str(path))
