@@ -35,7 +35,6 @@ import itertools
 import logging
 import random
 import time
-from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
@@ -62,6 +61,7 @@ from app.scheduling.types import (
     Request,
 )
 from app.server.alone_sampling import AloneSampler, alone_time_per_request
+from app.server.event_driver import EventDriver
 from app.server.timerfd import Timer, make_timer
 from app.server.wakeup import WakeupTimer
 
@@ -118,7 +118,7 @@ class CoreGroup:
     devices: tuple[int, ...]
 
 
-class Dispatcher:
+class Dispatcher(EventDriver):
     """Drives the cores of `groups` on the running event loop.
 
     `on_batch(batch, finished)`, when given, hears of every batch that ran
@@ -137,6 +137,7 @@ class Dispatcher:
         alone_sample_rate: float = 0.0,
         rng: random.Random | None = None,
     ) -> None:
+        super().__init__()
         self.groups = list(groups)
         self._by_model = {model: group for group in groups for model in group.models}
         self._by_device = {device: group for group in groups for device in group.devices}
@@ -147,11 +148,8 @@ class Dispatcher:
         )
         self._on_batch = on_batch
         self._sampler = AloneSampler(alone_sample_rate, rng)
-        self._events: deque[ExecutorEvent] = deque()
-        self._handling = False
         self._ids = itertools.count()
         self.pending: dict[int, Pending] = {}
-        self.closing = False
 
     @property
     def timer(self) -> Timer | None:
@@ -195,31 +193,7 @@ class Dispatcher:
         self._run(lambda: self._apply(group.scheduler.add_request(request, now)))
         return pending
 
-    def post(self, event: ExecutorEvent) -> None:
-        """An event of the executor pool; handled now, or after the decisions
-        being carried out if it arrives while they are. Once `fail_all` has
-        answered every request, events are only about batches whose requests
-        have their answer, and the cores are not asked again."""
-        if self.closing:
-            log.debug("after shutdown, not handled: %s", event)
-            return
-        self._events.append(event)
-        if not self._handling:
-            self._run(lambda: None)
-
     # ---------------------------------------------------------------- driving
-
-    def _run(self, work: Callable[[], None]) -> None:
-        """Do `work` (ask a core, carry out its decisions), then handle every
-        event queued meanwhile, then arm the timer once."""
-        self._handling = True
-        try:
-            work()
-            while self._events:
-                self._handle(self._events.popleft())
-        finally:
-            self._handling = False
-        self._rearm()
 
     def _handle(self, event: ExecutorEvent) -> None:
         group = self._by_device.get(event.device)
@@ -368,16 +342,3 @@ class Dispatcher:
         self._by_device = {d: g for g in self.groups for d in g.devices}
 
     # -------------------------------------------------------------- shutdown
-
-    def fail_all(self, error: Exception) -> int:
-        """Answer every request still waiting with `error`; return how many.
-
-        The dispatcher is closed from then on: a request is refused, and an
-        executor's later report of a batch is not handed to its core (whose
-        next decision could dispatch requests already answered)."""
-        self.closing = True
-        self._events.clear()
-        waiting = [p.request for p in self.pending.values()]
-        self._fail(waiting, error)
-        self._wakeup.close()
-        return len(waiting)

@@ -78,6 +78,7 @@ from app.scheduling.ppipe.batches import (
 )
 from app.scheduling.ppipe.policy import PPipeScheduler
 from app.scheduling.types import Drop, DropReason, Request
+from app.server.event_driver import EventDriver
 from app.server.pipeline_types import (
     DriverCounts,
     PipelineAnswer,
@@ -124,7 +125,7 @@ def default_lead(scheduler: PPipeScheduler) -> float:
     return min(0.001, 0.5 * shortest)
 
 
-class PipelineDriver:
+class PipelineDriver(EventDriver):
     """Drives one `PPipeScheduler` on the running event loop (see the module
     docstring). `models` are the pipelines the core's layout serves;
     `executors` runs partitions on the layout's instances."""
@@ -152,6 +153,7 @@ class PipelineDriver:
                         f"[{stage.start}, {stage.end}), which no partition holds "
                         f"(have {sorted(ranges)})"
                     )
+        super().__init__()
         self.core = scheduler
         self.models = dict(models)
         self._executors = executors
@@ -174,11 +176,8 @@ class PipelineDriver:
         self._seen: set[int] = set()  # batches dispatched at least once
         self._run_ids = itertools.count(1)
         self._request_ids = itertools.count()
-        self._events: list[ExecutorEvent] = []
-        self._handling = False
         self.pending: dict[int, _Pending] = {}
         self.counts = DriverCounts()
-        self.closing = False
         # Called once per batch that ran to its end, before its answers.
         self.on_batch: Callable[[PipelineBatch], None] | None = None
 
@@ -226,26 +225,7 @@ class PipelineDriver:
         self._run(lambda: self._apply(self.core.add_request(request, now)))
         return future
 
-    def post(self, event: ExecutorEvent) -> None:
-        """An event of the executor pool; handled now, or after the decisions
-        being carried out if it arrives while they are."""
-        if self.closing:
-            return
-        self._events.append(event)
-        if not self._handling:
-            self._run(lambda: None)
-
     # ---------------------------------------------------------------- driving
-
-    def _run(self, work: Callable[[], None]) -> None:
-        self._handling = True
-        try:
-            work()
-            while self._events:
-                self._handle(self._events.pop(0))
-        finally:
-            self._handling = False
-        self._rearm()
 
     def _handle(self, event: ExecutorEvent) -> None:
         now = self._clock()
@@ -520,15 +500,3 @@ class PipelineDriver:
                     self._try_device(device, now)
 
         self._run(wake)
-
-    # -------------------------------------------------------------- shutdown
-
-    def fail_all(self, error: Exception) -> int:
-        """Answer every request still waiting with `error`; return how many.
-        The driver is closed from then on."""
-        self.closing = True
-        self._events.clear()
-        waiting = [p.request for p in self.pending.values()]
-        self._fail(waiting, error)
-        self._wakeup.close()
-        return len(waiting)
