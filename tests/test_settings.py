@@ -37,6 +37,7 @@ SAMPLES: dict[str, tuple[str, object]] = {
     "THREADS_PER_SLICE": ("2", 2),
     "EMULATED_DEVICES": ("0", 0),
     "DEVICE_SHARES": (" cpu=0.5,0.5 ; cuda:1=0.3, 0.7", {"cpu": (0.5, 0.5), "cuda:1": (0.3, 0.7)}),
+    "COLOCATION_PROFILE": ("0", False),
     "ARENA_SLOTS": ("64", 64),
     "MAX_QUEUE": ("5", 5),
     "STUCK_FACTOR": ("2.5", 2.5),
@@ -108,6 +109,7 @@ BAD: list[tuple[str, str, str]] = [
     ("RESPAWN", "maybe", "='maybe' is not a boolean"),
     ("RESPAWN", "2", "='2' is not a boolean"),
     ("RESPAWN", "", "='' is not a boolean"),
+    ("COLOCATION_PROFILE", "sometimes", "='sometimes' is not a boolean"),
     ("REALTIME_PRIORITY", "100", " must be 0 (off) to 99, got 100"),
     ("REALTIME_PRIORITY", "-1", " must be 0 (off) to 99, got -1"),
     ("POLICY", "fifo", "='fifo' is not a policy; choose one of symphony"),
@@ -140,7 +142,8 @@ def test_flag_names_come_from_the_variables():
     assert FLAG["SHUTDOWN_GRACE_S"] == "--shutdown-grace-s"
     assert [setting.name for setting in SETTINGS] == [
         "repository", "policy", "policy_options", "host", "port", "grpc_port", "cpu_slices",
-        "threads_per_slice", "emulated_devices", "device_shares", "arena_slots", "max_queue",
+        "threads_per_slice", "emulated_devices", "device_shares", "colocation_profile",
+        "arena_slots", "max_queue",
         "stuck_factor", "stuck_margin_s", "heartbeat_timeout_s", "respawn", "shutdown_grace_s",
         "exit_on_error", "strict_readiness", "header_timeout_s", "body_timeout_s",
         "keep_alive_timeout_s", "max_header_bytes",

@@ -64,6 +64,14 @@ class LatencyProfile:
             return table[-1]
         return table[batch_size]
 
+    def scaled(self, factor: float) -> LatencyProfile:
+        """ℓ(b) × `factor` for every b (a slower or faster device)."""
+        if not (factor > 0 and factor < float("inf")):
+            raise ValueError(f"a profile's scale factor is finite and > 0, got {factor}")
+        alpha = None if self.alpha is None else self.alpha * factor
+        beta = None if self.beta is None else self.beta * factor
+        return LatencyProfile(tuple(t * factor for t in self.latency_by_size), alpha, beta)
+
     def max_batch_within(self, budget_s: float) -> int:
         """Largest b ≤ max_batch with ℓ(b) ≤ budget_s (0 if even b = 1 is too slow)."""
         # table[1:] is non-decreasing; bisect on the whole table and subtract

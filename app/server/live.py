@@ -59,6 +59,7 @@ from app.runtime.realtime import SchedState, restore, set_fifo
 from app.scheduling.types import Batch
 from app.server import model_control, startup
 from app.server.autoscale_signals import publish_signals
+from app.server.colocation import plan_colocated
 from app.server.dispatcher import Dispatcher, Finished
 from app.server.heap import freeze_startup_heap, thaw_heap
 from app.server.metrics import Metrics, metric_label
@@ -136,6 +137,8 @@ class LiveService:
         for state in self.models.values():
             device = self._device(state.devices[0])
             await startup.measure_model(settings, self.pool, device, state)
+        if settings.colocation_profile:
+            await plan_colocated(self.pool, self.models)
         self.dispatcher = Dispatcher(
             startup.build_groups(settings, self.models, self.devices),
             self.pool,

@@ -125,8 +125,19 @@ async def measure_profile(
     its fit is good, else measured on `device` (twice when the first is
     poor) and cached."""
     if config.profile is not None:
+        declared = profile_from_spec(config.profile, config.max_batch_size)
+        if device.kind == "emulated" and device.share < 1.0:
+            # The config's profile is the whole device's; an emulated share
+            # holds each batch ℓ(b) / share (app.runtime.emulated).
+            log.info(
+                "model %s: latency profile from its config / share %g on %s",
+                config.name,
+                device.share,
+                device.name,
+            )
+            return declared.scaled(1.0 / device.share)
         log.info("model %s: latency profile from its config", config.name)
-        return profile_from_spec(config.profile, config.max_batch_size)
+        return declared
     found = await find_or_measure(settings, pool, device, config)
     return LatencyProfile.from_table(monotone_table(found.latency_ms), config.max_batch_size)
 

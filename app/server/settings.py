@@ -190,6 +190,16 @@ class Settings:
             shown="none",
         ),
     )
+    colocation_profile: bool = field(
+        default=True,
+        metadata=_setting(
+            "COLOCATION_PROFILE",
+            Boolean(),
+            "with `DEVICE_SHARES`, measure at start-up what each model's co-runners on the "
+            "other shares of its device cost it and plan with its profile × that slowdown "
+            "(app/server/colocation.py; 0: plan with the profiles measured alone)",
+        ),
+    )
     arena_slots: int = field(
         default=1024,
         metadata=_setting(
