@@ -11,7 +11,7 @@ Options: --config (default bench/workloads/inss/paper-setting.yaml),
 
 The setting: 4 GPUs of two kinds, 6 models with their rates and SLOs, the
 latency model's fits (the config file says where each figure comes from).
-Three systems serve it:
+Four systems serve it:
 
 * **inss** — the planner's exact plan (app/planning/inss/placement.py,
   `solve_exact`): each model on one device at its share, beside its planned
@@ -21,6 +21,10 @@ Three systems serve it:
   Poisson arrivals; so the plan is made for the rates × f, f the largest
   multiple in [1, 2] (to 1 %) at which the planner still serves every
   model — uniform headroom, decided from the latency model alone;
+* **symphony-shares** — the inss plan's placement and shares (each model
+  on its share beside its planned co-runners, the same profiles), policy
+  `symphony` with its own batches instead of BDA's: the deadline-aware core
+  on spatially shared devices (issue 23 item 5);
 * **gpulet** — every GPU in two equal halves (50 %/50 %); the models,
   heaviest first (the least share of a half's time any half needs for
   them), each onto the half with the most spare predicted capacity after
@@ -35,7 +39,7 @@ Three systems serve it:
   non-work-conserving batching across models), so the gain over it is not
   an artefact of a weak baseline.
 
-Key simplification: in all three systems every model runs on exactly one
+Key simplification: in all four systems every model runs on exactly one
 device partition (a share, a half, or a whole GPU), so each model's latency
 profile in the simulator is the latency model's prediction there — ℓ(b) =
 t_inf (app/planning/inss/latency.py, `exec_time`) for b = 1 … 32 at the
@@ -112,7 +116,13 @@ from app.workloads.spec import ArrivalSpec, DeviceSpec, ModelSpec, Workload
 ROOT = Path(__file__).resolve().parent.parent
 CONFIG = ROOT / "bench" / "workloads" / "inss" / "paper-setting.yaml"
 OUT_DIR = ROOT / "bench" / "results" / "inss"
-SYSTEMS = {"inss": "inss", "gpulet": "gpulet", "time-sharing": "symphony"}  # system → policy
+# system → policy
+SYSTEMS = {
+    "inss": "inss",
+    "symphony-shares": "symphony",
+    "gpulet": "gpulet",
+    "time-sharing": "symphony",
+}
 ARRIVALS = ("poisson", "moving")
 MAX_BATCH = 32
 MOVE = 0.3  # the moving rates' step: × (1 ± MOVE)
@@ -276,8 +286,20 @@ def check_memory(problem: Problem, layout: Layout) -> None:
             )
 
 
+def shares_layout(problem: Problem, system: str) -> Layout:
+    """The inss plan's placement and shares, batches left to the policy."""
+    plan = inss_layout(problem)
+    parts = tuple(replace(p, batch=None) for p in plan.partitions)
+    return replace(plan, system=system, policy=SYSTEMS[system], partitions=parts)
+
+
 def layout_for(problem: Problem, system: str) -> Layout:
-    layout = inss_layout(problem) if system == "inss" else greedy_layout(problem, system)
+    if system == "inss":
+        layout = inss_layout(problem)
+    elif system == "symphony-shares":
+        layout = shares_layout(problem, system)
+    else:
+        layout = greedy_layout(problem, system)
     check_memory(problem, layout)
     return layout
 
@@ -393,7 +415,7 @@ def capacity(
 def gains(systems: Mapping[str, Mapping[str, Any]]) -> dict[str, float | None]:
     inss = systems["inss"]["served_rps"]
     out: dict[str, float | None] = {}
-    for other in ("gpulet", "time-sharing"):
+    for other in ("symphony-shares", "gpulet", "time-sharing"):
         base = systems[other]["served_rps"]
         out[f"inss_over_{other}"] = inss / base - 1.0 if base > 0 else None
     return out
@@ -418,14 +440,14 @@ def render(body: dict[str, Any]) -> str:
                 f"{r['offered_rps']:.0f} | {r['served_rps']:.0f} | "
                 f"{'—' if v is None else f'{v:.2%}'} |"
             )
-    lines += ["", "| arrivals | inss over gpulet | inss over time-sharing |", "|---|---:|---:|"]
+    others = ("symphony-shares", "gpulet", "time-sharing")
+    lines += ["", "| arrivals | " + " | ".join(f"inss over {o}" for o in others) + " |"]
+    lines.append("|---|" + "---:|" * len(others))
     for arrivals, cell in body["arrivals"].items():
         g = cell["gains"]
-        cols = [
-            "—" if g[k] is None else f"{g[k]:+.1%}"
-            for k in ("inss_over_gpulet", "inss_over_time-sharing")
-        ]
-        lines.append(f"| {arrivals} | {cols[0]} | {cols[1]} |")
+        gain = [g[f"inss_over_{o}"] for o in others]
+        cols = ["—" if x is None else f"{x:+.1%}" for x in gain]
+        lines.append(f"| {arrivals} | " + " | ".join(cols) + " |")
     lines += [
         "",
         f"Paper: +{PAPER['gain_over_gpulet']:.0%} over Gpulet; "

@@ -36,6 +36,16 @@ def test_every_model_runs_on_exactly_one_partition_in_each_system() -> None:
                 assert len(ell) == 32 and all(a < b for a, b in itertools.pairwise(ell))
 
 
+def test_symphony_on_shares_runs_the_inss_plan_with_its_own_batches() -> None:
+    problem = load_problem(CONFIG)
+    planned, shared = layout_for(problem, "inss"), layout_for(problem, "symphony-shares")
+    assert shared.policy == "symphony"
+    assert [(p.device, p.share, p.models, p.profiles) for p in shared.partitions] == [
+        (p.device, p.share, p.models, p.profiles) for p in planned.partitions
+    ]
+    assert all(p.batch is None for p in shared.partitions)
+
+
 def test_inss_plans_with_headroom_and_shares_devices() -> None:
     problem = load_problem(CONFIG)
     layout = layout_for(problem, "inss")
@@ -48,7 +58,7 @@ def test_inss_plans_with_headroom_and_shares_devices() -> None:
 
 
 @pytest.mark.slow
-def test_quick_run_writes_capacities_for_the_three_systems(tmp_path: Path) -> None:
+def test_quick_run_writes_capacities_for_the_four_systems(tmp_path: Path) -> None:
     done = subprocess.run(
         [sys.executable, "-m", "bench.inss_sim", "--quick", "--out-dir", str(tmp_path)],
         cwd=ROOT,
