@@ -16,11 +16,18 @@ import pytest
 import yaml
 
 from app.planning.cli import main as plan_main
+from app.planning.config_input import InputError
 from app.planning.inss.cli import main as inss_main
 from app.planning.inss.config import load_problem, problem_from_dict
 from app.planning.inss.placement import solve_exact, solve_greedy
 from app.planning.inss.plan import Plan, plan_from_dict, plan_to_dict, read_plan
-from app.planning.inss.problem import DeviceEvaluator, Problem, worst_latency
+from app.planning.inss.problem import (
+    DeviceEvaluator,
+    LinearRunningTime,
+    Problem,
+    Saturation,
+    worst_latency,
+)
 from tests.conftest import ROOT
 
 PAPER_SETTING = ROOT / "bench" / "workloads" / "inss" / "paper-setting.yaml"
@@ -332,3 +339,39 @@ def test_python_m_app_plan_inss_exits_2_on_bad_input(tmp_path: Path) -> None:
     )
     assert done.returncode == 2
     assert "devices must be a non-empty list" in done.stderr
+
+
+def test_a_saturating_running_time_gains_nothing_above_the_share_a_batch_fills() -> None:
+    # Work α·b + β = 1·b + 3 ms·share; the whole device at batch 1 is 4 / 0.25
+    # = 16 ms, at batch 13 (full) 16 ms: a flat floor f(b) = 16 ms up to 13.
+    line = LinearRunningTime(1e-3, 3e-3, Saturation(share_at_b1=0.25, full_at_batch=13))
+    assert line.floor(1) == pytest.approx(0.016) and line.floor(13) == pytest.approx(0.016)
+    assert line.predict(1, 0.1) == pytest.approx(0.040)  # below the knee: 4 / 0.1
+    assert line.predict(1, 0.5) == pytest.approx(0.016)  # above: the floor, not 8 ms
+    assert line.predict(1, 1.0) == pytest.approx(0.016)
+    assert line.predict(13, 1.0) == pytest.approx(0.016)  # full: the line again
+    assert line.predict(20, 1.0) == pytest.approx(0.023)
+    for share in (0.1, 0.3, 0.6, 1.0):  # never falls with b, never rises with ρ
+        times = [line.predict(b, share) for b in range(1, 33)]
+        assert all(a <= b + 1e-15 for a, b in itertools.pairwise(times))
+    assert all(
+        line.predict(4, lo) >= line.predict(4, hi) for lo, hi in itertools.pairwise((0.1, 0.5, 1))
+    )
+    with pytest.raises(ValueError, match=r"at batch 2 .* is faster than at batch 1"):
+        LinearRunningTime(1e-3, 3e-3, Saturation(share_at_b1=0.25, full_at_batch=2))
+    with pytest.raises(ValueError, match="full_at_batch must be ≥ 2"):
+        Saturation(0.5, 1)
+
+
+def test_a_saturation_in_a_config_is_checked() -> None:
+    body = copy.deepcopy(HAND)
+    fit = body["models"][0]["latency_per_kind"]["big"]["running_time"]["linear_ms"]
+    fit.update(alpha=1.0, beta=3.0, saturation={"share_at_b1": 0.25, "full_at_batch": 13})
+    running = _problem(body).models[0].latency["big"].running_time
+    assert running.predict(1, 1.0) == pytest.approx(0.016)
+    fit["saturation"] = {"share_at_b1": 0.25, "full_at_batch": 13.5}
+    with pytest.raises(InputError, match=r"full_at_batch must be an integer, got 13\.5"):
+        _problem(body)
+    fit["saturation"] = {"share_at_b1": 0.25, "full": 13}
+    with pytest.raises(InputError, match="full"):
+        _problem(body)

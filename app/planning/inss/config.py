@@ -20,7 +20,9 @@
         latency:                         # the same fit on every kind, or
         # latency_per_kind: {rtx2060s: {...}, rtx2060: {...}}
           running_time:
-            linear_ms: {alpha: 1.3, beta: 1.2}       # (α·b + β)/ρ ms, or
+            linear_ms: {alpha: 1.3, beta: 1.2}       # (α·b + β)/ρ ms
+            # optional: saturation: {share_at_b1: 0.2, full_at_batch: 16}
+            #   (a batch cannot use more of the device: problem.py Saturation), or
             # points_ms: [[b, share, ms], ...]       # LWR over profiled points
             # bandwidth: 1.0                         # LWR's h (optional)
             # log_space: false                       # (optional)
@@ -45,7 +47,14 @@ import yaml
 from app.planning.config_input import InputError, mapping, only
 from app.planning.inss.latency import DeviceLatency, L2Use, ModelLatency
 from app.planning.inss.lwr import LocallyWeightedRegression
-from app.planning.inss.problem import Device, LinearRunningTime, MemoryUse, ModelSpec, Problem
+from app.planning.inss.problem import (
+    Device,
+    LinearRunningTime,
+    MemoryUse,
+    ModelSpec,
+    Problem,
+    Saturation,
+)
 
 MB = 1e6
 GB = 1e9
@@ -162,10 +171,20 @@ def _running_time(raw: Any, where: str) -> LinearRunningTime | LocallyWeightedRe
     if "linear_ms" in body:
         only(body, {"linear_ms"}, where)
         line = mapping(body["linear_ms"], f"{where}: linear_ms")
-        only(line, {"alpha", "beta"}, f"{where}: linear_ms")
+        only(line, {"alpha", "beta", "saturation"}, f"{where}: linear_ms")
+        saturation = None
+        if "saturation" in line:
+            at = f"{where}: linear_ms: saturation"
+            body = mapping(line["saturation"], at)
+            only(body, {"share_at_b1", "full_at_batch"}, at)
+            full = body.get("full_at_batch")
+            if not isinstance(full, int) or isinstance(full, bool):
+                raise InputError(f"{at}: full_at_batch must be an integer, got {full!r}")
+            saturation = Saturation(_number(body, "share_at_b1", at), full)
         return LinearRunningTime(
             _number(line, "alpha", f"{where}: linear_ms") * 1e-3,
             _number(line, "beta", f"{where}: linear_ms") * 1e-3,
+            saturation,
         )
     if "points_ms" in body:
         only(body, {"points_ms", "bandwidth", "log_space"}, where)

@@ -56,21 +56,70 @@ from app.planning.inss.latency import (
 
 
 @dataclass(frozen=True)
+class Saturation:
+    """How much of a device a batch can use: `share_at_b1` of it at batch 1,
+    all of it from `full_at_batch` on, the time at the whole device linear in
+    between (inss.txt Table 3: MnasNet at batch 4 runs 4.24 ms at 24 %, 3.47
+    at 42 % and 3.41 at 60 % — a larger share no longer helps)."""
+
+    share_at_b1: float
+    full_at_batch: int
+
+    def __post_init__(self) -> None:
+        if not 0.0 < self.share_at_b1 <= 1.0:
+            raise ValueError(f"saturation: share_at_b1 must be in (0, 1], got {self.share_at_b1}")
+        if self.full_at_batch < 2:
+            raise ValueError(f"saturation: full_at_batch must be ≥ 2, got {self.full_at_batch}")
+
+
+@dataclass(frozen=True)
 class LinearRunningTime:
     """o_r(b, ρ) = (α·b + β) / ρ seconds: a running time linear in the batch
-    size and inversely proportional to the share."""
+    size and inversely proportional to the share.
+
+    With `saturation`, never below the floor f(b): the time at the whole
+    device of a batch that cannot fill it, f(1) = (α + β) / share_at_b1,
+    f(full_at_batch) = α·full_at_batch + β, linear in b (so non-decreasing
+    in b, and below α·b + β from full_at_batch on): o_r = max((α·b + β)/ρ,
+    f(b)). A share above (α·b + β) / f(b) gains nothing."""
 
     alpha_s: float
     beta_s: float
+    saturation: Saturation | None = None
 
     def __post_init__(self) -> None:
         if not (math.isfinite(self.alpha_s) and math.isfinite(self.beta_s)):
             raise ValueError(f"linear running time needs finite α, β, got {self}")
         if self.alpha_s < 0 or self.alpha_s + self.beta_s <= 0:
             raise ValueError(f"linear running time must be > 0 and not fall with b, got {self}")
+        if self.saturation is not None and self.floor_slope() < 0:
+            full = self.saturation.full_at_batch
+            raise ValueError(
+                f"saturation: the whole device at batch {full} "
+                f"({(self.alpha_s * full + self.beta_s) * 1e3:g} ms) is faster than at batch 1 "
+                f"({self.floor(1) * 1e3:g} ms); raise share_at_b1 or full_at_batch"
+            )
 
     def predict(self, batch: float, share: float) -> float:
-        return (self.alpha_s * batch + self.beta_s) / share
+        work = self.alpha_s * batch + self.beta_s
+        if self.saturation is None:
+            return work / share
+        return max(work / share, self.floor(batch))
+
+    def floor(self, batch: float) -> float:
+        """f(b): the least running time at any share (0 without saturation)."""
+        if self.saturation is None:
+            return 0.0
+        first = (self.alpha_s + self.beta_s) / self.saturation.share_at_b1
+        return first + self.floor_slope() * (batch - 1)
+
+    def floor_slope(self) -> float:
+        """f's growth per item (0 without saturation)."""
+        if self.saturation is None:
+            return 0.0
+        first = (self.alpha_s + self.beta_s) / self.saturation.share_at_b1
+        full = self.saturation.full_at_batch
+        return (self.alpha_s * full + self.beta_s - first) / (full - 1)
 
 
 @dataclass(frozen=True)
