@@ -56,7 +56,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Hashable, Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, ClassVar
 
 from app.scheduling.autoscale import AutoscaleMonitor
@@ -93,6 +93,9 @@ class Scheduler:
     """Shared state and plumbing; policies override the `_on_*` hooks."""
 
     name: ClassVar[str] = "base"
+    # Policies that read a device's speed whenever they plan a batch on it
+    # (not from tables made at start) take `set_device_speed`.
+    speed_changes: ClassVar[bool] = False
 
     def __init__(
         self,
@@ -282,6 +285,26 @@ class Scheduler:
             self._up = tuple(d for d in self.devices if d not in self.down)
             self.idle_since[device] = now
             self._on_device_up(device, now)
+        self._fire_timers(now)
+        return self._take()
+
+    def set_device_speed(self, device: int, speed: float, now: float) -> list[Decision]:
+        """`device` runs batches at `speed` from `now` on (its share of a
+        spatially shared device changed: app/runtime's reshare). Batches on
+        it keep their planned end: they finish where they started. Refused
+        (ValueError) by a policy that plans with speeds fixed at start."""
+        if device not in self.devices:
+            raise ValueError(f"unknown device {device}")
+        if not (speed > 0.0 and math.isfinite(speed)):
+            raise ValueError(f"a device's speed is finite and > 0, got {speed}")
+        if not self.speed_changes:
+            raise ValueError(f"policy {self.name} plans with the devices' speeds fixed at start")
+        now = self._tick(now)
+        self.devices[device] = replace(self.devices[device], speed=speed)
+        self._fastest = max(self.devices.values(), key=lambda d: d.speed).id
+        self._alone = {
+            m.name: self.delay(1) + self.latency(m, 1, self._fastest) for m in self.models.values()
+        }
         self._fire_timers(now)
         return self._take()
 

@@ -97,6 +97,7 @@ class SymphonyScheduler(Scheduler):
     """Symphony's non-work-conserving centralised batching (symphony.txt §4.3)."""
 
     name = "symphony"
+    speed_changes = True  # speeds are read when a batch is planned on a device
 
     def __init__(
         self,

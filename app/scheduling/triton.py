@@ -145,6 +145,7 @@ class TritonScheduler(ReplanningScheduler):
     """Triton dynamic batcher: max/preferred batch, queue delay, queue timeout."""
 
     name = "triton"
+    speed_changes = True  # speeds are read when a batch is planned on a device
 
     def __init__(
         self,
