@@ -106,6 +106,9 @@ NOT_RUN = {
     "and checks what it writes",
     "python -m bench.inss_cpu_model": "a timing measurement of co-located executors "
     "(tests/test_inss_cpu_model.py runs its --quick form)",
+    "python -m app plan inss bench/workloads/inss/paper-setting.yaml --learned --train-steps "
+    "20000 --policy-out /tmp/inss-policy.pt": "SAC-D training, minutes on one core "
+    "(tests/test_inss_learned.py runs --learned on a tiny case)",
     "python -m bench.inss_sim": "capacity searches of three systems × two arrival processes, "
     "2 min (tests/test_bench_inss_sim.py runs its --quick form)",
     "python -m bench.inprocess --workload bench/workloads/live-a-resnet50-emulated.yaml "

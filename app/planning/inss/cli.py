@@ -1,11 +1,15 @@
-"""`python -m app plan inss CONFIG.yaml [--out FILE] [--exact|--greedy]
-[--share-step 0.1]` — InSS's placement (placement.py) from the command line.
+"""`python -m app plan inss CONFIG.yaml [--out FILE] [--exact|--greedy|--learned]
+[--share-step 0.1] [--train-steps N] [--seed S] [--policy-out FILE | --policy FILE]`
+— InSS's placement (placement.py, learned.py) from the command line.
 
 Reads the devices and models from YAML (config.py), prints the plan and
 writes it (`--out`, plan.py's JSON). `--exact` is the branch and bound,
 `--greedy` the heuristic; without either, the exact search when the problem
-is within its size limit, else the greedy. Bad input: a message on stderr
-naming the problem, exit status 2.
+is within its size limit, else the greedy. `--learned` trains the SAC-D
+agent for `--train-steps` steps with `--seed` (or loads a trained one with
+`--policy`; `--policy-out` saves the one trained) and prints its plan and,
+when the exact search can be run, the exact objective and the gap. Bad
+input: a message on stderr naming the problem, exit status 2.
 """
 
 from __future__ import annotations
@@ -19,8 +23,10 @@ from typing import TextIO
 from app.planning.inss.config import load_problem
 from app.planning.inss.placement import MAX_ASSIGNMENTS, solve_exact, solve_greedy
 from app.planning.inss.plan import Plan, write_plan
+from app.planning.inss.problem import Problem
 
 PROG = "python -m app plan inss"
+DEFAULT_TRAIN_STEPS = 20_000
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -34,29 +40,81 @@ def build_parser() -> argparse.ArgumentParser:
     method = parser.add_mutually_exclusive_group()
     method.add_argument("--exact", action="store_true", help="exhaustive search with pruning")
     method.add_argument("--greedy", action="store_true", help="the greedy heuristic")
+    method.add_argument("--learned", action="store_true", help="the SAC-D agent (needs torch)")
     parser.add_argument(
         "--share-step", type=float, help="share grid step, a fraction (over the config's; 0.1)"
     )
+    learned = parser.add_argument_group("--learned")
+    learned.add_argument(
+        "--train-steps", type=int, help=f"training steps (default {DEFAULT_TRAIN_STEPS})"
+    )
+    learned.add_argument("--seed", type=int, help="training seed (default 0)")
+    policy = learned.add_mutually_exclusive_group()
+    policy.add_argument("--policy-out", type=Path, help="save the trained policy here")
+    policy.add_argument("--policy", type=Path, help="load a trained policy instead of training")
     return parser
 
 
 def main(argv: Sequence[str], out: TextIO = sys.stdout, err: TextIO = sys.stderr) -> int:
     """`argv` is what follows `plan inss`."""
-    args = build_parser().parse_args(list(argv))
+    parser = build_parser()
+    args = parser.parse_args(list(argv))
+    learned_flags = [f"--{name.replace('_', '-')}" for name in _LEARNED if getattr(args, name)]
+    if learned_flags and not args.learned:
+        parser.error(f"{', '.join(learned_flags)} only with --learned")
     try:
         problem = load_problem(args.config, args.share_step)
         small = (len(problem.devices) + 1) ** len(problem.models) <= MAX_ASSIGNMENTS
-        plan = solve_greedy(problem) if args.greedy or not (args.exact or small) else None
-        if plan is None:
-            plan = solve_exact(problem)
+        if args.learned:
+            plan, note = _learned(problem, args, small, out)
+        else:
+            note = ""
+            plan = solve_greedy(problem) if args.greedy or not (args.exact or small) else None
+            if plan is None:
+                plan = solve_exact(problem)
     except ValueError as error:
         err.write(f"{PROG}: error: {error}\n")
         return 2
-    out.write(format_plan(plan))
+    out.write(format_plan(plan) + note)
     if args.out is not None:
         write_plan(plan, args.out)
         out.write(f"plan written to {args.out}\n")
     return 0
+
+
+_LEARNED = ("train_steps", "seed", "policy_out", "policy")
+
+
+def _learned(
+    problem: Problem, args: argparse.Namespace, small: bool, out: TextIO
+) -> tuple[Plan, str]:
+    """Train (or load) the policy, its plan, and the line comparing it with
+    the exact plan when that can be searched."""
+    from app.planning.inss.learned import (
+        gap_percent,
+        load_policy,
+        save_policy,
+        solve_learned,
+        train,
+    )
+
+    if args.policy is not None:
+        policy = load_policy(args.policy)
+    else:
+        steps = DEFAULT_TRAIN_STEPS if args.train_steps is None else args.train_steps
+        policy = train(problem, steps, 0 if args.seed is None else args.seed)
+        if args.policy_out is not None:
+            save_policy(policy, args.policy_out)
+            out.write(f"policy written to {args.policy_out}\n")
+    plan = solve_learned(problem, policy)
+    if not small:
+        return plan, "exact: not searched (the problem is over the exact search's size limit)\n"
+    exact = solve_exact(problem)
+    gap = gap_percent(exact.objective, plan.objective)
+    return plan, (
+        f"exact objective {exact.objective:.1f} requests/s "
+        f"({'feasible' if exact.feasible else 'INFEASIBLE'}); learned gap {gap:.2f} %\n"
+    )
 
 
 def format_plan(plan: Plan) -> str:

@@ -57,7 +57,7 @@ class DevicePlan:
 class Plan:
     """Problem (1) solved: `objective` is Σ throughput of the served models
     (requests/s); `feasible` when every model is served; `method` is
-    "exact" or "greedy"; `details` says what the search did."""
+    "exact", "greedy" or "learned"; `details` says what the search did."""
 
     method: str
     share_step: float
