@@ -5,7 +5,8 @@ context; `app.runtime.devices` says which), tells each which models to load,
 and then only sends small control messages (`app.runtime.messages`).
 Replies are read on the event loop with `loop.add_reader` on the pipe's file
 descriptor (a reader thread with `call_soon_threadsafe` where the loop has no
-`add_reader`), so nothing blocks the loop. What happens to batches and
+`add_reader`), so nothing blocks the loop; each process's record, start and
+pipe reading are `app.runtime.pool_worker`'s. What happens to batches and
 devices reaches the owner as typed events (`app.runtime.events`), posted on
 the loop's thread: BatchFinished or BatchStopped exactly once per submitted
 batch, DeviceDown and DeviceUp.
@@ -30,8 +31,6 @@ import asyncio
 import contextlib
 import itertools
 import logging
-import multiprocessing as mp
-import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
@@ -49,7 +48,6 @@ from app.runtime.events import (
     EventSink,
     ExecutorEvent,
 )
-from app.runtime.executor import executor_main
 from app.runtime.messages import (
     AloneMark,
     Cancel,
@@ -69,7 +67,8 @@ from app.runtime.messages import (
 )
 from app.runtime.mps import GpuSharing
 from app.runtime.pool_models import ModelChanges
-from app.runtime.watchdog import Heartbeat, check_interval, hang_of, reap
+from app.runtime.pool_worker import Worker, attach_reader, detach_reader, drain, start_process
+from app.runtime.watchdog import check_interval, hang_of, reap
 
 log = logging.getLogger("app.runtime.pool")
 
@@ -78,32 +77,6 @@ LatencyOf = Callable[[str, int], "float | None"]
 
 
 # --------------------------------------------------------------------- pool
-class _Worker:
-    def __init__(self, device: ExecutorDevice) -> None:
-        self.device = device
-        self.process: Any = None
-        self.conn: Any = None
-        self.cancels: Any = None  # the one-way pipe for cancels (executor.py)
-        self.models: list[str] = []
-        self.load_errors: dict[str, str] = {}
-        self.load_info: dict[str, str] = {}
-        self.inflight: dict[int, str] = {}  # batch_id → model
-        self.sizes: dict[int, tuple[int, float]] = {}  # batch_id → (size, start_at)
-        # When the executor last made progress (a reply, or work given to an
-        # idle executor): the oldest batch cannot have started before it.
-        self.progress_at = 0.0
-        self.heartbeat: Heartbeat | None = None  # this process's (see app.runtime.watchdog)
-        self.serving_since = 0.0  # when it had loaded its models
-        self.dead = False
-        self.loading = False  # a respawned process loading its models
-        self.stopping = False
-        self.down_since: float | None = None
-        self.restarts = 0
-        self.last_respawn_s: float | None = None
-        self.reader_fd: int | None = None
-        self.reader_thread: threading.Thread | None = None
-
-
 class ExecutorPool(ModelChanges):
     """Executor processes for `devices`, serving `configs` through `arenas`.
 
@@ -142,8 +115,8 @@ class ExecutorPool(ModelChanges):
         self.arenas: dict[str, Arena] = dict(arenas)
         self.events = events
         self.log_level = log.getEffectiveLevel() if log_level is None else log_level
-        self._workers: dict[int, _Worker] = {d.id: _Worker(d) for d in devices}
-        self._waiters: dict[int, tuple[_Worker, asyncio.Future]] = {}
+        self._workers: dict[int, Worker] = {d.id: Worker(d) for d in devices}
+        self._waiters: dict[int, tuple[Worker, asyncio.Future]] = {}
         self._req_ids = itertools.count(1)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._started = False
@@ -233,35 +206,16 @@ class ExecutorPool(ModelChanges):
                 ", ".join(f"{m} [{w.load_info.get(m, '')}]" for m in w.models) or "no models",
             )
 
-    def _spawn(self, w: _Worker) -> None:
-        ctx = mp.get_context("spawn")
-        parent, child = ctx.Pipe(duplex=True)
-        cancels_in, cancels_out = ctx.Pipe(duplex=False)
-        timeout = self.heartbeat_timeout_s
-        heartbeat = Heartbeat(ctx, timeout) if timeout > 0 else None
-        process = ctx.Process(
-            target=executor_main,
-            args=(child, w.device.to_dict(), self.log_level, self.realtime_priority, cancels_in),
-            kwargs={"heartbeat": heartbeat, "env": self._gpu_sharing.env_for(w.device)},
-            name=f"executor-{w.device.name}",
-            daemon=True,
+    def _spawn(self, w: Worker) -> None:
+        start_process(
+            w,
+            log_level=self.log_level,
+            realtime_priority=self.realtime_priority,
+            heartbeat_timeout_s=self.heartbeat_timeout_s,
+            env=self._gpu_sharing.env_for(w.device),
         )
-        try:
-            process.start()
-        except BaseException:
-            # Never started: nothing for stop() to join; the caller sees why.
-            parent.close()
-            cancels_out.close()
-            raise
-        finally:
-            child.close()
-            cancels_in.close()
-        w.conn = parent
-        w.cancels = cancels_out
-        w.heartbeat = heartbeat
-        w.dead = False
-        w.process = process
-        self._add_reader(w)
+        assert self._loop is not None
+        attach_reader(self._loop, w, self._handle, self._on_eof)
 
     def _background(self, coro: Any) -> None:
         assert self._loop is not None
@@ -269,7 +223,7 @@ class ExecutorPool(ModelChanges):
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    async def _respawn(self, w: _Worker) -> None:
+    async def _respawn(self, w: Worker) -> None:
         """Start a fresh process for a dead executor until one loads; then
         report the device back (DeviceUp) with the time it was out."""
         backoff = 0.1
@@ -325,7 +279,7 @@ class ExecutorPool(ModelChanges):
                     w.process.kill()
                 self._mark_dead(w, reason)
 
-    async def _load(self, w: _Worker) -> None:
+    async def _load(self, w: Worker) -> None:
         names = self.placement(w.device.id)
         configs = [config_to_dict(self.configs[n]) for n in names]
         layouts = {n: self.arenas[n].layout for n in names if n in self.arenas}
@@ -453,7 +407,7 @@ class ExecutorPool(ModelChanges):
                 p.join(2.0)
             else:
                 p.join(0)
-            self._drain(w)
+            drain(w, self._handle)
             self._mark_dead(w, f"executor {w.device.name} stopped")
         for arena in self.arenas.values():
             try:
@@ -463,65 +417,20 @@ class ExecutorPool(ModelChanges):
         self._gpu_sharing.stop()
 
     # ---------------------------------------------------------- internals
-    def _expect(self, req: int, w: _Worker) -> asyncio.Future:
+    def _expect(self, req: int, w: Worker) -> asyncio.Future:
         assert self._loop is not None
         fut = self._loop.create_future()
         self._waiters[req] = (w, fut)
         return fut
 
-    def _send(self, w: _Worker, msg: ToExecutor) -> None:
+    def _send(self, w: Worker, msg: ToExecutor) -> None:
         try:
             w.conn.send(msg)
         except (OSError, ValueError) as exc:  # broken pipe / closed connection
             self._mark_dead(w, f"executor {w.device.name} is gone: {exc}")
             raise ExecutorFailed(f"executor {w.device.name} is not running") from exc
 
-    def _add_reader(self, w: _Worker) -> None:
-        assert self._loop is not None
-        fd = w.conn.fileno()
-        try:
-            self._loop.add_reader(fd, self._on_readable, w)
-            w.reader_fd = fd
-        except NotImplementedError:  # e.g. Windows proactor loop
-            loop = self._loop
-
-            def pump() -> None:
-                while True:
-                    try:
-                        msg = w.conn.recv()
-                    except (EOFError, OSError):
-                        loop.call_soon_threadsafe(self._on_eof, w)
-                        return
-                    loop.call_soon_threadsafe(self._handle, w, msg)
-
-            w.reader_thread = threading.Thread(
-                target=pump, name=f"pool-{w.device.name}", daemon=True
-            )
-            w.reader_thread.start()
-
-    def _remove_reader(self, w: _Worker) -> None:
-        if w.reader_fd is not None and self._loop is not None:
-            with contextlib.suppress(ValueError, OSError, RuntimeError):
-                self._loop.remove_reader(w.reader_fd)
-            w.reader_fd = None
-
-    def _on_readable(self, w: _Worker) -> None:
-        try:
-            while w.conn.poll():
-                self._handle(w, w.conn.recv())
-        except (EOFError, OSError):
-            self._on_eof(w)
-
-    def _drain(self, w: _Worker) -> None:
-        if w.conn is None or w.conn.closed:
-            return
-        try:
-            while w.conn.poll():
-                self._handle(w, w.conn.recv())
-        except (EOFError, OSError):
-            pass
-
-    def _on_eof(self, w: _Worker) -> None:
+    def _on_eof(self, w: Worker) -> None:
         if w.stopping:
             self._mark_dead(w, f"executor {w.device.name} stopped")
             return
@@ -529,8 +438,8 @@ class ExecutorPool(ModelChanges):
         log.error("executor %s exited unexpectedly (exit code %s)", w.device.name, code)
         self._mark_dead(w, f"executor {w.device.name} died (exit code {code})")
 
-    def _mark_dead(self, w: _Worker, reason: str) -> None:
-        self._remove_reader(w)
+    def _mark_dead(self, w: Worker, reason: str) -> None:
+        detach_reader(self._loop, w)
         first = not w.dead
         if first:
             w.dead = True
@@ -564,7 +473,7 @@ class ExecutorPool(ModelChanges):
         except Exception:
             log.exception("handling %s failed", event)
 
-    def _handle(self, w: _Worker, msg: Any) -> None:
+    def _handle(self, w: Worker, msg: Any) -> None:
         if isinstance(msg, Ran | Cancelled):
             w.progress_at = time.monotonic()
             w.sizes.pop(msg.batch_id, None)
