@@ -23,6 +23,20 @@ the batches' requests), then a BatchFinished with the reason as its error for
 every batch in flight, and the executor is respawned in the background: a
 fresh process loads the same models and re-attaches the same arenas; DeviceUp
 reports it serving again (until then `alive()` is False).
+
+Reshares. `await pool.reshare(device_id, share)` gives a device's executor a
+new share (InSS §5.3; app.runtime.pool_reshare): a shadow executor with the
+new share starts beside the old one, loads the same models and runs each
+once at batch 1; then, in one step on the event loop, new batches for the
+device go to the shadow and `devices[device_id]` is the new share, while the
+old executor runs the batches it holds — their events posted exactly once,
+`cancel` finding them there — and is stopped once it holds none. The
+watchdog watches both; a retiring executor that dies fails its batches
+without a DeviceDown (the shadow serves). A shadow that fails to come up
+raises ReshareFailed and leaves the old one serving untouched; a bad share,
+shares of a device summing past 1 (ValueError), or a reshare while that
+device is reshared or respawned (ReshareRefused) are refused before
+anything starts. It returns a `Reshared` with the time of each phase.
 """
 
 from __future__ import annotations
@@ -67,6 +81,7 @@ from app.runtime.messages import (
 )
 from app.runtime.mps import GpuSharing
 from app.runtime.pool_models import ModelChanges
+from app.runtime.pool_reshare import Reshares
 from app.runtime.pool_worker import Worker, attach_reader, detach_reader, drain, start_process
 from app.runtime.watchdog import check_interval, hang_of, reap
 
@@ -77,7 +92,7 @@ LatencyOf = Callable[[str, int], "float | None"]
 
 
 # --------------------------------------------------------------------- pool
-class ExecutorPool(ModelChanges):
+class ExecutorPool(ModelChanges, Reshares):
     """Executor processes for `devices`, serving `configs` through `arenas`.
 
     `configs`: ModelConfigs (a mapping by name or an iterable); `arenas`: one
@@ -115,7 +130,12 @@ class ExecutorPool(ModelChanges):
         self.arenas: dict[str, Arena] = dict(arenas)
         self.events = events
         self.log_level = log.getEffectiveLevel() if log_level is None else log_level
-        self._workers: dict[int, Worker] = {d.id: Worker(d) for d in devices}
+        self._workers: dict[int, Worker] = {d.id: Worker(d) for d in devices}  # serving
+        # Reshares (app.runtime.pool_reshare), by device id: the share asked
+        # for, the shadow starting, the executor it replaced still running.
+        self._resharing: dict[int, float] = {}
+        self._shadows: dict[int, Worker] = {}
+        self._retiring: dict[int, Worker] = {}
         self._waiters: dict[int, tuple[Worker, asyncio.Future]] = {}
         self._req_ids = itertools.count(1)
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -173,7 +193,15 @@ class ExecutorPool(ModelChanges):
         return self._workers[device_id].last_respawn_s
 
     def inflight(self, device_id: int) -> dict[int, str]:
-        return dict(self._workers[device_id].inflight)
+        """Batch id → model of the device's batches in flight (a retiring
+        executor's included)."""
+        retiring = self._retiring.get(device_id)
+        held = {} if retiring is None else retiring.inflight
+        return {**held, **self._workers[device_id].inflight}
+
+    def _processes(self) -> list[Worker]:
+        """Every executor process: serving, retiring, shadows starting."""
+        return [*self._workers.values(), *self._retiring.values(), *self._shadows.values()]
 
     # -------------------------------------------------------------- start
     async def start(self, timeout: float = 300.0) -> None:
@@ -268,7 +296,7 @@ class ExecutorPool(ModelChanges):
         while not self._stopped:
             await asyncio.sleep(interval)
             now = time.monotonic()
-            for w in self._workers.values():
+            for w in [*self._workers.values(), *self._retiring.values()]:
                 if w.dead or w.loading or w.stopping:
                     continue
                 reason = hang_of(w, now, self)
@@ -316,7 +344,7 @@ class ExecutorPool(ModelChanges):
             raise ExecutorFailed(f"executor {w.device.name} is not running")
         if model not in w.models:
             raise ExecutorFailed(f"model {model!r} is not loaded on {w.device.name}")
-        if batch_id in w.inflight:
+        if self._holder(device_id, batch_id) is not None:  # here or on a retiring one
             raise ValueError(f"batch {batch_id} is already in flight on {w.device.name}")
         if not w.inflight:
             w.progress_at = time.monotonic()
@@ -336,14 +364,22 @@ class ExecutorPool(ModelChanges):
         BatchStopped event follows — or BatchFinished if it finished first.
         Returns False if the batch is not in flight (its event is posted
         already, or its executor is gone)."""
-        w = self._workers[device_id]
-        if batch_id not in w.inflight or w.dead:
+        w = self._holder(device_id, batch_id)
+        if w is None or w.dead:
             return False
         try:
             w.cancels.send(Cancel(int(batch_id)))
         except (OSError, ValueError):  # the executor is gone: its EOF reports it
             return False
         return True
+
+    def _holder(self, device_id: int, batch_id: int) -> Worker | None:
+        """The executor holding the batch: the serving one or, after a
+        reshare, the one it replaced."""
+        for w in (self._workers[device_id], self._retiring.get(device_id)):
+            if w is not None and batch_id in w.inflight:
+                return w
+        return None
 
     async def profile(
         self,
@@ -359,7 +395,20 @@ class ExecutorPool(ModelChanges):
         (after `warmup` runs each), or of `inputs` (arrays of batch size
         `batch_sizes[0]`, e.g. a dynamic model's probe). Queued behind
         batches already submitted."""
-        w = self._workers[device_id]
+        return await self._profile_on(
+            self._workers[device_id], model, batch_sizes, warmup, repeats, timeout, inputs
+        )
+
+    async def _profile_on(
+        self,
+        w: Worker,
+        model: str,
+        batch_sizes: Sequence[int],
+        warmup: int,
+        repeats: int,
+        timeout: float | None,
+        inputs: Mapping[str, Any] | None = None,
+    ) -> dict[int, float]:
         if w.dead or self._stopped:
             raise ExecutorFailed(f"executor {w.device.name} is not running")
         if model not in w.models:
@@ -385,17 +434,18 @@ class ExecutorPool(ModelChanges):
         self._stopped = True
         for task in list(self._tasks):  # watchdog, respawns
             task.cancel()
-        for w in self._workers.values():
+        workers = self._processes()
+        for w in workers:
             w.stopping = True
             if w.process is not None and not w.dead:
                 with contextlib.suppress(OSError, ValueError):
                     w.conn.send(Stop())
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline and any(
-            w.process is not None and w.process.is_alive() for w in self._workers.values()
+            w.process is not None and w.process.is_alive() for w in workers
         ):
             await asyncio.sleep(0.01)
-        for w in self._workers.values():
+        for w in workers:
             p = w.process
             if p is None:
                 continue
@@ -448,9 +498,10 @@ class ExecutorPool(ModelChanges):
             if w.cancels is not None:
                 with contextlib.suppress(OSError):
                     w.cancels.close()
-        # A fault (not a stop, not a failed restart): tell the owner before
-        # failing the batches, so it can re-plan their requests, and respawn.
-        fault = first and not w.stopping and not self._stopped and not w.loading
+        # A fault (not a stop, not a failed restart or shadow, not an executor
+        # a shadow replaced): tell the owner before failing the batches, so it
+        # can re-plan their requests, and respawn.
+        fault = first and not (w.stopping or self._stopped or w.loading or w.retiring)
         if fault:
             w.down_since = time.monotonic()
             self._post(DeviceDown(w.device.id, reason))
@@ -464,6 +515,8 @@ class ExecutorPool(ModelChanges):
                 self._waiters.pop(req, None)
                 if not fut.done():
                     fut.set_exception(ExecutorFailed(reason))
+        if w.retiring:
+            self._retired(w, reason)
         if fault and self.respawn and self._loop is not None:
             self._background(self._respawn(w))
 
@@ -488,6 +541,8 @@ class ExecutorPool(ModelChanges):
                 )
             else:
                 self._post(BatchStopped(w.device.id, msg.batch_id, msg.stopped_at))
+            if w.retiring and not w.inflight:
+                self._drained(w)
         elif isinstance(msg, Loaded):
             self._resolve(msg.req_id, (msg.errors, msg.info))
         elif isinstance(msg, Unloaded):

@@ -42,8 +42,15 @@ class Worker:
         self.heartbeat: Heartbeat | None = None  # this process's (see app.runtime.watchdog)
         self.serving_since = 0.0  # when it had loaded its models
         self.dead = False
-        self.loading = False  # a respawned process loading its models
+        self.loading = False  # a respawned process (or a shadow) loading its models
         self.stopping = False
+        # Replaced by a shadow (app.runtime.pool_reshare): it runs the batches
+        # it holds and takes no new ones; `drained` is set once it holds none
+        # (it is then told to stop), `ended` with why once it is gone. Its
+        # death fails those batches without taking the device down.
+        self.retiring = False
+        self.drained: asyncio.Future[None] | None = None
+        self.ended: asyncio.Future[str | None] | None = None
         self.down_since: float | None = None
         self.restarts = 0
         self.last_respawn_s: float | None = None
