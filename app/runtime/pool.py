@@ -5,7 +5,8 @@ context; `app.runtime.devices` says which), tells each which models to load,
 and then only sends small control messages (`app.runtime.messages`).
 Replies are read on the event loop with `loop.add_reader` on the pipe's file
 descriptor (a reader thread with `call_soon_threadsafe` where the loop has no
-`add_reader`), so nothing blocks the loop. What happens to batches and
+`add_reader`), so nothing blocks the loop; each process's record, start and
+pipe reading are `app.runtime.pool_worker`'s. What happens to batches and
 devices reaches the owner as typed events (`app.runtime.events`), posted on
 the loop's thread: BatchFinished or BatchStopped exactly once per submitted
 batch, DeviceDown and DeviceUp.
@@ -22,6 +23,20 @@ the batches' requests), then a BatchFinished with the reason as its error for
 every batch in flight, and the executor is respawned in the background: a
 fresh process loads the same models and re-attaches the same arenas; DeviceUp
 reports it serving again (until then `alive()` is False).
+
+Reshares. `await pool.reshare(device_id, share)` gives a device's executor a
+new share (InSS §5.3; app.runtime.pool_reshare): a shadow executor with the
+new share starts beside the old one, loads the same models and runs each
+once at batch 1; then, in one step on the event loop, new batches for the
+device go to the shadow and `devices[device_id]` is the new share, while the
+old executor runs the batches it holds — their events posted exactly once,
+`cancel` finding them there — and is stopped once it holds none. The
+watchdog watches both; a retiring executor that dies fails its batches
+without a DeviceDown (the shadow serves). A shadow that fails to come up
+raises ReshareFailed and leaves the old one serving untouched; a bad share,
+shares of a device summing past 1 (ValueError), or a reshare while that
+device is reshared or respawned (ReshareRefused) are refused before
+anything starts. It returns a `Reshared` with the time of each phase.
 """
 
 from __future__ import annotations
@@ -30,8 +45,6 @@ import asyncio
 import contextlib
 import itertools
 import logging
-import multiprocessing as mp
-import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
@@ -49,7 +62,6 @@ from app.runtime.events import (
     EventSink,
     ExecutorEvent,
 )
-from app.runtime.executor import executor_main
 from app.runtime.messages import (
     AloneMark,
     Cancel,
@@ -69,7 +81,9 @@ from app.runtime.messages import (
 )
 from app.runtime.mps import GpuSharing
 from app.runtime.pool_models import ModelChanges
-from app.runtime.watchdog import Heartbeat, check_interval, hang_of, reap
+from app.runtime.pool_reshare import Reshares
+from app.runtime.pool_worker import Worker, attach_reader, detach_reader, drain, start_process
+from app.runtime.watchdog import check_interval, hang_of, reap
 
 log = logging.getLogger("app.runtime.pool")
 
@@ -78,33 +92,7 @@ LatencyOf = Callable[[str, int], "float | None"]
 
 
 # --------------------------------------------------------------------- pool
-class _Worker:
-    def __init__(self, device: ExecutorDevice) -> None:
-        self.device = device
-        self.process: Any = None
-        self.conn: Any = None
-        self.cancels: Any = None  # the one-way pipe for cancels (executor.py)
-        self.models: list[str] = []
-        self.load_errors: dict[str, str] = {}
-        self.load_info: dict[str, str] = {}
-        self.inflight: dict[int, str] = {}  # batch_id → model
-        self.sizes: dict[int, tuple[int, float]] = {}  # batch_id → (size, start_at)
-        # When the executor last made progress (a reply, or work given to an
-        # idle executor): the oldest batch cannot have started before it.
-        self.progress_at = 0.0
-        self.heartbeat: Heartbeat | None = None  # this process's (see app.runtime.watchdog)
-        self.serving_since = 0.0  # when it had loaded its models
-        self.dead = False
-        self.loading = False  # a respawned process loading its models
-        self.stopping = False
-        self.down_since: float | None = None
-        self.restarts = 0
-        self.last_respawn_s: float | None = None
-        self.reader_fd: int | None = None
-        self.reader_thread: threading.Thread | None = None
-
-
-class ExecutorPool(ModelChanges):
+class ExecutorPool(ModelChanges, Reshares):
     """Executor processes for `devices`, serving `configs` through `arenas`.
 
     `configs`: ModelConfigs (a mapping by name or an iterable); `arenas`: one
@@ -142,8 +130,13 @@ class ExecutorPool(ModelChanges):
         self.arenas: dict[str, Arena] = dict(arenas)
         self.events = events
         self.log_level = log.getEffectiveLevel() if log_level is None else log_level
-        self._workers: dict[int, _Worker] = {d.id: _Worker(d) for d in devices}
-        self._waiters: dict[int, tuple[_Worker, asyncio.Future]] = {}
+        self._workers: dict[int, Worker] = {d.id: Worker(d) for d in devices}  # serving
+        # Reshares (app.runtime.pool_reshare), by device id: the share asked
+        # for, the shadow starting, the executor it replaced still running.
+        self._resharing: dict[int, float] = {}
+        self._shadows: dict[int, Worker] = {}
+        self._retiring: dict[int, Worker] = {}
+        self._waiters: dict[int, tuple[Worker, asyncio.Future]] = {}
         self._req_ids = itertools.count(1)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._started = False
@@ -200,7 +193,15 @@ class ExecutorPool(ModelChanges):
         return self._workers[device_id].last_respawn_s
 
     def inflight(self, device_id: int) -> dict[int, str]:
-        return dict(self._workers[device_id].inflight)
+        """Batch id → model of the device's batches in flight (a retiring
+        executor's included)."""
+        retiring = self._retiring.get(device_id)
+        held = {} if retiring is None else retiring.inflight
+        return {**held, **self._workers[device_id].inflight}
+
+    def _processes(self) -> list[Worker]:
+        """Every executor process: serving, retiring, shadows starting."""
+        return [*self._workers.values(), *self._retiring.values(), *self._shadows.values()]
 
     # -------------------------------------------------------------- start
     async def start(self, timeout: float = 300.0) -> None:
@@ -233,35 +234,16 @@ class ExecutorPool(ModelChanges):
                 ", ".join(f"{m} [{w.load_info.get(m, '')}]" for m in w.models) or "no models",
             )
 
-    def _spawn(self, w: _Worker) -> None:
-        ctx = mp.get_context("spawn")
-        parent, child = ctx.Pipe(duplex=True)
-        cancels_in, cancels_out = ctx.Pipe(duplex=False)
-        timeout = self.heartbeat_timeout_s
-        heartbeat = Heartbeat(ctx, timeout) if timeout > 0 else None
-        process = ctx.Process(
-            target=executor_main,
-            args=(child, w.device.to_dict(), self.log_level, self.realtime_priority, cancels_in),
-            kwargs={"heartbeat": heartbeat, "env": self._gpu_sharing.env_for(w.device)},
-            name=f"executor-{w.device.name}",
-            daemon=True,
+    def _spawn(self, w: Worker) -> None:
+        start_process(
+            w,
+            log_level=self.log_level,
+            realtime_priority=self.realtime_priority,
+            heartbeat_timeout_s=self.heartbeat_timeout_s,
+            env=self._gpu_sharing.env_for(w.device),
         )
-        try:
-            process.start()
-        except BaseException:
-            # Never started: nothing for stop() to join; the caller sees why.
-            parent.close()
-            cancels_out.close()
-            raise
-        finally:
-            child.close()
-            cancels_in.close()
-        w.conn = parent
-        w.cancels = cancels_out
-        w.heartbeat = heartbeat
-        w.dead = False
-        w.process = process
-        self._add_reader(w)
+        assert self._loop is not None
+        attach_reader(self._loop, w, self._handle, self._on_eof)
 
     def _background(self, coro: Any) -> None:
         assert self._loop is not None
@@ -269,7 +251,7 @@ class ExecutorPool(ModelChanges):
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    async def _respawn(self, w: _Worker) -> None:
+    async def _respawn(self, w: Worker) -> None:
         """Start a fresh process for a dead executor until one loads; then
         report the device back (DeviceUp) with the time it was out."""
         backoff = 0.1
@@ -314,7 +296,7 @@ class ExecutorPool(ModelChanges):
         while not self._stopped:
             await asyncio.sleep(interval)
             now = time.monotonic()
-            for w in self._workers.values():
+            for w in [*self._workers.values(), *self._retiring.values()]:
                 if w.dead or w.loading or w.stopping:
                     continue
                 reason = hang_of(w, now, self)
@@ -325,7 +307,7 @@ class ExecutorPool(ModelChanges):
                     w.process.kill()
                 self._mark_dead(w, reason)
 
-    async def _load(self, w: _Worker) -> None:
+    async def _load(self, w: Worker) -> None:
         names = self.placement(w.device.id)
         configs = [config_to_dict(self.configs[n]) for n in names]
         layouts = {n: self.arenas[n].layout for n in names if n in self.arenas}
@@ -362,7 +344,7 @@ class ExecutorPool(ModelChanges):
             raise ExecutorFailed(f"executor {w.device.name} is not running")
         if model not in w.models:
             raise ExecutorFailed(f"model {model!r} is not loaded on {w.device.name}")
-        if batch_id in w.inflight:
+        if self._holder(device_id, batch_id) is not None:  # here or on a retiring one
             raise ValueError(f"batch {batch_id} is already in flight on {w.device.name}")
         if not w.inflight:
             w.progress_at = time.monotonic()
@@ -382,14 +364,22 @@ class ExecutorPool(ModelChanges):
         BatchStopped event follows — or BatchFinished if it finished first.
         Returns False if the batch is not in flight (its event is posted
         already, or its executor is gone)."""
-        w = self._workers[device_id]
-        if batch_id not in w.inflight or w.dead:
+        w = self._holder(device_id, batch_id)
+        if w is None or w.dead:
             return False
         try:
             w.cancels.send(Cancel(int(batch_id)))
         except (OSError, ValueError):  # the executor is gone: its EOF reports it
             return False
         return True
+
+    def _holder(self, device_id: int, batch_id: int) -> Worker | None:
+        """The executor holding the batch: the serving one or, after a
+        reshare, the one it replaced."""
+        for w in (self._workers[device_id], self._retiring.get(device_id)):
+            if w is not None and batch_id in w.inflight:
+                return w
+        return None
 
     async def profile(
         self,
@@ -405,7 +395,20 @@ class ExecutorPool(ModelChanges):
         (after `warmup` runs each), or of `inputs` (arrays of batch size
         `batch_sizes[0]`, e.g. a dynamic model's probe). Queued behind
         batches already submitted."""
-        w = self._workers[device_id]
+        return await self._profile_on(
+            self._workers[device_id], model, batch_sizes, warmup, repeats, timeout, inputs
+        )
+
+    async def _profile_on(
+        self,
+        w: Worker,
+        model: str,
+        batch_sizes: Sequence[int],
+        warmup: int,
+        repeats: int,
+        timeout: float | None,
+        inputs: Mapping[str, Any] | None = None,
+    ) -> dict[int, float]:
         if w.dead or self._stopped:
             raise ExecutorFailed(f"executor {w.device.name} is not running")
         if model not in w.models:
@@ -431,17 +434,18 @@ class ExecutorPool(ModelChanges):
         self._stopped = True
         for task in list(self._tasks):  # watchdog, respawns
             task.cancel()
-        for w in self._workers.values():
+        workers = self._processes()
+        for w in workers:
             w.stopping = True
             if w.process is not None and not w.dead:
                 with contextlib.suppress(OSError, ValueError):
                     w.conn.send(Stop())
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline and any(
-            w.process is not None and w.process.is_alive() for w in self._workers.values()
+            w.process is not None and w.process.is_alive() for w in workers
         ):
             await asyncio.sleep(0.01)
-        for w in self._workers.values():
+        for w in workers:
             p = w.process
             if p is None:
                 continue
@@ -453,7 +457,7 @@ class ExecutorPool(ModelChanges):
                 p.join(2.0)
             else:
                 p.join(0)
-            self._drain(w)
+            drain(w, self._handle)
             self._mark_dead(w, f"executor {w.device.name} stopped")
         for arena in self.arenas.values():
             try:
@@ -463,65 +467,20 @@ class ExecutorPool(ModelChanges):
         self._gpu_sharing.stop()
 
     # ---------------------------------------------------------- internals
-    def _expect(self, req: int, w: _Worker) -> asyncio.Future:
+    def _expect(self, req: int, w: Worker) -> asyncio.Future:
         assert self._loop is not None
         fut = self._loop.create_future()
         self._waiters[req] = (w, fut)
         return fut
 
-    def _send(self, w: _Worker, msg: ToExecutor) -> None:
+    def _send(self, w: Worker, msg: ToExecutor) -> None:
         try:
             w.conn.send(msg)
         except (OSError, ValueError) as exc:  # broken pipe / closed connection
             self._mark_dead(w, f"executor {w.device.name} is gone: {exc}")
             raise ExecutorFailed(f"executor {w.device.name} is not running") from exc
 
-    def _add_reader(self, w: _Worker) -> None:
-        assert self._loop is not None
-        fd = w.conn.fileno()
-        try:
-            self._loop.add_reader(fd, self._on_readable, w)
-            w.reader_fd = fd
-        except NotImplementedError:  # e.g. Windows proactor loop
-            loop = self._loop
-
-            def pump() -> None:
-                while True:
-                    try:
-                        msg = w.conn.recv()
-                    except (EOFError, OSError):
-                        loop.call_soon_threadsafe(self._on_eof, w)
-                        return
-                    loop.call_soon_threadsafe(self._handle, w, msg)
-
-            w.reader_thread = threading.Thread(
-                target=pump, name=f"pool-{w.device.name}", daemon=True
-            )
-            w.reader_thread.start()
-
-    def _remove_reader(self, w: _Worker) -> None:
-        if w.reader_fd is not None and self._loop is not None:
-            with contextlib.suppress(ValueError, OSError, RuntimeError):
-                self._loop.remove_reader(w.reader_fd)
-            w.reader_fd = None
-
-    def _on_readable(self, w: _Worker) -> None:
-        try:
-            while w.conn.poll():
-                self._handle(w, w.conn.recv())
-        except (EOFError, OSError):
-            self._on_eof(w)
-
-    def _drain(self, w: _Worker) -> None:
-        if w.conn is None or w.conn.closed:
-            return
-        try:
-            while w.conn.poll():
-                self._handle(w, w.conn.recv())
-        except (EOFError, OSError):
-            pass
-
-    def _on_eof(self, w: _Worker) -> None:
+    def _on_eof(self, w: Worker) -> None:
         if w.stopping:
             self._mark_dead(w, f"executor {w.device.name} stopped")
             return
@@ -529,8 +488,8 @@ class ExecutorPool(ModelChanges):
         log.error("executor %s exited unexpectedly (exit code %s)", w.device.name, code)
         self._mark_dead(w, f"executor {w.device.name} died (exit code {code})")
 
-    def _mark_dead(self, w: _Worker, reason: str) -> None:
-        self._remove_reader(w)
+    def _mark_dead(self, w: Worker, reason: str) -> None:
+        detach_reader(self._loop, w)
         first = not w.dead
         if first:
             w.dead = True
@@ -539,9 +498,10 @@ class ExecutorPool(ModelChanges):
             if w.cancels is not None:
                 with contextlib.suppress(OSError):
                     w.cancels.close()
-        # A fault (not a stop, not a failed restart): tell the owner before
-        # failing the batches, so it can re-plan their requests, and respawn.
-        fault = first and not w.stopping and not self._stopped and not w.loading
+        # A fault (not a stop, not a failed restart or shadow, not an executor
+        # a shadow replaced): tell the owner before failing the batches, so it
+        # can re-plan their requests, and respawn.
+        fault = first and not (w.stopping or self._stopped or w.loading or w.retiring)
         if fault:
             w.down_since = time.monotonic()
             self._post(DeviceDown(w.device.id, reason))
@@ -555,6 +515,8 @@ class ExecutorPool(ModelChanges):
                 self._waiters.pop(req, None)
                 if not fut.done():
                     fut.set_exception(ExecutorFailed(reason))
+        if w.retiring:
+            self._retired(w, reason)
         if fault and self.respawn and self._loop is not None:
             self._background(self._respawn(w))
 
@@ -564,7 +526,7 @@ class ExecutorPool(ModelChanges):
         except Exception:
             log.exception("handling %s failed", event)
 
-    def _handle(self, w: _Worker, msg: Any) -> None:
+    def _handle(self, w: Worker, msg: Any) -> None:
         if isinstance(msg, Ran | Cancelled):
             w.progress_at = time.monotonic()
             w.sizes.pop(msg.batch_id, None)
@@ -579,6 +541,8 @@ class ExecutorPool(ModelChanges):
                 )
             else:
                 self._post(BatchStopped(w.device.id, msg.batch_id, msg.stopped_at))
+            if w.retiring and not w.inflight:
+                self._drained(w)
         elif isinstance(msg, Loaded):
             self._resolve(msg.req_id, (msg.errors, msg.info))
         elif isinstance(msg, Unloaded):

@@ -111,7 +111,7 @@ class _Beat(Protocol):
 
 
 class Watched(Protocol):
-    """What the watchdog reads of one executor (the pool's `_Worker`):
+    """What the watchdog reads of one executor (the pool's `Worker`, app.runtime.pool_worker):
     `heartbeat` None when it does not beat (the rule is off),
     `serving_since` when it had loaded its models, `progress_at` its last
     reply (or work given to it idle), `inflight` batch id → model oldest
