@@ -417,6 +417,8 @@ async def test_openapi_document(client):
         "/v2/repository/index": {"post"},
         "/v2/repository/models/{name}/load": {"post"},
         "/v2/repository/models/{name}/unload": {"post"},
+        "/v2/devices": {"get"},
+        "/v2/devices/reshare": {"post"},
         "/metrics": {"get"},
     }
     assert {p: set(ops) for p, ops in paths.items()} == expected

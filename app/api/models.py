@@ -379,10 +379,37 @@ class RepositoryModel(BaseModel):
 
 # Models the handlers validate by hand; their schemas are added to the OpenAPI
 # components so that `openapi_extra` request bodies can reference them.
+class ReshareRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    device: str = Field(description="An executor device's name, e.g. cpu:0/1 (GET /v2/devices).")
+    share: float = Field(
+        gt=0.0,
+        le=1.0,
+        description="Its new share of the device, in (0, 1]; with the device's "
+        "other shares at most 1 in all.",
+    )
+
+
+class DeviceEntry(BaseModel):
+    name: str
+    kind: str = Field(description="cpu, cuda or emulated.")
+    share: float = Field(description="The executor's share of its device, in (0, 1].")
+    cpus: list[int] | None = Field(description="A CPU executor's cores; null for other kinds.")
+    threads: int
+    alive: bool = Field(description="Serving now (false while its executor restarts).")
+    models: list[str]
+
+
+class DeviceIndex(BaseModel):
+    devices: list[DeviceEntry]
+
+
 REQUEST_MODELS: tuple[type[BaseModel], ...] = (
     InferRequest,
     V2InferRequest,
     RepositoryIndexRequest,
     RepositoryLoadRequest,
     RepositoryUnloadRequest,
+    ReshareRequest,
 )

@@ -31,6 +31,7 @@ from fastapi.responses import Response
 
 from app.api.bodies import DEFAULT_MAX_BODY_BYTES, MAX_BODY_BYTES_ENV
 from app.api.context import SERVER_NAME, ApiContext, ServiceProvider, server_version
+from app.api.device_routes import add_device_routes
 from app.api.errors import error_response, install_error_handlers
 from app.api.fastpath import ServingAPI, install_fast_path
 from app.api.limits import DEFAULT_MAX_JSON_BYTES
@@ -74,6 +75,7 @@ def api_router(ctx: ApiContext) -> APIRouter:
     add_statistics_routes(router, ctx)  # before /v2/models/{name}: see its module
     add_v2_routes(router, ctx)
     add_repository_routes(router, ctx, ctx.admin_guard or require_token(None))
+    add_device_routes(router, ctx, ctx.admin_guard or require_token(None))
     add_metrics_route(router, ctx)
     return router
 

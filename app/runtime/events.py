@@ -2,7 +2,7 @@
 
 The pool posts them on the event loop's thread, in the order things
 happened: a batch finished or stopped, a device went down (its executor died
-or hung) or came back, a sampled request was re-run alone (or that re-run
+or hung) or came back or got a new share, a sampled request was re-run alone (or that re-run
 was stopped). The owner (the dispatcher) queues them and handles
 each after it has carried out the decisions in hand, never re-entrantly.
 """
@@ -81,5 +81,26 @@ class AloneStopped:
     dropped: int = 0
 
 
-ExecutorEvent = BatchFinished | BatchStopped | DeviceDown | DeviceUp | AloneTimed | AloneStopped
+@dataclass(frozen=True, slots=True)
+class DeviceReshared:
+    """The device's executor was replaced by one at `new_share` (a reshare,
+    app/runtime/pool_reshare.py): batches sent from now on run about
+    `speed_ratio` times as fast as on the old one; those the old one holds
+    finish there."""
+
+    device: int
+    old_share: float
+    new_share: float
+    speed_ratio: float
+
+
+ExecutorEvent = (
+    BatchFinished
+    | BatchStopped
+    | DeviceDown
+    | DeviceUp
+    | DeviceReshared
+    | AloneTimed
+    | AloneStopped
+)
 EventSink = Callable[[ExecutorEvent], None]

@@ -45,6 +45,7 @@ from typing import TYPE_CHECKING
 
 from app.errors import ExecutorFailed
 from app.runtime.devices import ExecutorDevice
+from app.runtime.events import DeviceReshared
 from app.runtime.messages import Stop
 from app.runtime.pool_worker import Worker
 from app.runtime.shares import check_shares, split_cores
@@ -130,6 +131,17 @@ def reshared_device(
     return replace(device, share=share, cpus=tuple(cpus), threads=len(cpus))
 
 
+def speed_ratio(old: ExecutorDevice, new: ExecutorDevice) -> float:
+    """How much faster `new` runs a batch than `old`, by the share alone: a
+    CPU share by its cores (its threads), others by the share — InSS's
+    running time ∝ 1/ρ (inss.txt §4.1), exact for an emulated share. A
+    model that gains less from more cores or SMs than that is planned a
+    little fast after a share grows (and slow after it shrinks)."""
+    if old.kind == "cpu":
+        return new.threads / old.threads
+    return new.share / old.share
+
+
 class Reshares:
     """A device's executor replaced by a shadow with a new share."""
 
@@ -206,6 +218,8 @@ class Reshares:
             old_batches = tuple(old.inflight)
             if not old.inflight:
                 self._drained(old)
+            ratio = speed_ratio(old.device, new_device)
+            self._post(DeviceReshared(device_id, old.device.share, share, ratio))
             t_switched = time.monotonic()
             log.info(
                 "%s reshared %g → %g: pid %s serves, pid %s retires holding %d batch(es)",

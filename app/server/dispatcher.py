@@ -45,6 +45,7 @@ from app.runtime.events import (
     BatchFinished,
     BatchStopped,
     DeviceDown,
+    DeviceReshared,
     DeviceUp,
     ExecutorEvent,
 )
@@ -211,6 +212,9 @@ class Dispatcher(EventDriver):
             self._apply(core.device_down(event.device, now))
         elif isinstance(event, DeviceUp):
             self._apply(core.device_up(event.device, now))
+        elif isinstance(event, DeviceReshared):
+            speed = core.devices[event.device].speed * event.speed_ratio
+            self._apply(core.set_device_speed(event.device, speed, now))
         elif isinstance(event, AloneTimed):
             info = core.models.get(event.model)
             seconds = alone_time_per_request(event.seconds, event.items, info)

@@ -20,8 +20,9 @@ and the server's own wait for open connections ends with the grace.
 Two hooks feed Triton's statistics (app/server/statistics.py): `infer`
 counts a request answered with an error, `_serve` one answered with
 outputs, `_on_batch` each batch once. Models are loaded and unloaded while
-serving by app/server/model_control.py (`load_model`, `unload_model`); a
-model in `control_state` takes no requests.
+serving by app/server/model_control.py and a device's share reallocated by
+app/server/reallocation.py (app/server/management.py: `load_model`,
+`unload_model`, `reshare_device`); a model in `control_state` takes no requests.
 
 Every version a model serves is a served model of its own here (its own
 arena, executor load and scheduling-core entry), keyed as
@@ -62,6 +63,7 @@ from app.server.autoscale_signals import publish_signals
 from app.server.colocation import plan_colocated
 from app.server.dispatcher import Dispatcher, Finished
 from app.server.heap import freeze_startup_heap, thaw_heap
+from app.server.management import Management
 from app.server.metrics import Metrics, metric_label
 from app.server.pipeline_service import PipelineService, start_pipelines
 from app.server.service import InferResult, request_items
@@ -76,7 +78,7 @@ log = logging.getLogger("app.server")
 _EXECUTOR_STOP_S = 1.0
 
 
-class LiveService:
+class LiveService(Management):
     """Implements app.server.service.InferenceService over real executors."""
 
     def __init__(self, settings: Settings, metrics: Metrics) -> None:
@@ -259,29 +261,6 @@ class LiveService:
     def outstanding(self, model: str) -> int:
         """Requests for `model` accepted and not yet answered."""
         return self._outstanding.get(model, 0)
-
-    # ----------------------------------------------------------- model control
-
-    async def load_model(self, name: str, config_override: str | None = None) -> None:
-        """(Re)load `name`, every version it serves, from the repository,
-        optionally with a config override (JSON) for all of them, without a
-        restart (app/server/model_control.py)."""
-        async with self._control_lock:
-            self._check_serving()
-            await model_control.load(self, name, config_override)
-
-    async def unload_model(self, name: str) -> None:
-        """Unload `name`, every version: it takes no new requests, those
-        accepted are answered, then its executors and arenas let go of it."""
-        async with self._control_lock:
-            self._check_serving()
-            await model_control.unload(self, name)
-
-    def _check_serving(self) -> None:
-        if self.closing:
-            raise ShuttingDown("server is shutting down")
-        if not self.ready or self.dispatcher is None:
-            raise ModelNotReady("server is starting")
 
     # ------------------------------------------------------------- service API
 

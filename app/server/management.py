@@ -1,0 +1,52 @@
+"""What the management routes ask of the live service, one request at a
+time: model load and unload (app/server/model_control.py) and a device's
+share reallocated (app/server/reallocation.py). `LiveService` inherits it."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import TYPE_CHECKING, Any
+
+from app.errors import ModelNotReady, ShuttingDown
+from app.server import model_control, reallocation
+
+if TYPE_CHECKING:
+    from app.server.live import LiveService
+
+
+class Management:
+    """Model control and reallocation, under one lock (`_control_lock`)."""
+
+    _control_lock: asyncio.Lock
+
+    async def load_model(self: LiveService, name: str, config_override: str | None = None) -> None:
+        """(Re)load `name`, every version it serves, from the repository,
+        optionally with a config override (JSON) for all of them, without a
+        restart (app/server/model_control.py)."""
+        async with self._control_lock:
+            self._check_serving()
+            await model_control.load(self, name, config_override)
+
+    async def unload_model(self: LiveService, name: str) -> None:
+        """Unload `name`, every version: it takes no new requests, those
+        accepted are answered, then its executors and arenas let go of it."""
+        async with self._control_lock:
+            self._check_serving()
+            await model_control.unload(self, name)
+
+    async def reshare_device(self: LiveService, name: str, share: float) -> dict[str, Any]:
+        """Give device `name` a new share through a shadow executor, while
+        serving (app/server/reallocation.py); what it did and how long."""
+        async with self._control_lock:
+            self._check_serving()
+            return await reallocation.reshare(self, name, share)
+
+    def device_index(self: LiveService) -> list[dict[str, Any]]:
+        """The executor devices, their shares and models."""
+        return reallocation.device_index(self)
+
+    def _check_serving(self: LiveService) -> None:
+        if self.closing:
+            raise ShuttingDown("server is shutting down")
+        if not self.ready or self.dispatcher is None:
+            raise ModelNotReady("server is starting")
