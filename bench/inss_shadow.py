@@ -1,0 +1,278 @@
+"""Shadow reallocation under steady load (issue 23 item 4, inss.txt §5.3):
+the daemon's device shares change while an open-loop load runs; every
+request must be answered exactly once, and the switch must not show.
+
+    python -m bench.inss_shadow              # two 30-s runs (a minute)
+    python -m bench.inss_shadow --quick      # two 8-s runs
+
+Options: --duration, --rates (alpha,beta requests/s, default 150,60), --policy
+(default inss), --out-dir (default bench/results/inss; writes shadow.json
+and shadow.md).
+
+Setup: one emulated device split `emulated=0.5,0.5`, two emulated models
+(`alpha` on emulated:0/0, `beta` on emulated:0/1; ℓ(b) = 2·b + 5 ms at the
+whole device, SLO 100 ms), the daemon (`python -m app serve`), Poisson
+arrivals from `bench.loadgen` at `--rate` each. Two runs on the same
+arrivals:
+
+* **steady** — the shares stay 0.5 / 0.5;
+* **reshare** — at 30 % of the run `beta` shrinks to 0.3 and then `alpha`
+  grows to 0.7 (`POST /v2/devices/reshare`, shrink first: the shares sum to
+  ≤ 1 at every step), and at 65 % they go back (alpha to 0.5, beta to 0.5).
+  Each answer gives the reshare's phases: the shadow's start, load and
+  warm-up, the switch itself, the old executor's drain and stop.
+
+Checked: requests sent = answered (status 200 or an explicit error: none
+without an answer), and the daemon's Triton statistics count each model's
+successes exactly as many times as the load generator received an answer
+with outputs — none answered twice. Reported: within-SLO fraction of each
+run, and of the requests sent within 1 s after each switch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import platform
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+
+from app.scheduling.profile import LatencyProfile
+from app.workloads.spec import ArrivalSpec, DeviceSpec, ModelSpec, Workload
+from bench.daemon_launcher import free_port, start_daemon, stop_daemon
+from bench.loadgen import prepare_targets, run_load
+
+ROOT = Path(__file__).resolve().parent.parent
+OUT_DIR = ROOT / "bench" / "results" / "inss"
+MODELS = {"alpha": "emulated:0/0", "beta": "emulated:0/1"}
+ALPHA_MS, BETA_MS, SLO_MS, MAX_BATCH = 2.0, 5.0, 100.0, 16
+WINDOW_S = 1.0  # "right after a switch"
+# (fraction of the run, device, share): shrink first, then grow.
+SCHEDULE = (
+    (0.30, "emulated:0/1", 0.3),
+    (0.30, "emulated:0/0", 0.7),
+    (0.65, "emulated:0/0", 0.5),
+    (0.65, "emulated:0/1", 0.5),
+)
+
+
+def config_text(device: str) -> str:
+    return (
+        "backend: emulated\n"
+        f"max_batch_size: {MAX_BATCH}\n"
+        f"slo_ms: {SLO_MS:g}\n"
+        f"profile: {{alpha_ms: {ALPHA_MS:g}, beta_ms: {BETA_MS:g}}}\n"
+        f"devices: [{device}]\n"
+        "inputs: [{name: x, datatype: FP32, shape: [-1, 4]}]\n"
+        "outputs: [{name: x, datatype: FP32, shape: [-1, 4]}]\n"
+    )
+
+
+def log(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+def repository(root: Path) -> Path:
+    for name, device in MODELS.items():
+        (root / name).mkdir(parents=True)
+        (root / name / "config.yaml").write_text(config_text(device))
+    return root
+
+
+def workload(rates: list[float], duration_s: float) -> Workload:
+    profile = LatencyProfile.linear(ALPHA_MS, BETA_MS, MAX_BATCH)
+    models = [
+        ModelSpec(name, profile, SLO_MS, MAX_BATCH, rate, ArrivalSpec("poisson", {}))
+        for name, rate in zip(MODELS, rates, strict=True)
+    ]
+    return Workload("inss-shadow", duration_s, 7, [DeviceSpec("emulated")], models)
+
+
+async def reshares(url: str, duration_s: float, started: float) -> list[dict[str, Any]]:
+    """Carry out SCHEDULE; each reshare's answer with when it was asked and
+    when it switched, in seconds from `started`."""
+    done = []
+    async with httpx.AsyncClient(base_url=url, timeout=60.0) as client:
+        for fraction, device, share in SCHEDULE:
+            wait = started + fraction * duration_s - time.monotonic()
+            if wait > 0:
+                await asyncio.sleep(wait)
+            asked = time.monotonic() - started
+            reply = await client.post(
+                "/v2/devices/reshare", json={"device": device, "share": share}
+            )
+            if reply.status_code != 200:
+                raise RuntimeError(f"reshare of {device} to {share}: {reply.text}")
+            answer = reply.json()
+            answer["asked_at_s"] = asked
+            answer["switched_at_s"] = answer.pop("switched_at") - started
+            done.append(answer)
+            log(
+                f"  {device} {answer['old_share']:g} → {share:g}: shadow up in "
+                f"{answer['spawn_s'] + answer['load_s'] + answer['warmup_s']:.3f} s, switch "
+                f"{answer['switch_s'] * 1e6:.0f} µs, old drained in {answer['drain_s']:.3f} s "
+                f"({answer['old_batches']} batches), total {answer['total_s']:.3f} s"
+            )
+    return done
+
+
+async def one_run(
+    url: str, load: Workload, reshare: bool, windows_at: list[float] | None = None
+) -> dict[str, Any]:
+    """One run; the within-SLO windows start at each switch (`reshare`) or
+    at `windows_at` (the other run's switches, seconds from the start)."""
+    targets = await prepare_targets(url, load)  # checks each model with a request
+    async with httpx.AsyncClient(base_url=url) as client:
+        before = (await client.get("/v2/models/stats")).json()
+    started = time.monotonic()
+    running = asyncio.create_task(run_load(url, load, targets=targets))
+    switches = await reshares(url, load.duration_s, started) if reshare else []
+    result = await running
+    async with httpx.AsyncClient(base_url=url) as client:
+        after = (await client.get("/v2/models/stats")).json()
+    records = result.records
+    answered = records.status != 0
+    ok = records.status == 200
+    slo_ok = ok & (records.latency_ms <= SLO_MS)
+    successes = {}
+    for name in MODELS:
+        count = [
+            sum(
+                int(m["inference_stats"]["success"]["count"])
+                for m in doc["model_stats"]
+                if m["name"] == name
+            )
+            for doc in (before, after)
+        ]
+        successes[name] = count[1] - count[0]
+    received = {name: int((ok & (records.model_index == i)).sum()) for i, name in enumerate(MODELS)}
+    windows = []
+    starts = [s["switched_at_s"] for s in switches] if reshare else (windows_at or [])
+    for at in starts:
+        near = (records.intended >= at) & (records.intended < at + WINDOW_S)
+        windows.append(
+            {
+                "from_s": at,
+                "requests": int(near.sum()),
+                "within_slo": float(slo_ok[near].mean()) if near.any() else None,
+            }
+        )
+    errors: dict[str, int] = {}
+    for status, reason in zip(
+        records.status[~ok & answered], records.reason[~ok & answered], strict=True
+    ):
+        key = f"{status} {records.reasons[reason] if reason >= 0 else ''}".strip()
+        errors[key] = errors.get(key, 0) + 1
+    return {
+        "sent": int(np.isfinite(records.sent).sum()),
+        "answered": int(answered.sum()),
+        "unanswered": int((~answered).sum()),
+        "ok": int(ok.sum()),
+        "errors": errors,
+        "within_slo": float(slo_ok.mean()),
+        "latency_ms_p50_p99": [
+            float(np.nanpercentile(records.latency_ms[ok], q)) for q in (50, 99)
+        ],
+        "server_successes": successes,
+        "client_answers_with_outputs": received,
+        "answered_twice": sum(successes[n] - received[n] for n in MODELS),
+        "switches": switches,
+        "after_switch": windows,
+    }
+
+
+def render(runs: dict[str, dict[str, Any]]) -> str:
+    out = [
+        "| run | sent | answered | unanswered | answered twice | within SLO | p99 ms |",
+        "|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    for name, r in runs.items():
+        out.append(
+            f"| {name} | {r['sent']} | {r['answered']} | {r['unanswered']} | "
+            f"{r['answered_twice']} | {r['within_slo']:.2%} | {r['latency_ms_p50_p99'][1]:.1f} |"
+        )
+    switches = runs.get("reshare", {}).get("switches", [])
+    if switches:
+        out += [
+            "",
+            "| device | share | shadow up s | switch µs | old drained s (batches) | total s | "
+            "within SLO 1 s after | same 1 s, steady |",
+            "|---|---|---:|---:|---:|---:|---:|---:|",
+        ]
+        steady = runs.get("steady", {}).get("after_switch", [{}] * len(switches))
+        for s, w, st in zip(switches, runs["reshare"]["after_switch"], steady, strict=True):
+            up = s["spawn_s"] + s["load_s"] + s["warmup_s"]
+            cells = [
+                "—" if x.get("within_slo") is None else f"{x['within_slo']:.1%}" for x in (w, st)
+            ]
+            out.append(
+                f"| {s['name']} | {s['old_share']:g} → {s['new_share']:g} | {up:.3f} | "
+                f"{s['switch_s'] * 1e6:.0f} | {s['drain_s']:.3f} ({s['old_batches']}) | "
+                f"{s['total_s']:.3f} | {cells[0]} | {cells[1]} |"
+            )
+    return "\n".join(out)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m bench.inss_shadow", description=__doc__)
+    parser.add_argument("--duration", type=float, default=30.0)
+    parser.add_argument("--rates", default="150,60", help="requests/s of alpha,beta")
+    parser.add_argument("--policy", default="inss")
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--out-dir", type=Path, default=OUT_DIR)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.quick:
+        args.duration = min(args.duration, 8.0)
+    rates = [float(r) for r in args.rates.split(",")]
+    if len(rates) != 2:
+        raise SystemExit("--rates takes two numbers: alpha's and beta's")
+    load = workload(rates, args.duration)
+    runs: dict[str, dict[str, Any]] = {}
+    with tempfile.TemporaryDirectory(prefix="inss-shadow-") as tmp:
+        repo = repository(Path(tmp) / "models")
+        for name in ("reshare", "steady"):
+            handle = start_daemon(
+                repo,
+                free_port(),
+                policy=args.policy,
+                emulated_devices=1,
+                cpu_slices=0,
+                extra_env={"DEVICE_SHARES": "emulated=0.5,0.5", "COLOCATION_PROFILE": "0"},
+            )
+            log(f"{name}: daemon ready in {handle.startup_s:.1f} s")
+            try:
+                at = [w["switched_at_s"] for w in runs["reshare"]["switches"]] if runs else None
+                runs[name] = asyncio.run(one_run(handle.url, load, name == "reshare", at))
+            finally:
+                stop_daemon(handle)
+            r = runs[name]
+            log(f"{name}: {r['answered']}/{r['sent']} answered, {r['within_slo']:.2%} within SLO")
+    shown = render(runs)
+    print(shown)
+    document = {
+        "command": "python -m bench.inss_shadow" + (" " + " ".join(argv) if argv else ""),
+        "recorded_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "machine": {"platform": platform.platform()},
+        "options": {"duration": args.duration, "rates": rates, "policy": args.policy},
+        "runs": runs,
+    }
+    args.out_dir.mkdir(parents=True, exist_ok=True)
+    (args.out_dir / "shadow.json").write_text(json.dumps(document, indent=2) + "\n")
+    (args.out_dir / "shadow.md").write_text(shown + "\n")
+    bad = [n for n, r in runs.items() if r["unanswered"] or r["answered_twice"]]
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

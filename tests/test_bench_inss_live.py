@@ -1,0 +1,110 @@
+"""bench.inss_live (two models sharing the CPU vs in turn) and
+bench.inss_shadow (reallocation under load): their set-ups, and short runs
+end to end."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from bench.inss_live import SETUPS, repository, workload
+from bench.inss_shadow import SCHEDULE
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.mark.parametrize("setup", SETUPS, ids=lambda s: s.name)
+def test_each_setup_places_the_two_models_as_it_says(tmp_path: Path, setup) -> None:
+    root = repository(tmp_path / "models", ["mlp", "cnn"], setup)
+    devices = {
+        name: yaml.safe_load((root / name / "config.yaml").read_text())["devices"]
+        for name in ("mlp", "cnn")
+    }
+    if setup.shares:
+        assert devices == {"mlp": ["cpu:0/0"], "cnn": ["cpu:0/1"]}
+        assert setup.env() == {"CPU_SLICES": "1", "DEVICE_SHARES": "cpu=0.5,0.5"}
+    else:
+        assert devices == {"mlp": ["cpu:0"], "cnn": ["cpu:0"]}
+        assert setup.env() == {"CPU_SLICES": "1", "THREADS_PER_SLICE": "2"}
+    assert (root / "mlp" / "model.onnx").is_file()
+    load = workload(["mlp", "cnn"], [300, 100], 5.0)
+    assert [(m.name, m.rate, m.slo_ms) for m in load.models] == [
+        ("mlp", 300, 100.0),
+        ("cnn", 100, 100.0),
+    ]
+
+
+def test_the_reshare_schedule_keeps_each_step_within_the_device() -> None:
+    shares = {"emulated:0/0": 0.5, "emulated:0/1": 0.5}
+    for _, device, share in SCHEDULE:
+        shares[device] = share
+        assert sum(shares.values()) <= 1.0 + 1e-9
+    assert shares == {"emulated:0/0": 0.5, "emulated:0/1": 0.5}
+
+
+@pytest.mark.slow
+def test_shadow_quick_run_answers_every_request_once(tmp_path: Path) -> None:
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "bench.inss_shadow",
+            "--quick",
+            "--duration",
+            "5",
+            "--out-dir",
+            str(tmp_path),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr
+    body = json.loads((tmp_path / "shadow.json").read_text())
+    for name in ("steady", "reshare"):
+        run = body["runs"][name]
+        assert run["sent"] == run["answered"] > 0 and run["unanswered"] == 0
+        assert run["answered_twice"] == 0
+        assert run["server_successes"] == run["client_answers_with_outputs"]
+    switches = body["runs"]["reshare"]["switches"]
+    assert [(s["name"], s["new_share"]) for s in switches] == [(d, s) for _, d, s in SCHEDULE]
+    assert all(s["old_failure"] is None and s["switch_s"] < s["total_s"] for s in switches)
+    assert (tmp_path / "shadow.md").read_text().startswith("| run |")
+
+
+@pytest.mark.slow
+def test_live_quick_run_of_one_setup_measures_the_co_location(tmp_path: Path) -> None:
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "bench.inss_live",
+            "--quick",
+            "--setups",
+            "shares/symphony",
+            "--rates",
+            "40,40",
+            "--out-dir",
+            str(tmp_path),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr
+    body = json.loads((tmp_path / "live.json").read_text())
+    (row,) = body["setups"]
+    assert (row["setup"], row["policy"]) == ("shares/symphony", "symphony")
+    assert len(row["probes"]) == 1 and row["probes"][0]["offered_rps"] > 0
+    # Each model measured beside the other, on its own core.
+    assert sorted(line.split("model ")[1].split(":")[0] for line in row["colocation"]) == [
+        "cnn on cpu",
+        "mlp on cpu",
+    ]
