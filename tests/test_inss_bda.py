@@ -1,4 +1,4 @@
-"""BDA (app/planning/inss/bda.py, inss.txt §5.3 Algorithm 1) on hand-made
+"""BDA (app/scheduling/bda.py, inss.txt §5.3 Algorithm 1) on hand-made
 monotone cases: its result against a brute-force scan, its probe count, and
 the cases the printed pseudo-code gets wrong."""
 
@@ -8,7 +8,7 @@ import itertools
 
 import pytest
 
-from app.planning.inss.bda import decide_batch, decide_batches
+from app.scheduling.bda import decide_batch, decide_batches
 
 
 def linear(alpha_ms: float, beta_ms: float, slo_ms: float, memory_per_item: float = 0.0):

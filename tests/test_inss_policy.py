@@ -105,3 +105,31 @@ def test_a_request_queued_past_its_slo_is_dropped():
     (drop,) = drops(s.advance(wake))
     assert ids(drop.requests) == [2] and drop.reason is DropReason.QUEUE_TIMEOUT
     assert s.queued() == 0
+
+
+def test_without_a_plan_bda_sizes_batches_from_the_measured_rate():
+    # ℓ(b) = (b + 4) ms, SLO 50 ms, no dispatch delay. Worst task latency at
+    # rate λ: max(ℓ(b), (b − 1)/λ) + ℓ(b). At 500 req/s: b = 13 gives
+    # max(17, 24) + 17 = 41 ms, b = 14 gives 26 + 18 = 44 ms, b = 16: 30 +
+    # 20 = 50 ms, b = 17: 32 + 21 = 53 ms → BDA's b = 16 (≤ 6 probes).
+    s = InssScheduler([model()], devices(1), rate_window_s=1.0, bda_every_s=1.0)
+    assert s.config["m"].max_batch == 21  # no rate yet: Gpulet's rule
+    t, i = 0.0, 0
+    while t < 1.0:  # 500 req/s for a second; batches run as they fill
+        i += 1
+        s.add_request(request(i, t), t)
+        t += 0.002
+    assert s.bda_runs == 1  # the first arrival (no rate yet: the batch stays)
+    assert s.config["m"].max_batch == 21
+    s.add_request(request(i + 1, 1.0), 1.0)  # a second on: BDA at the measured rate
+    assert s.bda_runs == 2
+    rate = s.rates["m"].rate(1.0)
+    assert rate == pytest.approx(500, rel=0.01)
+    assert s.config["m"].max_batch == 16
+    # A planned batch is fixed: BDA never runs.
+    planned = InssScheduler([model()], devices(1), batch=6)
+    for j in range(600):
+        planned.add_request(request(10_000 + j, j * 0.002), j * 0.002)
+    assert (planned.bda_runs, planned.config["m"].max_batch) == (0, 6)
+    with pytest.raises(ValueError, match="bda_every_s must be a finite number > 0, got 0"):
+        InssScheduler([model()], devices(1), bda_every_s=0)

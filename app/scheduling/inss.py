@@ -31,12 +31,25 @@ the latency model's prediction at the model's share beside its planned
 co-runners (bench/inss_sim.py builds such profiles from the plan), so the
 core needs nothing else to know about sharing.
 
+Batch sizes: the plan's (``batch``), or else BDA's on the measured rates.
+InSS runs BDA (§5.3, app/scheduling/bda.py) "whenever measured rates
+change": without a planned batch, every `bda_every_s` (on the first arrival
+after it) each model's b_i becomes the largest b whose worst-case task
+latency, the planner's max(t, (b − 1)/λ) + t with t = ℓ(b) + delay(b)
+(app/planning/inss/problem.py), meets its SLO — throughput b / t then at
+its most — λ the model's rate over the core's rate window. A model with no
+measured rate yet (or none that BDA can serve) keeps the b it had: at
+first, Gpulet's rule, the largest b with ℓ(b) ≤ SLO / 2
+(app/scheduling/gpulet.py). ℓ is the profile the core plans with, on a
+shared device its measured co-location slowdown included
+(app/server/colocation.py).
+
 Options: those of `triton` except `max_batch` and `max_queue_delay_ms`:
 
 * ``batch`` — b_i, an int for all models or ``{model: int}`` (the plan's
-  batches); default per model the largest b with ℓ(b) ≤ SLO / 2, Gpulet's
-  rule (app/scheduling/gpulet.py), which leaves half the SLO to the wait for
-  the batch when no plan is given. Capped by the model's max batch.
+  batches), fixed; default: BDA on measured rates (above). Capped by the
+  model's max batch;
+* ``bda_every_s`` — default 1: how often BDA runs without a planned batch.
 * ``reserve_batch`` — default True: rule 2's reserve of ℓ(b_i);
 * ``queue_timeout_ms`` — default each model's SLO (rule 3).
 
@@ -48,13 +61,16 @@ b_i and are never split.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
+from app.scheduling.bda import decide_batch
 from app.scheduling.gpulet import half_slo_batch
 from app.scheduling.model import ModelInfo
 from app.scheduling.triton import BatcherConfig, TritonScheduler, batcher_config
-from app.scheduling.types import DeviceInfo
+from app.scheduling.types import DeviceInfo, Request
 
 
 class InssScheduler(TritonScheduler):
@@ -69,9 +85,16 @@ class InssScheduler(TritonScheduler):
         *,
         batch: int | Mapping[str, int] | None = None,
         reserve_batch: bool = True,
+        bda_every_s: float = 1.0,
         **options: Any,
     ) -> None:
         self.reserve_batch = reserve_batch
+        if not (bda_every_s > 0 and math.isfinite(bda_every_s)):
+            raise ValueError(f"bda_every_s must be a finite number > 0, got {bda_every_s!r}")
+        self.bda_every_s = float(bda_every_s)
+        self.planned = batch is not None  # the plan's batches: no BDA at run time
+        self._next_bda = -math.inf
+        self.bda_runs = 0
         for own in ("max_batch", "max_queue_delay_ms"):
             if own in options:
                 raise ValueError(
@@ -89,6 +112,38 @@ class InssScheduler(TritonScheduler):
             half_slo_batch(model) if wanted is None else wanted,
             **settings,  # type: ignore[arg-type]
         )
+
+    def _on_arrival(self, request: Request, model: ModelInfo, now: float) -> None:
+        if not self.planned and now >= self._next_bda:
+            self._next_bda = now + self.bda_every_s
+            self._run_bda(now)
+        super()._on_arrival(request, model, now)
+
+    def _run_bda(self, now: float) -> None:
+        """BDA for every model at its measured rate (module docstring)."""
+        self.bda_runs += 1
+        for name, model in self.models.items():
+            rate = self.rates[name].rate(now)
+            if rate <= 0.0:
+                continue
+            decision = decide_batch(
+                name,
+                rate,
+                lambda _, b, m=model, r=rate: self._worst_latency(m, b, r) <= m.slo,
+                lambda _, b, m=model: b / self._t_inf(m, b),
+                max_batch=model.max_batch,
+            )
+            if decision.batch is not None and decision.batch != self.config[name].max_batch:
+                self.config[name] = replace(self.config[name], max_batch=decision.batch)
+
+    def _t_inf(self, model: ModelInfo, batch: int) -> float:
+        return self.latency(model, batch, self._fastest) + self.delay(batch)
+
+    def _worst_latency(self, model: ModelInfo, batch: int, rate: float) -> float:
+        """max(t, (b − 1)/λ) + t: the first task of a batch, behind one
+        running (app/planning/inss/problem.py, `worst_latency`)."""
+        t_inf = self._t_inf(model, batch)
+        return max(t_inf, (batch - 1) / rate) + t_inf
 
     def _send_partial_at(self, name: str) -> float:
         """Rule 2: the earliest deadline among the queued requests (as the

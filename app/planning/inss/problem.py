@@ -4,7 +4,7 @@ device's configuration serves.
 Decisions: each model on at most one device (y_ik, constraint 1e; a model
 no configuration can serve is left off and reported), an MPS share ρ_ik on
 a grid (`share_step`, 10 % by default; Σ ρ ≤ 1 per device, 1a) and a batch
-size b_i chosen by BDA (bda.py). For a device and the shares of the models
+size b_i chosen by BDA (app/scheduling/bda.py). For a device and the shares of the models
 on it, `DeviceEvaluator.configure` runs BDA for each model with
 
 * `fits(model, b)`: memory (1b/4a) and the SLO (1c/4b). Memory couples the
@@ -44,7 +44,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from functools import partial
 
-from app.planning.inss.bda import MAX_BATCH, decide_batch
+from app.scheduling.bda import MAX_BATCH, decide_batch
 from app.planning.inss.latency import (
     CoRunner,
     DeviceLatency,

@@ -15,6 +15,10 @@ provisioning is feasible when every model is. When it is not, InSS asks its
 placement (the learned agent, or an exact search) for another provisioning
 and runs BDA again.
 
+It lives in the scheduling core because both use it: the planner
+(app/planning/inss/problem.py) for a provisioning, and policy `inss`
+(app/scheduling/inss.py) again whenever the measured rates change.
+
 The constraints come in as callables, so that BDA is independent of how
 latency is predicted (app/planning/inss/latency.py's model, or a profile):
 `fits(model, b)` is 4a and 4b together, `throughput(model, b)` gives 4c's
