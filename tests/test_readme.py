@@ -109,8 +109,17 @@ NOT_RUN = {
     "python -m app plan inss bench/workloads/inss/paper-setting.yaml --learned --train-steps "
     "20000 --policy-out /tmp/inss-policy.pt": "SAC-D training, minutes on one core "
     "(tests/test_inss_learned.py runs --learned on a tiny case)",
-    "python -m bench.inss_sim": "capacity searches of three systems × two arrival processes, "
+    "python -m bench.inss_sim": "capacity searches of four systems × two arrival processes, "
     "2 min (tests/test_bench_inss_sim.py runs its --quick form)",
+    "python -m bench.inss_sim --config bench/workloads/inss/paper-setting-saturating.yaml "
+    "--out-dir bench/results/inss/saturating": "as the line before, on the saturating setting "
+    "(tests/test_inss_plan.py loads and plans it)",
+    "python -m bench.inss_shadow": "two 30-s daemon runs under load "
+    "(tests/test_bench_inss_live.py runs its --quick form)",
+    "python -m bench.inss_live": "four live capacity searches, minutes of load "
+    "(tests/test_bench_inss_live.py runs one --quick probe)",
+    "python -m bench.inss_learned": "SAC-D training on five cases, ~15 min on one core "
+    "(tests/test_inss_learned.py trains on a tiny case)",
     "python -m bench.inprocess --workload bench/workloads/live-a-resnet50-emulated.yaml "
     "--capacity": "a capacity bisection of 15-s runs, minutes of load",
 }
@@ -161,7 +170,7 @@ def test_every_readme_command_is_run_or_listed_with_its_reason() -> None:
     assert len(commands) == len(set(commands)), "a command appears twice"
     assert run_set(commands) | set(NOT_RUN) == set(commands)
     assert not run_set(commands) & set(NOT_RUN)
-    assert len(client_commands(commands)) == 7
+    assert len(client_commands(commands)) == 9
     # README's test line is exactly what CI runs.
     assert CI_LINE in README.read_text()
     assert CI_LINE in (ROOT / ".ci" / "run").read_text().splitlines()
@@ -250,7 +259,7 @@ def test_quick_start_commands(serve_readme, cli_env) -> None:
         done = _bash(command.replace("localhost:8000", f"localhost:{port}"), cli_env)
         assert done.returncode == 0, (command, done.stderr)
         outputs.append(done.stdout)
-    ready, native, v2, metadata, metrics, unload, load = outputs
+    ready, native, v2, metadata, metrics, unload, load, devices, reshared = outputs
     assert ready == "200\n"
     answer = orjson.loads(native)
     assert answer["outputs"]["output"]["shape"][-1] == 16, answer
@@ -262,6 +271,13 @@ def test_quick_start_commands(serve_readme, cli_env) -> None:
     assert unload == "{}" and load == "{}", (unload, load)  # 200, as Triton answers
     config = httpx.get(f"{url}/v2/models/mlp/config", timeout=10).json()
     assert config["max_batch_size"] == 8, config
+    # The devices, and emulated:1 at half of itself through a shadow executor.
+    listed = {d["name"]: d for d in orjson.loads(devices)["devices"]}
+    assert listed["emulated:1"]["share"] == 1.0 and listed["emulated:1"]["alive"]
+    report = orjson.loads(reshared)
+    assert (report["name"], report["old_share"], report["new_share"]) == ("emulated:1", 1.0, 0.5)
+    after = httpx.get(f"{url}/v2/devices", timeout=10).json()["devices"]
+    assert {d["name"]: d["share"] for d in after}["emulated:1"] == 0.5
     # The gRPC example, against the same server.
     example = _python_examples()["tritonclient.grpc"]
     done = subprocess.run(
