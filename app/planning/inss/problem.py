@@ -44,7 +44,6 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from functools import partial
 
-from app.scheduling.bda import MAX_BATCH, decide_batch
 from app.planning.inss.latency import (
     CoRunner,
     DeviceLatency,
@@ -53,6 +52,7 @@ from app.planning.inss.latency import (
     exec_time,
     task_latency,
 )
+from app.scheduling.bda import MAX_BATCH, decide_batch
 
 
 @dataclass(frozen=True)
