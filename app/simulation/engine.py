@@ -37,6 +37,7 @@ batch whose timer is due at t.
 
 from __future__ import annotations
 
+import bisect
 import heapq
 import math
 from collections import deque
@@ -46,6 +47,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from app.results import DROP_REASONS, Outcome
+from app.scheduling.autoscaler import Autoscaler, ScaleDown, ScaleUp
 from app.scheduling.base import Scheduler
 from app.scheduling.model import ModelInfo
 from app.scheduling.types import (
@@ -96,6 +98,8 @@ class Trace:
     preemptions: int
     end_time: float  # virtual time when the last event was handled
     items: np.ndarray | None = None  # each request's items (batch dimension); None: one each
+    # With an autoscaler: (time, devices in service) at the start and at each change.
+    scaling: list[tuple[float, int]] | None = None
 
 
 class SimulationError(RuntimeError):
@@ -133,6 +137,8 @@ def run_simulation(
     apps: np.ndarray | None = None,
     work: np.ndarray | None = None,
     profile_sample_rate: float = DEFAULT_PROFILE_SAMPLE_RATE,
+    autoscaler: Autoscaler | None = None,
+    startup_s: float = 0.0,
 ) -> Trace:
     """Drive `scheduler` through the arrivals; return what happened to each.
 
@@ -146,7 +152,10 @@ def run_simulation(
     items. `apps` names each request's application (default ""), `work` its
     work x_r in seconds — needed when a model is input-dependent — and
     `profile_sample_rate` is the share of those requests the profiler
-    re-runs alone (see the module docstring).
+    re-runs alone (see the module docstring). `autoscaler` acts on the
+    core's signals every `autoscaler.bounds.window_s` (app/scheduling/
+    autoscaler.py): its parked devices are down from the start, a device it
+    starts serves `startup_s` later, one it releases goes down at once.
     """
     n = len(arrival_times)
     arrivals: list[float] = arrival_times.tolist()
@@ -327,6 +336,9 @@ def run_simulation(
     def fault(now: float, event: DeviceFault) -> None:
         device = emulated[event.device]
         if event.up:
+            if autoscaler is not None and event.device in autoscaler.starting:
+                autoscaler.started(event.device)
+                scaling.append((now, len(autoscaler.serving)))
             apply(scheduler.device_up(event.device, now), now)
             return
         if device.running is not None:
@@ -339,6 +351,30 @@ def run_simulation(
         device.waiting.clear()
         device.cancelled.clear()
         apply(scheduler.device_down(event.device, now), now)
+
+    def scale(now: float) -> None:
+        """The autoscaler's tick: start parked devices, release idle ones."""
+        assert autoscaler is not None
+        action = autoscaler.tick(scheduler, now)
+        if isinstance(action, ScaleUp):
+            for device_id in action.devices:
+                up = DeviceFault(now + startup_s, device_id, up=True)
+                at = bisect.bisect_right([f.at for f in pending_faults[fault_index:]], up.at)
+                pending_faults.insert(fault_index + at, up)
+        elif isinstance(action, ScaleDown):
+            for device_id in action.devices:
+                fault(now, DeviceFault(now, device_id))
+            scaling.append((now, len(autoscaler.serving)))
+
+    scaling: list[tuple[float, int]] = []
+    next_tick = _INF
+    if autoscaler is not None:
+        if startup_s < 0 or not math.isfinite(startup_s):
+            raise ValueError(f"startup_s must be a finite number ≥ 0, got {startup_s}")
+        for device_id in autoscaler.parked:
+            apply(scheduler.device_down(device_id, 0.0), 0.0)
+        scaling.append((0.0, len(autoscaler.serving)))
+        next_tick = autoscaler.bounds.window_s
 
     i = 0
     now = 0.0
@@ -353,6 +389,14 @@ def run_simulation(
             t_timer = _INF
         elif i == n and not events and t_fault == _INF and scheduler.queued() == 0:
             break  # only periodic timers (e.g. Nexus epochs) remain: the run is over
+        # The autoscaler ticks while there is work left (as a periodic timer).
+        t_tick = next_tick if (i < n or events or scheduler.queued()) else _INF
+        if t_tick < _INF and t_tick <= min(t_event, t_fault, t_arrival, t_timer):
+            assert autoscaler is not None
+            now = max(now, t_tick)
+            next_tick = t_tick + autoscaler.bounds.window_s
+            scale(t_tick)
+            continue
         if t_event <= t_fault and t_event <= t_timer and t_event <= t_arrival:
             if t_event == _INF:
                 break
@@ -410,4 +454,5 @@ def run_simulation(
         preemptions=preemptions,
         end_time=now,
         items=np.array(sizes, dtype=np.int32),
+        scaling=scaling if autoscaler is not None else None,
     )
