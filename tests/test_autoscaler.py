@@ -4,6 +4,7 @@ fake core with set signals — and a simulated load step up and down."""
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -13,6 +14,7 @@ from app.scheduling.autoscaler import Autoscaler, ScaleDown, ScaleUp, ScalingBou
 from app.scheduling.registry import make_scheduler
 from app.scheduling.types import AutoscaleSignals
 from app.simulation.engine import run_simulation
+from bench.autoscale import main as autoscale_main
 from tests.fakes import devices, model
 
 
@@ -128,3 +130,17 @@ def test_a_simulated_load_step_adds_devices_then_releases_them():
     assert within(125, 180) >= 0.99
     # Released when idle: back to 2 after the step down.
     assert trace.scaling[-1][1] == 2 and trace.scaling[-1][0] > 120
+
+
+def test_the_bench_quick_run_reports_each_system(tmp_path) -> None:
+    assert autoscale_main(["--quick", "--out-dir", str(tmp_path)]) == 0
+    body = json.loads((tmp_path / "autoscale.json").read_text())
+    rows = body["systems"]
+    assert set(rows) == {"autoscaled", "fixed-max", "fixed-start"}
+    # All devices all the time serve the step; the start's two do not.
+    assert rows["fixed-max"]["within_slo_per_phase"][1] >= 0.99
+    assert rows["fixed-start"]["within_slo_per_phase"][1] < 0.9
+    auto = rows["autoscaled"]
+    assert auto["first_added_serving_s"] is not None and auto["first_added_serving_s"] <= 7.0
+    assert auto["device_seconds"] < rows["fixed-max"]["device_seconds"] / 2
+    assert auto["devices_at_end"] == 2
