@@ -94,12 +94,31 @@ class DeviceReshared:
     speed_ratio: float
 
 
+@dataclass(frozen=True, slots=True)
+class DeviceParked:
+    """The device's executor is being stopped on purpose (autoscaling): plan
+    nothing more on it. Not a fault: no restart follows."""
+
+    device: int
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceUnparked:
+    """A parked device's executor was started again and serves; its start
+    took `start_s`."""
+
+    device: int
+    start_s: float
+
+
 ExecutorEvent = (
     BatchFinished
     | BatchStopped
     | DeviceDown
     | DeviceUp
     | DeviceReshared
+    | DeviceParked
+    | DeviceUnparked
     | AloneTimed
     | AloneStopped
 )

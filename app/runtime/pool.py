@@ -37,6 +37,11 @@ raises ReshareFailed and leaves the old one serving untouched; a bad share,
 shares of a device summing past 1 (ValueError), or a reshare while that
 device is reshared or respawned (ReshareRefused) are refused before
 anything starts. It returns a `Reshared` with the time of each phase.
+
+Parking (app.runtime.pool_parking). `await pool.park(device_id)` stops a
+device's executor on purpose (autoscaling) after posting DeviceParked — no
+DeviceDown, no respawn; `await pool.unpark(device_id)` starts it again and
+posts DeviceUnparked once it serves.
 """
 
 from __future__ import annotations
@@ -81,6 +86,7 @@ from app.runtime.messages import (
 )
 from app.runtime.mps import GpuSharing
 from app.runtime.pool_models import ModelChanges
+from app.runtime.pool_parking import Parking
 from app.runtime.pool_reshare import Reshares
 from app.runtime.pool_worker import Worker, attach_reader, detach_reader, drain, start_process
 from app.runtime.watchdog import check_interval, hang_of, reap
@@ -92,7 +98,7 @@ LatencyOf = Callable[[str, int], "float | None"]
 
 
 # --------------------------------------------------------------------- pool
-class ExecutorPool(ModelChanges, Reshares):
+class ExecutorPool(ModelChanges, Reshares, Parking):
     """Executor processes for `devices`, serving `configs` through `arenas`.
 
     `configs`: ModelConfigs (a mapping by name or an iterable); `arenas`: one
@@ -136,6 +142,7 @@ class ExecutorPool(ModelChanges, Reshares):
         self._resharing: dict[int, float] = {}
         self._shadows: dict[int, Worker] = {}
         self._retiring: dict[int, Worker] = {}
+        self._parked: set[int] = set()  # stopped on purpose (app.runtime.pool_parking)
         self._waiters: dict[int, tuple[Worker, asyncio.Future]] = {}
         self._req_ids = itertools.count(1)
         self._loop: asyncio.AbstractEventLoop | None = None

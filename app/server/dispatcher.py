@@ -45,7 +45,9 @@ from app.runtime.events import (
     BatchFinished,
     BatchStopped,
     DeviceDown,
+    DeviceParked,
     DeviceReshared,
+    DeviceUnparked,
     DeviceUp,
     ExecutorEvent,
 )
@@ -210,8 +212,10 @@ class Dispatcher(EventDriver):
             self._apply(core.batch_stopped(event.device, event.batch_id, now))
         elif isinstance(event, DeviceDown):
             self._apply(core.device_down(event.device, now))
-        elif isinstance(event, DeviceUp):
+        elif isinstance(event, DeviceUp | DeviceUnparked):
             self._apply(core.device_up(event.device, now))
+        elif isinstance(event, DeviceParked):
+            self._apply(core.device_down(event.device, now))
         elif isinstance(event, DeviceReshared):
             speed = core.devices[event.device].speed * event.speed_ratio
             self._apply(core.set_device_speed(event.device, speed, now))

@@ -54,12 +54,20 @@ from app.errors import (
 )
 from app.repository.config import VERSION_KEY_SEP, ModelConfig, shown_model, version_key
 from app.runtime.devices import ExecutorDevice
-from app.runtime.events import AloneStopped, AloneTimed, DeviceDown, DeviceUp, ExecutorEvent
+from app.runtime.events import (
+    AloneStopped,
+    AloneTimed,
+    DeviceDown,
+    DeviceUnparked,
+    DeviceUp,
+    ExecutorEvent,
+)
 from app.runtime.pool import ExecutorPool
 from app.runtime.realtime import SchedState, restore, set_fifo
 from app.scheduling.types import Batch
 from app.server import model_control, startup
 from app.server.autoscale_signals import publish_signals
+from app.server.autoscaling import DeviceScaling
 from app.server.colocation import plan_colocated
 from app.server.dispatcher import Dispatcher, Finished
 from app.server.heap import freeze_startup_heap, thaw_heap
@@ -97,6 +105,7 @@ class LiveService(Management):
         self.ready = False
         self.closing = False
         self._signals_task: asyncio.Task | None = None
+        self.scaling: DeviceScaling | None = None  # AUTOSCALE (app/server/autoscaling.py)
         self._drain: asyncio.Task | None = None  # the shutdown's grace period
         self._hurried = False
         self._sched_before: SchedState | None = None  # the loop thread's, if changed
@@ -149,6 +158,8 @@ class LiveService(Management):
         )
         # The watchdog judges a batch by the profile the core plans with.
         self.pool.expected_latency = self._expected_latency
+        self.scaling = DeviceScaling(self.dispatcher.groups, self.pool, settings)
+        await self.scaling.start()
         self._signals_task = asyncio.create_task(
             publish_signals(self.dispatcher, self.metrics, lambda d: self._device(d).name)
         )
@@ -228,6 +239,8 @@ class LiveService(Management):
         self.begin_shutdown()
         if self._drain is not None:
             await self._drain
+        if self.scaling is not None:
+            await self.scaling.stop()
         if self._signals_task is not None:
             self._signals_task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -554,6 +567,8 @@ class LiveService(Management):
             name = self._device(event.device).name
             log.warning("device %s back in service after %.3f s", name, event.seconds_down)
             self.metrics.executor_restarted(name, event.seconds_down)
+        elif isinstance(event, DeviceUnparked) and self.scaling is not None:
+            self.scaling.started(event.device)  # logged by the pool
         elif isinstance(event, AloneTimed | AloneStopped):
             seconds = event.seconds if isinstance(event, AloneTimed) else None
             self.metrics.alone_profiled(metric_label(event.model), seconds, event.dropped)

@@ -250,6 +250,30 @@ class DeviceShares:
 
 
 @dataclass(frozen=True)
+class DeviceRange:
+    """`MIN:MAX` devices in service, 1 ≤ MIN ≤ MAX (autoscaling's bounds)."""
+
+    metavar: str = "MIN:MAX"
+
+    def parse(self, text: str, label: str) -> tuple[int, int]:
+        low, colon, high = text.strip().partition(":")
+        try:
+            bounds = (int(low), int(high)) if colon else None
+        except ValueError:
+            bounds = None
+        if bounds is None or not 1 <= bounds[0] <= bounds[1]:
+            raise ValueError(f"{label}={text!r} is not MIN:MAX devices with 1 ≤ MIN ≤ MAX")
+        return bounds
+
+    def show(self, value: object) -> str:
+        assert isinstance(value, tuple)
+        return f"{value[0]}:{value[1]}"
+
+    def describe(self) -> str:
+        return "MIN:MAX devices in service, e.g. 1:8"
+
+
+@dataclass(frozen=True)
 class PolicyName:
     """One of `app.scheduling.registry.policy_names()`."""
 

@@ -30,6 +30,7 @@ from app.scheduling.registry import policy_options
 from app.server.setting_parsers import (
     Boolean,
     DeviceClasses,
+    DeviceRange,
     DeviceShares,
     FilePath,
     Integer,
@@ -198,6 +199,34 @@ class Settings:
             "with `DEVICE_SHARES`, measure at start-up what each model's co-runners on the "
             "other shares of its device cost it and plan with its profile × that slowdown "
             "(app/server/colocation.py; 0: plan with the profiles measured alone)",
+        ),
+    )
+    autoscale: tuple[int, int] | None = field(
+        default=None,
+        metadata=_setting(
+            "AUTOSCALE",
+            DeviceRange(),
+            "act on Symphony's advised device change (symphony.txt §4.4): each core's devices "
+            "in service between MIN and MAX, the rest parked (their executors stopped) and "
+            "started when the bad rate calls for them (app/server/autoscaling.py); unset: all "
+            "devices serve",
+            shown="off",
+        ),
+    )
+    autoscale_window_s: float = field(
+        default=5.0,
+        metadata=_setting(
+            "AUTOSCALE_WINDOW_S",
+            Number(metavar="S", minimum=0.1),
+            "how often the autoscaler reads the bad rate and idle time",
+        ),
+    )
+    autoscale_cooldown_s: float = field(
+        default=10.0,
+        metadata=_setting(
+            "AUTOSCALE_COOLDOWN_S",
+            Number(metavar="S", minimum=0.0),
+            "after a device change, none for this long",
         ),
     )
     arena_slots: int = field(
