@@ -5,6 +5,7 @@ baseline; FLEX per group in the simulator (app/simulation/grouped.py)."""
 from __future__ import annotations
 
 import io
+import json
 from pathlib import Path
 
 import numpy as np
@@ -228,3 +229,19 @@ def test_groups_must_cover_each_model_once():
         check_groups(load, [GroupSpec((0,), ("a", "c"))])
     with pytest.raises(ValueError, match="device 0 is in groups 0 and 1"):
         check_groups(load, [GroupSpec((0,), ("a", "c")), GroupSpec((0,), ("b",))])
+
+
+def test_bench_quick_writes_both_parts(tmp_path, capsys):
+    from bench.herd import main as bench_main
+
+    assert bench_main(["--quick", "--out-dir", str(tmp_path)]) == 0
+    body = json.loads((tmp_path / "herd.json").read_text())
+    assert [r["workers"] for r in body["solve_time"]] == [20, 50]
+    assert all(r["status"] in ("optimal", "time-limit") for r in body["solve_time"])
+    g = body["goodput"]
+    offered = g["herd-paper"]["offered_rps"]
+    # The same arrivals for every grouping; each answered within SLO or not.
+    assert g["herd-shared"]["offered_rps"] == offered
+    assert all(s["offered_rps"] == offered for s in g["random"]["seeds"])
+    assert 0 < g["random"]["goodput_rps"] <= offered
+    assert "| herd-paper |" in (tmp_path / "herd.md").read_text()
