@@ -56,6 +56,10 @@ PLAN_REFERENCE = (
     "pytorch-repvgg-b3_0.3-0.33-0.37_L4-P4_25-75_bw-gbps-6_sla-multiplier-5_v4.json "
     "--timings data/ppipe"
 )
+PLAN_HERD = (
+    "python -m app plan herd bench/workloads/herd/example.yaml --time-limit 10 "
+    "--out /tmp/herd-plan.json"
+)
 PLAN_INSS = (
     "python -m app plan inss bench/workloads/inss/paper-setting.yaml --out /tmp/inss-plan.json"
 )
@@ -109,6 +113,8 @@ NOT_RUN = {
     "python -m app plan inss bench/workloads/inss/paper-setting.yaml --learned --train-steps "
     "20000 --policy-out /tmp/inss-policy.pt": "SAC-D training, minutes on one core "
     "(tests/test_inss_learned.py runs --learned on a tiny case)",
+    "python -m bench.herd": "HERD's solve time at 1,000 workers and simulated goodput of "
+    "seven groupings, minutes (tests/test_herd.py runs its pieces)",
     "python -m bench.inss_sim": "capacity searches of four systems × two arrival processes, "
     "2 min (tests/test_bench_inss_sim.py runs its --quick form)",
     "python -m bench.inss_sim --config bench/workloads/inss/paper-setting-saturating.yaml "
@@ -158,6 +164,7 @@ def run_set(commands: list[str]) -> set[str]:
         PLAN_PPIPE,
         PLAN_REFERENCE,
         PLAN_INSS,
+        PLAN_HERD,
         PPIPE_PROFILE,
         PPIPE_PLAN,
         PPIPE_SERVE,
@@ -368,6 +375,22 @@ def test_inss_planner_command(cli_env) -> None:
         assert m.worst_latency_s <= m.slo_s and m.throughput >= m.rate, m
     assert all(d.shares_used <= 1 + 1e-9 for d in plan.devices)
     assert plan.objective == sum(m.throughput for m in plan.models)
+
+
+def test_herd_planner_command(cli_env) -> None:
+    """HERD's README command: the example grouped, the plan written and read back."""
+    from app.planning.herd.plan import read_plan
+
+    out = Path("/tmp/herd-plan.json")
+    out.unlink(missing_ok=True)
+    done = subprocess.run(
+        ["bash", "-c", PLAN_HERD], cwd=ROOT, env=cli_env, capture_output=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr.decode()
+    assert done.stdout.decode().startswith("HERD plan (ilp, optimal")
+    plan = read_plan(out)
+    assert sorted(i for g in plan.groups for i in g.streams) == list(range(7))
+    assert f"least burst tolerance {plan.min_burst_tolerance:.3f}" in done.stdout.decode()
 
 
 @pytest.mark.slow

@@ -1,5 +1,6 @@
 """`python -m app plan PLANNER …` — the planners' command lines: `ppipe`
-(app/planning/ppipe/cli.py) and `inss` (app/planning/inss/cli.py)."""
+(app/planning/ppipe/cli.py), `inss` (app/planning/inss/cli.py) and `herd`
+(app/planning/herd/cli.py)."""
 
 from __future__ import annotations
 
@@ -8,11 +9,13 @@ from collections.abc import Sequence
 from typing import TextIO
 
 USAGE = (
-    "usage: python -m app plan {ppipe,inss} ...\n\n"
+    "usage: python -m app plan {ppipe,inss,herd} ...\n\n"
     "  ppipe  PPipe: partitioned models on pools of heterogeneous devices "
     "(`python -m app plan ppipe --help`)\n"
     "  inss   InSS: several models sharing devices with MPS shares "
     "(`python -m app plan inss --help`)\n"
+    "  herd   Shepherd's HERD: streams, models and devices in serving groups "
+    "(`python -m app plan herd --help`)\n"
 )
 
 
@@ -23,6 +26,10 @@ def main(argv: Sequence[str], out: TextIO = sys.stdout, err: TextIO = sys.stderr
         from app.planning.inss.cli import main as inss_main
 
         return inss_main(argv[1:], out, err)
+    if argv[:1] == ["herd"]:
+        from app.planning.herd.cli import main as herd_main
+
+        return herd_main(argv[1:], out, err)
     if argv[:1] == ["ppipe"]:
         from app.planning.ppipe.cli import main as ppipe_main
 
@@ -30,5 +37,5 @@ def main(argv: Sequence[str], out: TextIO = sys.stdout, err: TextIO = sys.stderr
     if argv[:1] in (["-h"], ["--help"]):
         out.write(USAGE)
         return 0
-    err.write(USAGE + "python -m app plan: error: name a planner: ppipe or inss\n")
+    err.write(USAGE + "python -m app plan: error: name a planner: ppipe or inss (or herd)\n")
     return 2
