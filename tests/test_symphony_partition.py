@@ -19,6 +19,13 @@ from app.planning.partition.milp import InfeasibleError, solve
 from app.planning.partition.plan import read_plan
 from app.planning.partition.problem import PartitionModel, PartitionProblem, measure
 from app.planning.partition.random_solver import solve_random
+from app.results import Outcome
+from app.scheduling.profile import LatencyProfile
+from app.scheduling.registry import make_scheduler
+from app.simulation.partitioned import simulate_partitioned, split_devices
+from app.simulation.run import simulate
+from app.workloads.arrivals import generate_arrivals
+from app.workloads.spec import ArrivalSpec, DeviceSpec, ModelSpec, Workload
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "bench" / "workloads" / "partition" / "example.yaml"
@@ -276,3 +283,98 @@ def test_missing_key_and_file_errors(tmp_path: Path) -> None:
     wrong = tmp_path / "wrong.json"
     wrong.write_text(json.dumps({"kind": "inss-plan", "version": 1}))
     assert "not a Symphony partition plan" in _run(str(EXAMPLE), "--current", str(wrong))[2]
+
+
+# ------------------------------------------------------------ simulation
+
+
+def _workload() -> Workload:
+    profile = LatencyProfile.linear(2.0, 5.0, 16)
+    models = [
+        ModelSpec(name, profile, 60.0, 16, rate, ArrivalSpec("poisson", {}))
+        for name, rate in (("a", 150.0), ("b", 90.0), ("c", 120.0), ("d", 60.0))
+    ]
+    return Workload("partitioned", 4.0, 7, [DeviceSpec(f"gpu{i}") for i in range(4)], models)
+
+
+def test_a_partitioned_run_answers_every_request_once_on_its_own_core(monkeypatch) -> None:
+    import app.simulation.partitioned as partitioned
+
+    seen: list[tuple[list[str], list[str], set[str]]] = []  # (models, devices, requests' models)
+
+    def recording(policy, models, devices, **params):
+        core = make_scheduler(policy, models, devices, **params)
+        record = (
+            [m.name for m in models],
+            [d.name for d in devices],
+            set(),
+        )
+        seen.append(record)
+        add = core.add_request
+
+        def add_request(request, now):
+            record[2].add(request.model)
+            return add(request, now)
+
+        core.add_request = add_request  # type: ignore[method-assign]
+        return core
+
+    monkeypatch.setattr(partitioned, "make_scheduler", recording)
+    workload = _workload()
+    arrivals = generate_arrivals(workload)
+    assignment = {"a": 1, "b": 0, "c": 0, "d": 1}
+    run = simulate_partitioned(workload, assignment, "symphony", arrivals=arrivals)
+    assert [(c.sub_cluster, c.models, c.devices) for c in run.cores] == [
+        (0, ("b", "c"), (0, 1)),
+        (1, ("a", "d"), (2, 3)),
+    ]
+    assert seen == [
+        (["b", "c"], ["gpu0", "gpu1"], {"b", "c"}),
+        (["a", "d"], ["gpu2", "gpu3"], {"a", "d"}),
+    ]
+    trace = run.result.trace
+    n = len(arrivals)
+    assert n > 1000 and sum(c.requests for c in run.cores) == n
+    # every request answered exactly once: one final outcome each, none pending
+    assert (trace.status != Outcome.PENDING).all()
+    assert np.isfinite(trace.finish).all()
+    assert (trace.model_index == arrivals.model_index).all()
+    overall = run.result.summary["overall"]
+    assert overall["requests"] == n
+    models = run.result.summary["models"]
+    counts = arrivals.counts(4)
+    assert [models[m]["requests"] for m in "abcd"] == counts.tolist()
+    # each core's batches ran on its own devices only
+    assert (trace.device_busy > 0).all()
+    assert overall["slo_attainment"] > 0.99
+
+
+def test_a_partitioned_run_is_the_plain_run_with_one_sub_cluster() -> None:
+    workload = _workload()
+    arrivals = generate_arrivals(workload)
+    one = simulate_partitioned(workload, dict.fromkeys("abcd", 0), "symphony", arrivals=arrivals)
+    plain = simulate(workload, "symphony", arrivals=arrivals)
+    assert (one.result.trace.status == plain.trace.status).all()
+    assert np.array_equal(one.result.trace.finish, plain.trace.finish, equal_nan=True)
+    assert one.result.summary["overall"] == plain.summary["overall"]
+
+
+def test_a_partitioned_run_from_a_plan_and_its_errors(tmp_path: Path) -> None:
+    workload = _workload()
+    problem = PartitionProblem(
+        tuple(PartitionModel(m.name, m.rate or 0.0, 1e8) for m in workload.models),
+        2,
+        r_max=300,
+        s_max_bytes=1e9,
+    )
+    plan = solve(problem)
+    run = simulate_partitioned(workload, plan.assignment(), "symphony")
+    assert {c.models for c in run.cores} == {s.models for s in plan.sub_clusters}
+    with pytest.raises(ValueError, match=r"models without a sub-cluster: \['d'\]"):
+        simulate_partitioned(workload, {"a": 0, "b": 0, "c": 1}, "symphony")
+    with pytest.raises(ValueError, match="sub-clusters \\[1\\] have models but no devices"):
+        simulate_partitioned(
+            workload, dict.fromkeys("abcd", 1) | {"a": 0}, "symphony", device_groups={0: [0]}
+        )
+    with pytest.raises(ValueError, match="3 devices cannot serve 4 sub-clusters"):
+        split_devices(3, 4)
