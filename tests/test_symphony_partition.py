@@ -378,3 +378,22 @@ def test_a_partitioned_run_from_a_plan_and_its_errors(tmp_path: Path) -> None:
         )
     with pytest.raises(ValueError, match="3 devices cannot serve 4 sub-clusters"):
         split_devices(3, 4)
+
+
+def test_the_bench_compares_with_the_random_baseline_and_keeps_to_c_max(tmp_path: Path) -> None:
+    from bench.symphony_partition import configuration, main, zoo
+
+    assert len(zoo()) == 35
+    problem = configuration(0, 800, 20)
+    assert len(problem.models) == 800 and len({m.name for m in problem.models}) == 800
+    assert problem == configuration(0, 800, 20)  # deterministic per seed
+    argv = ["--quick", "--configs", "2", "--time-limit", "0.3", "--out", str(tmp_path)]
+    assert main(argv) == 0
+    body = json.loads((tmp_path / "partition.json").read_text())
+    assert body["meta"]["models"] == 60 and len(body["runs"]) == 2
+    for run in body["runs"]:
+        change = run["change"]
+        assert change["within_c_max"] and change["cost"] <= change["c_max"] == 20
+        assert change["moves"] <= 10
+    text = (tmp_path / "partition.md").read_text()
+    assert "Load imbalance factor" in text and "| milp |" in text and "| random |" in text

@@ -45,9 +45,10 @@ Deviations, and why:
 * The search starts from a feasible point where one is at hand (the
   paper's CPLEX run has its own heuristics): the current assignment with
   new models placed greedily, else a greedy assignment (models by
-  decreasing normalised size, each to the sub-cluster with the least
-  normalised rate + memory that fits). HiGHS then improves on it; the plan
-  records the start's objective, so what the search added is visible.
+  decreasing normalised size, each to the fitting sub-cluster where the
+  larger of its normalised rate and memory ends lowest). HiGHS then
+  improves on it; the plan records the start's objective, so what the
+  search added is visible.
 """
 
 from __future__ import annotations
@@ -168,18 +169,19 @@ def start_assignment(problem: PartitionProblem) -> np.ndarray | None:
     candidates = []
     if problem.current:
         fixed = problem.current_index()
-        candidates.append(_greedy(problem, fixed))
-    candidates.append(_greedy(problem, np.full(len(problem.models), -1)))
+        candidates.append(greedy_assignment(problem, fixed))
+    candidates.append(greedy_assignment(problem, np.full(len(problem.models), -1)))
     for assignment in candidates:
         if assignment is not None and measure(problem, assignment).feasible:
             return assignment
     return None
 
 
-def _greedy(problem: PartitionProblem, fixed: np.ndarray) -> np.ndarray | None:
+def greedy_assignment(problem: PartitionProblem, fixed: np.ndarray) -> np.ndarray | None:
     """Models with fixed[i] ≥ 0 stay there; the others, by decreasing
-    normalised rate + memory, each to the fitting sub-cluster with the least
-    normalised rate + static memory. None when one fits nowhere."""
+    normalised rate + memory, each to the fitting sub-cluster where the larger
+    of its normalised rate and static memory ends lowest. None when one fits
+    nowhere."""
     l = problem.sub_clusters  # noqa: E741
     r_bar = problem.average_rate or 1.0
     s_bar = problem.average_static or 1.0
@@ -197,7 +199,8 @@ def _greedy(problem: PartitionProblem, fixed: np.ndarray) -> np.ndarray | None:
         )
         if not fits.any():
             return None
-        score = np.where(fits, load / r_bar + memory / s_bar, np.inf)
+        after = np.maximum((load + rates[i]) / r_bar, (memory + static[i]) / s_bar)
+        score = np.where(fits, after, np.inf)
         j = int(np.argmin(score))
         assignment[i] = j
         load[j] += rates[i]
