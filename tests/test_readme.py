@@ -59,6 +59,10 @@ PLAN_REFERENCE = (
 PLAN_INSS = (
     "python -m app plan inss bench/workloads/inss/paper-setting.yaml --out /tmp/inss-plan.json"
 )
+PLAN_PARTITION = (
+    "python -m app plan partition bench/workloads/partition/example.yaml "
+    "--out /tmp/partition-plan.json"
+)
 CI_LINE = "pip install -e '.[test]' && ruff check . && python -m pytest -q"
 
 _INSTALLS = "installs into the running environment from the package index (.ci/run installs)"
@@ -120,6 +124,8 @@ NOT_RUN = {
     "(tests/test_bench_inss_live.py runs one --quick probe)",
     "python -m bench.inss_learned": "SAC-D training on five cases, ~15 min on one core "
     "(tests/test_inss_learned.py trains on a tiny case)",
+    "python -m bench.symphony_partition": "20 configurations × three 10-s solves of 800 models, "
+    "~10 min (tests/test_symphony_partition.py runs its --quick form)",
     "python -m bench.inprocess --workload bench/workloads/live-a-resnet50-emulated.yaml "
     "--capacity": "a capacity bisection of 15-s runs, minutes of load",
 }
@@ -158,6 +164,7 @@ def run_set(commands: list[str]) -> set[str]:
         PLAN_PPIPE,
         PLAN_REFERENCE,
         PLAN_INSS,
+        PLAN_PARTITION,
         PPIPE_PROFILE,
         PPIPE_PLAN,
         PPIPE_SERVE,
@@ -368,6 +375,24 @@ def test_inss_planner_command(cli_env) -> None:
         assert m.worst_latency_s <= m.slo_s and m.throughput >= m.rate, m
     assert all(d.shares_used <= 1 + 1e-9 for d in plan.devices)
     assert plan.objective == sum(m.throughput for m in plan.models)
+
+
+def test_partition_planner_command(cli_env) -> None:
+    """Symphony's partitioning, as the README runs it: every model of the
+    example in one sub-cluster, within R_max and S_max, the plan read back."""
+    from app.planning.partition.plan import read_plan
+
+    out = Path("/tmp/partition-plan.json")
+    out.unlink(missing_ok=True)
+    done = subprocess.run(
+        ["bash", "-c", PLAN_PARTITION], cwd=ROOT, env=cli_env, capture_output=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr.decode()
+    assert done.stdout.decode().startswith("Symphony partition: 12 models into 3 sub-clusters")
+    plan = read_plan(out)
+    assert plan.result.status == "optimal" and len(plan.assignment()) == 12
+    for s in plan.sub_clusters:
+        assert s.models and s.rate <= plan.r_max and s.memory_bytes <= plan.s_max_bytes
 
 
 @pytest.mark.slow
