@@ -323,7 +323,7 @@ def test_cli_rejects_bad_yaml_and_missing_files(tmp_path: Path) -> None:
     assert "none.yaml: no such file" in err.getvalue()
     err = io.StringIO()
     assert plan_main([], io.StringIO(), err) == 2
-    assert "name a planner: ppipe or inss" in err.getvalue()
+    assert "name a planner: ppipe, inss, herd or partition" in err.getvalue()
 
 
 @pytest.mark.slow

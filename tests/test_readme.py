@@ -63,6 +63,10 @@ PLAN_HERD = (
 PLAN_INSS = (
     "python -m app plan inss bench/workloads/inss/paper-setting.yaml --out /tmp/inss-plan.json"
 )
+PLAN_PARTITION = (
+    "python -m app plan partition bench/workloads/partition/example.yaml "
+    "--out /tmp/partition-plan.json"
+)
 CI_LINE = "pip install -e '.[test]' && ruff check . && python -m pytest -q"
 
 _INSTALLS = "installs into the running environment from the package index (.ci/run installs)"
@@ -126,6 +130,8 @@ NOT_RUN = {
     "(tests/test_bench_inss_live.py runs one --quick probe)",
     "python -m bench.inss_learned": "SAC-D training on five cases, ~15 min on one core "
     "(tests/test_inss_learned.py trains on a tiny case)",
+    "python -m bench.symphony_partition": "20 configurations × three 10-s solves of 800 models, "
+    "~10 min (tests/test_symphony_partition.py runs its --quick form)",
     "python -m bench.inprocess --workload bench/workloads/live-a-resnet50-emulated.yaml "
     "--capacity": "a capacity bisection of 15-s runs, minutes of load",
 }
@@ -165,6 +171,7 @@ def run_set(commands: list[str]) -> set[str]:
         PLAN_REFERENCE,
         PLAN_INSS,
         PLAN_HERD,
+        PLAN_PARTITION,
         PPIPE_PROFILE,
         PPIPE_PLAN,
         PPIPE_SERVE,
@@ -391,6 +398,24 @@ def test_herd_planner_command(cli_env) -> None:
     plan = read_plan(out)
     assert sorted(i for g in plan.groups for i in g.streams) == list(range(7))
     assert f"least burst tolerance {plan.min_burst_tolerance:.3f}" in done.stdout.decode()
+
+
+def test_partition_planner_command(cli_env) -> None:
+    """Symphony's partitioning, as the README runs it: every model of the
+    example in one sub-cluster, within R_max and S_max, the plan read back."""
+    from app.planning.partition.plan import read_plan
+
+    out = Path("/tmp/partition-plan.json")
+    out.unlink(missing_ok=True)
+    done = subprocess.run(
+        ["bash", "-c", PLAN_PARTITION], cwd=ROOT, env=cli_env, capture_output=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr.decode()
+    assert done.stdout.decode().startswith("Symphony partition: 12 models into 3 sub-clusters")
+    plan = read_plan(out)
+    assert plan.result.status == "optimal" and len(plan.assignment()) == 12
+    for s in plan.sub_clusters:
+        assert s.models and s.rate <= plan.r_max and s.memory_bytes <= plan.s_max_bytes
 
 
 @pytest.mark.slow

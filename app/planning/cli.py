@@ -1,6 +1,6 @@
 """`python -m app plan PLANNER …` — the planners' command lines: `ppipe`
-(app/planning/ppipe/cli.py), `inss` (app/planning/inss/cli.py) and `herd`
-(app/planning/herd/cli.py)."""
+(app/planning/ppipe/cli.py), `inss` (app/planning/inss/cli.py), `herd`
+(app/planning/herd/cli.py) and `partition` (app/planning/partition/cli.py)."""
 
 from __future__ import annotations
 
@@ -9,13 +9,15 @@ from collections.abc import Sequence
 from typing import TextIO
 
 USAGE = (
-    "usage: python -m app plan {ppipe,inss,herd} ...\n\n"
+    "usage: python -m app plan {ppipe,inss,herd,partition} ...\n\n"
     "  ppipe  PPipe: partitioned models on pools of heterogeneous devices "
     "(`python -m app plan ppipe --help`)\n"
     "  inss   InSS: several models sharing devices with MPS shares "
     "(`python -m app plan inss --help`)\n"
     "  herd   Shepherd's HERD: streams, models and devices in serving groups "
     "(`python -m app plan herd --help`)\n"
+    "  partition  Symphony: models into sub-clusters, one scheduling core each "
+    "(`python -m app plan partition --help`)\n"
 )
 
 
@@ -34,8 +36,12 @@ def main(argv: Sequence[str], out: TextIO = sys.stdout, err: TextIO = sys.stderr
         from app.planning.ppipe.cli import main as ppipe_main
 
         return ppipe_main(argv, out, err)
+    if argv[:1] == ["partition"]:
+        from app.planning.partition.cli import main as partition_main
+
+        return partition_main(argv[1:], out, err)
     if argv[:1] in (["-h"], ["--help"]):
         out.write(USAGE)
         return 0
-    err.write(USAGE + "python -m app plan: error: name a planner: ppipe or inss (or herd)\n")
+    err.write(USAGE + "python -m app plan: error: name a planner: ppipe, inss, herd or partition\n")
     return 2
