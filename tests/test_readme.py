@@ -126,8 +126,10 @@ NOT_RUN = {
     "(tests/test_inss_plan.py loads and plans it)",
     "python -m bench.inss_shadow": "two 30-s daemon runs under load "
     "(tests/test_bench_inss_live.py runs its --quick form)",
-    "python -m bench.inss_live": "four live capacity searches, minutes of load "
+    "python -m bench.inss_live": "five live capacity searches, minutes of load "
     "(tests/test_bench_inss_live.py runs one --quick probe)",
+    "python -m bench.autoscale": "a simulated load step, seconds (tests/test_autoscaler.py runs "
+    "its --quick form)",
     "python -m bench.inss_learned": "SAC-D training on five cases, ~15 min on one core "
     "(tests/test_inss_learned.py trains on a tiny case)",
     "python -m bench.symphony_partition": "20 configurations × three 10-s solves of 800 models, "

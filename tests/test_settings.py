@@ -38,6 +38,7 @@ SAMPLES: dict[str, tuple[str, object]] = {
     "EMULATED_DEVICES": ("0", 0),
     "DEVICE_SHARES": (" cpu=0.5,0.5 ; cuda:1=0.3, 0.7", {"cpu": (0.5, 0.5), "cuda:1": (0.3, 0.7)}),
     "COLOCATION_PROFILE": ("0", False),
+    "CORE_GROUPS": ("/srv/groups.json", Path("/srv/groups.json")),
     "AUTOSCALE": (" 2:6 ", (2, 6)),
     "AUTOSCALE_WINDOW_S": ("2.5", 2.5),
     "AUTOSCALE_COOLDOWN_S": ("0", 0.0),
@@ -149,7 +150,8 @@ def test_flag_names_come_from_the_variables():
     assert [setting.name for setting in SETTINGS] == [
         "repository", "policy", "policy_options", "host", "port", "grpc_port", "cpu_slices",
         "threads_per_slice", "emulated_devices", "device_shares", "colocation_profile",
-        "autoscale", "autoscale_window_s", "autoscale_cooldown_s", "arena_slots", "max_queue",
+        "core_groups", "autoscale", "autoscale_window_s", "autoscale_cooldown_s", "arena_slots",
+        "max_queue",
         "stuck_factor", "stuck_margin_s", "heartbeat_timeout_s", "respawn", "shutdown_grace_s",
         "exit_on_error", "strict_readiness", "header_timeout_s", "body_timeout_s",
         "keep_alive_timeout_s", "max_header_bytes",

@@ -69,6 +69,7 @@ from app.server import model_control, startup
 from app.server.autoscale_signals import publish_signals
 from app.server.autoscaling import DeviceScaling
 from app.server.colocation import plan_colocated
+from app.server.core_groups import apply_core_groups
 from app.server.dispatcher import Dispatcher, Finished
 from app.server.heap import freeze_startup_heap, thaw_heap
 from app.server.management import Management
@@ -132,6 +133,8 @@ class LiveService(Management):
         self._check_loaded({**index.models, **piped})
         # No executor of DEVICES when a plan serves every model.
         self.devices = startup.device_layout(settings) if index.models else []
+        if settings.core_groups is not None and index.models:
+            index.models = apply_core_groups(settings.core_groups, index.models, self.devices)
         if settings.realtime_priority:
             # Before the executors start: they inherit it, then step one below.
             self._sched_before = set_fifo(settings.realtime_priority)

@@ -201,6 +201,17 @@ class Settings:
             "(app/server/colocation.py; 0: plan with the profiles measured alone)",
         ),
     )
+    core_groups: Path | None = field(
+        default=None,
+        metadata=_setting(
+            "CORE_GROUPS",
+            FilePath(),
+            "a plan of groups, one scheduling core each: Symphony's sub-clusters (`python -m app "
+            "plan partition … --out FILE`) or Shepherd's serving groups (`python -m app plan herd "
+            "… --out FILE`); each group's models on its own devices (app/server/core_groups.py)",
+            shown="unset (one core per set of devices hosting the same models)",
+        ),
+    )
     autoscale: tuple[int, int] | None = field(
         default=None,
         metadata=_setting(
