@@ -1,7 +1,7 @@
 """Two models sharing the CPU at once vs in turn, live on this box (issue 23:
 InSS's spatial sharing against time-sharing, same load generator).
 
-    python -m bench.inss_live                    # four capacity searches (minutes)
+    python -m bench.inss_live                    # five capacity searches (minutes)
     python -m bench.inss_live --quick            # one short probe each (a smoke run)
 
 Options: --models (default mlp,cnn: two bundled ONNX models), --rates
@@ -24,7 +24,9 @@ the same open-loop Poisson generator and arrival sequence for every setup):
 * **time-sharing** — one executor on both cores (two intra-op threads) holds
   both models, one batch at a time: each model gets the whole CPU in turn.
   Policies `symphony` (the project's multi-model time-sharing scheduler) and
-  `inss`.
+  `inss`; and `symphony` with one intra-op thread (`time-sharing-1t`): the
+  models in turn on one core, the other core left to the daemon and the
+  load generator.
 
 Goodput at capacity = requests within SLO per second at the best passing
 probe. The load generator and the daemon run on the same two cores as the
@@ -66,11 +68,12 @@ class Setup:
     name: str
     policy: str
     shares: bool  # one model per core (cpu=0.5,0.5) or both on the whole CPU
+    threads: int = 2  # time-sharing: the executor's intra-op threads
 
     def env(self) -> dict[str, str]:
         if self.shares:
             return {"CPU_SLICES": "1", "DEVICE_SHARES": "cpu=0.5,0.5"}
-        return {"CPU_SLICES": "1", "THREADS_PER_SLICE": "2"}
+        return {"CPU_SLICES": "1", "THREADS_PER_SLICE": str(self.threads)}
 
 
 SETUPS = (
@@ -78,6 +81,7 @@ SETUPS = (
     Setup("shares/symphony", "symphony", True),
     Setup("time-sharing/symphony", "symphony", False),
     Setup("time-sharing/inss", "inss", False),
+    Setup("time-sharing-1t/symphony", "symphony", False, threads=1),
 )
 
 

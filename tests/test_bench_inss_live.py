@@ -30,7 +30,7 @@ def test_each_setup_places_the_two_models_as_it_says(tmp_path: Path, setup) -> N
         assert setup.env() == {"CPU_SLICES": "1", "DEVICE_SHARES": "cpu=0.5,0.5"}
     else:
         assert devices == {"mlp": ["cpu:0"], "cnn": ["cpu:0"]}
-        assert setup.env() == {"CPU_SLICES": "1", "THREADS_PER_SLICE": "2"}
+        assert setup.env() == {"CPU_SLICES": "1", "THREADS_PER_SLICE": str(setup.threads)}
     assert (root / "mlp" / "model.onnx").is_file()
     load = workload(["mlp", "cnn"], [300, 100], 5.0)
     assert [(m.name, m.rate, m.slo_ms) for m in load.models] == [
