@@ -345,37 +345,10 @@ def solve_learned(problem: Problem, policy: Policy) -> Plan:
     for spec, action in zip(problem.models, actions, strict=True):
         if spec.name in served:
             name, s = served[spec.name]
-            model_plans.append(
-                ModelPlan(
-                    model=spec.name,
-                    rate=spec.rate,
-                    slo_s=spec.slo_s,
-                    device=name,
-                    share=round(s.share, 12),
-                    batch=s.batch,
-                    exec_s=s.exec_s,
-                    throughput=s.throughput,
-                    worst_latency_s=s.worst_latency_s,
-                    memory_bytes=s.memory_bytes,
-                )
-            )
+            model_plans.append(ModelPlan.on(spec, name, s))
             continue
         failed = outcomes[action[0]].failed[spec.name] if action is not None else None
-        model_plans.append(
-            ModelPlan(
-                model=spec.name,
-                rate=spec.rate,
-                slo_s=spec.slo_s,
-                device=None,
-                share=None,
-                batch=None,
-                exec_s=None,
-                throughput=0.0,
-                worst_latency_s=None,
-                memory_bytes=None,
-                reason=_why_unserved(env, spec.name, action, failed),
-            )
-        )
+        model_plans.append(ModelPlan.unserved(spec, _why_unserved(env, spec.name, action, failed)))
     return Plan(
         method="learned",
         share_step=problem.share_step,

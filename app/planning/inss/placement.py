@@ -255,36 +255,9 @@ def _plan(
     for spec in problem.models:
         if spec.name in served:
             device, s = served[spec.name]
-            model_plans.append(
-                ModelPlan(
-                    model=spec.name,
-                    rate=spec.rate,
-                    slo_s=spec.slo_s,
-                    device=device.name,
-                    share=round(s.share, 12),
-                    batch=s.batch,
-                    exec_s=s.exec_s,
-                    throughput=s.throughput,
-                    worst_latency_s=s.worst_latency_s,
-                    memory_bytes=s.memory_bytes,
-                )
-            )
+            model_plans.append(ModelPlan.on(spec, device.name, s))
         else:
-            model_plans.append(
-                ModelPlan(
-                    model=spec.name,
-                    rate=spec.rate,
-                    slo_s=spec.slo_s,
-                    device=None,
-                    share=None,
-                    batch=None,
-                    exec_s=None,
-                    throughput=0.0,
-                    worst_latency_s=None,
-                    memory_bytes=None,
-                    reason=why_unserved(search, spec.name),
-                )
-            )
+            model_plans.append(ModelPlan.unserved(spec, why_unserved(search, spec.name)))
     objective = sum(m.throughput for m in model_plans)
     details = {
         **details,

@@ -10,9 +10,12 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from app.planning.plan_files import check_tag, read_json, tagged, write_json
+
+if TYPE_CHECKING:
+    from app.planning.inss.problem import ModelSpec, Served
 
 PLAN_KIND = "inss-plan"
 PLAN_VERSION = 1
@@ -39,6 +42,39 @@ class ModelPlan:
     @property
     def served(self) -> bool:
         return self.device is not None
+
+    @classmethod
+    def on(cls, spec: ModelSpec, device: str, outcome: Served) -> ModelPlan:
+        """`spec` served on `device` as `outcome` says."""
+        return cls(
+            model=spec.name,
+            rate=spec.rate,
+            slo_s=spec.slo_s,
+            device=device,
+            share=round(outcome.share, 12),
+            batch=outcome.batch,
+            exec_s=outcome.exec_s,
+            throughput=outcome.throughput,
+            worst_latency_s=outcome.worst_latency_s,
+            memory_bytes=outcome.memory_bytes,
+        )
+
+    @classmethod
+    def unserved(cls, spec: ModelSpec, reason: str) -> ModelPlan:
+        """`spec` left off, and why."""
+        return cls(
+            model=spec.name,
+            rate=spec.rate,
+            slo_s=spec.slo_s,
+            device=None,
+            share=None,
+            batch=None,
+            exec_s=None,
+            throughput=0.0,
+            worst_latency_s=None,
+            memory_bytes=None,
+            reason=reason,
+        )
 
 
 @dataclass(frozen=True)
