@@ -298,6 +298,28 @@ class FakeService:
         self.model_config(name)
         self.calls.append({"unload": name})
 
+    # One emulated device, `emulated:0`, at its whole share.
+    def device_index(self):
+        return [
+            {
+                "name": "emulated:0",
+                "kind": "emulated",
+                "share": 1.0,
+                "cpus": None,
+                "threads": 1,
+                "alive": True,
+                "models": sorted(self.configs),
+            }
+        ]
+
+    async def reshare_device(self, name, share):
+        from app.server.reallocation import DeviceNotFound
+
+        if name != "emulated:0":
+            raise DeviceNotFound(f"no device {name!r}; devices: emulated:0")
+        self.calls.append({"reshare": name, "share": share})
+        return {"name": name, "old_share": 1.0, "new_share": share}
+
     def model_names(self):
         return list(self.configs)
 

@@ -165,10 +165,14 @@ async def test_reshares_that_cannot_be_made_are_refused_naming_why(tmp_path: Pat
     assert done[0] == 200 and done[1]["new_share"] == 0.4
 
 
+class NoDevices:
+    """A service with no executor devices of its own (a plan's pipelines,
+    or a peer behind the API)."""
+
+
 @pytest.mark.anyio
-async def test_a_policy_with_fixed_speeds_and_a_service_without_devices_refuse():
-    service = FakeService()
-    app = create_api(lambda: service, Metrics())
+async def test_a_service_without_devices_refuses_and_bad_bodies_are_400():
+    app = create_api(lambda: NoDevices(), Metrics())
     transport = httpx.ASGITransport(app=app, raise_app_exceptions=False)
     async with httpx.AsyncClient(transport=transport, base_url="http://t") as client:
         reply = await client.post("/v2/devices/reshare", json={"device": "cpu:0", "share": 0.5})
@@ -177,3 +181,17 @@ async def test_a_policy_with_fixed_speeds_and_a_service_without_devices_refuse()
     assert reply.status_code == 501 and reply.json()["reason"] == "not_supported"
     assert index.json() == {"devices": []}
     assert empty.status_code == 400 and "JSON body" in empty.json()["error"]
+
+
+@pytest.mark.anyio
+async def test_the_fake_service_reshares_its_one_device():
+    service = FakeService()
+    app = create_api(lambda: service, Metrics())
+    transport = httpx.ASGITransport(app=app, raise_app_exceptions=False)
+    async with httpx.AsyncClient(transport=transport, base_url="http://t") as client:
+        ok = await client.post("/v2/devices/reshare", json={"device": "emulated:0", "share": 0.5})
+        missing = await client.post("/v2/devices/reshare", json={"device": "x", "share": 0.5})
+        listed = (await client.get("/v2/devices")).json()["devices"]
+    assert ok.status_code == 200 and ok.json()["new_share"] == 0.5
+    assert missing.status_code == 404 and missing.json()["reason"] == "device_not_found"
+    assert [d["name"] for d in listed] == ["emulated:0"]
