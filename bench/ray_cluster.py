@@ -254,6 +254,10 @@ class LocalRayCluster:
         ]
         # Whatever cluster the caller's environment points at is not this one.
         env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+        # Without RAY_AUTH_MODE, `ray start` turns token authentication on
+        # whenever ~/.ray/auth_token exists (any local `ray.init()` writes
+        # one), and this process's GCS client, sending none, is refused.
+        env["RAY_AUTH_MODE"] = "disabled"
         with output_path.open("wb") as output:
             process = subprocess.Popen(
                 command,
@@ -406,6 +410,10 @@ def is_live(pid: int) -> bool:
     return stat is not None and stat.state != "Z"
 
 
+def _interrupt(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m bench.ray_cluster",
@@ -420,6 +428,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.workers < 0 or args.hold < 0:
         parser.error("--workers and --hold must be ≥ 0")
+    # SIGTERM as Ctrl-C: leave the `with` block, so that the nodes are torn down.
+    signal.signal(signal.SIGTERM, _interrupt)
     started = time.monotonic()
     with LocalRayCluster(
         workers=args.workers,
