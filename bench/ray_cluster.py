@@ -27,7 +27,9 @@ touches nothing outside itself:
   process group. Teardown kills exactly those trees — never `ray stop`,
   which stops every Ray cluster of the machine. It uses SIGKILL: after a
   SIGTERM, `ray start --block` waits for its children for many seconds, and
-  a test cluster keeps nothing worth flushing.
+  a test cluster keeps nothing worth flushing;
+- it runs with `RAY_AUTH_MODE=disabled`, so that it does not depend on
+  whether `~/.ray/auth_token` exists (drivers connect with or without one).
 
 Every step is bounded: a node that is not alive in the GCS within
 `start_timeout_s` stops start-up with an error naming the node and the tail
@@ -276,6 +278,7 @@ class LocalRayCluster:
         ray = import_ray()
         deadline = time.monotonic() + self.start_timeout_s
         client = None
+        last_error = "not yet asked"
         waiting = list(nodes)
         while waiting:
             for node in waiting:
@@ -288,15 +291,16 @@ class LocalRayCluster:
                 names = ", ".join(node.name for node in waiting)
                 raise RayClusterError(
                     f"Ray node(s) {names} not alive in the GCS at {self.address} within "
-                    f"{self.start_timeout_s} s; `ray start` output of {waiting[0].name}:\n"
-                    f"{waiting[0].output_tail()}"
+                    f"{self.start_timeout_s} s (last GCS query: {last_error or 'answered'}); "
+                    f"`ray start` output of {waiting[0].name}:\n{waiting[0].output_tail()}"
                 )
             try:
                 if client is None:
                     client = ray._raylet.GcsClient(address=self.address)
                 alive = _alive_nodes_by_resource(client)
-            except Exception:  # the GCS is not up yet
-                alive = {}
+                last_error = ""
+            except Exception as exc:  # the GCS is not up yet, or refuses us
+                alive, last_error = {}, f"{type(exc).__name__}: {exc}"
             for node in list(waiting):
                 if node.resource in alive:
                     node.node_id = alive[node.resource]

@@ -94,7 +94,9 @@ def test_work_runs_on_the_raylet_it_is_placed_on_and_teardown_leaves_nothing() -
         assert head.pids and worker.pids and not head.pids & worker.pids
         port = int(cluster.address.rsplit(":", 1)[1])
         temp_dir = cluster.temp_dir
-        assert temp_dir is not None and (temp_dir / "worker-0").is_dir()
+        assert temp_dir is not None
+        for node in cluster.nodes:  # each node's session under its own temp dir
+            assert len(list(node.temp_dir.glob("session_2*/logs/raylet.out"))) == 1, node.name
 
         ray.init(address=cluster.address, log_to_driver=False)
         try:
