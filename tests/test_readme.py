@@ -67,6 +67,7 @@ PLAN_PARTITION = (
     "python -m app plan partition bench/workloads/partition/example.yaml "
     "--out /tmp/partition-plan.json"
 )
+RAY_CLUSTER = "python -m bench.ray_cluster --workers 1 --hold 5"
 CI_LINE = "pip install -e '.[test]' && ruff check . && python -m pytest -q"
 
 _INSTALLS = "installs into the running environment from the package index (.ci/run installs)"
@@ -174,6 +175,7 @@ def run_set(commands: list[str]) -> set[str]:
         PLAN_INSS,
         PLAN_HERD,
         PLAN_PARTITION,
+        RAY_CLUSTER,
         PPIPE_PROFILE,
         PPIPE_PLAN,
         PPIPE_SERVE,
@@ -418,6 +420,37 @@ def test_partition_planner_command(cli_env) -> None:
     assert plan.result.status == "optimal" and len(plan.assignment()) == 12
     for s in plan.sub_clusters:
         assert s.models and s.rate <= plan.r_max and s.memory_bytes <= plan.s_max_bytes
+
+
+@pytest.mark.slow
+def test_ray_cluster_command(cli_env) -> None:
+    """The local Ray cluster's README command: a head and one worker raylet
+    up, listed with their resources, held, and every process of theirs gone
+    after it exits (a SIGTERM at the time limit tears it down too)."""
+    from bench.ray_cluster import is_live
+
+    process = subprocess.Popen(
+        ["bash", "-c", RAY_CLUSTER],
+        cwd=ROOT,
+        env=cli_env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        out, _ = process.communicate(timeout=120)
+    except subprocess.TimeoutExpired:
+        process.terminate()
+        out, _ = process.communicate(timeout=30)
+        pytest.fail(f"{RAY_CLUSTER!r} ran over 120 s:\n{out}")
+    assert process.returncode == 0, out
+    lines = out.splitlines()
+    assert re.match(r"address 127\.0\.0\.1:\d+ \(up in [\d.]+ s\)$", lines[0]), out
+    nodes = [line.split() for line in lines[1:-1]]
+    assert [(n[0], n[2]) for n in nodes] == [("head", "node:head-label"), ("worker-0", "worker-0")]
+    assert lines[-1] == "stopped"
+    pids = [int(pid) for n in nodes for pid in n[-1].split(",")]
+    assert pids and not [pid for pid in pids if is_live(pid)]
 
 
 @pytest.mark.slow
