@@ -1,11 +1,9 @@
-"""bench/peers: the Ray Serve peer and its tuning grid. Ray is the `peers`
-extra, not the `test` one: without it the Ray Serve test is skipped, saying
-how to install it."""
+"""bench/peers: the Ray Serve peer and its tuning grid. Ray Serve is in the
+`test` extra (and the `peers` one), so the peer's test always runs."""
 
 from __future__ import annotations
 
 import asyncio
-import importlib.util
 from pathlib import Path
 
 import httpx
@@ -97,10 +95,6 @@ def ray_serve(tmp_path_factory):
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(
-    importlib.util.find_spec("ray") is None,
-    reason="Ray Serve is the `peers` extra, not the `test` one: pip install -e '.[peers]'",
-)
 def test_ray_serve_echoes_each_row_batches_and_stops_cleanly(ray_serve):
     from bench.peers.ray_serve_launcher import session_processes, stop
 
