@@ -6,6 +6,8 @@ actor killed mid-batch brought back; the service serving over them."""
 from __future__ import annotations
 
 import asyncio
+import re
+import sys
 import time
 from collections.abc import Awaitable, Iterator
 from typing import Any
@@ -14,12 +16,19 @@ import numpy as np
 import pytest
 import ray
 
+from app.repository.loader import load_repository
 from app.runtime.arena import Arena
 from app.runtime.devices import ExecutorDevice
 from app.runtime.events import BatchFinished, BatchStopped, DeviceDown, DeviceUp
 from app.runtime.pool import ExecutorPool
 from app.runtime.ray_pool import NotSupportedOnRay, RayExecutorPool
+from app.server import startup
+from app.server.live import LiveService
+from app.server.metrics import Metrics
+from app.server.settings import Settings
+from app.server.startup import StartupFailed
 from tests.fakes import PoolEvents, emulated_config, mlp_onnx, onnx_config
+from tests.test_statistics import emulated_repository
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("ray_local", "no_leftover_segments")]
 
@@ -173,3 +182,53 @@ def test_an_actor_killed_mid_batch_fails_its_batch_once_and_comes_back():
             await pool.stop()
 
     run(scenario())
+
+
+# ------------------------------------------------------------- the daemon
+def test_a_service_with_ray_address_serves_requests_on_ray_actors(tmp_path, ray_local):
+    repository = emulated_repository(tmp_path / "models", {"m": 2.0}, slo_ms=2000)
+    settings = Settings(
+        repository=repository, cpu_slices=0, emulated_devices=2, ray_address=ray_local
+    )
+
+    async def scenario() -> None:
+        service = LiveService(settings, Metrics())
+        await service.start()
+        try:
+            pool = service.pool
+            assert isinstance(pool, RayExecutorPool)
+            assert [pool.alive(d) for d in (0, 1)] == [True, True]
+            assert service.dispatcher is not None
+            (group,) = service.dispatcher.groups
+            assert group.scheduler.d_ctrl == pool.dispatch_overhead_s > 0
+            assert group.scheduler.d_data == 0.0  # both actors share the daemon's arena
+            xs = [np.full((1, 4), float(i), dtype=np.float32) for i in range(20)]
+            answers = await asyncio.gather(*(service.infer("m", {"x": x}) for x in xs))
+            for x, answer in zip(xs, answers, strict=True):
+                np.testing.assert_array_equal(answer.outputs["x"], x)
+            assert {a.device for a in answers} <= {"emulated:0", "emulated:1"}
+            assert service.outstanding("m") == 0
+        finally:
+            await service.stop()
+
+    run(scenario())
+
+
+def test_ray_address_without_ray_installed_stops_start_up_naming_the_extra(tmp_path, monkeypatch):
+    repository = emulated_repository(tmp_path / "models", {"m": 2.0})
+    settings = Settings(repository=repository, cpu_slices=0, ray_address="auto")
+    monkeypatch.setitem(sys.modules, "ray", None)  # `import ray` raises ImportError
+    index = load_repository(repository)
+    arenas = {"m": Arena.create(index.models["m"], 8)}
+    with pytest.raises(StartupFailed, match=re.escape("pip install -e '.[ray]'")):
+        startup.ray_pool(settings, [EMU], index, arenas, PoolEvents())
+    assert all(arena.closed for arena in arenas.values())
+
+
+def test_autoscale_with_ray_address_stops_start_up(tmp_path):
+    repository = emulated_repository(tmp_path / "models", {"m": 2.0})
+    settings = Settings(repository=repository, ray_address="auto", autoscale=(1, 2))
+    index = load_repository(repository)
+    arenas = {"m": Arena.create(index.models["m"], 8)}
+    with pytest.raises(StartupFailed, match="AUTOSCALE parks executors"):
+        startup.ray_pool(settings, [EMU], index, arenas, PoolEvents())
