@@ -250,6 +250,7 @@ class Settings:
             "(app/runtime/ray_pool.py; the `ray` extra); the daemon's dispatch delays to them "
             "are measured at start-up and budgeted in every plan",
             shown="unset (executor processes on this machine)",
+            aliases=("--ray",),
         ),
     )
     arena_slots: int = field(
