@@ -42,6 +42,7 @@ SAMPLES: dict[str, tuple[str, object]] = {
     "AUTOSCALE": (" 2:6 ", (2, 6)),
     "AUTOSCALE_WINDOW_S": ("2.5", 2.5),
     "AUTOSCALE_COOLDOWN_S": ("0", 0.0),
+    "RAY_ADDRESS": ("10.0.0.5:6379", "10.0.0.5:6379"),
     "ARENA_SLOTS": ("64", 64),
     "MAX_QUEUE": ("5", 5),
     "STUCK_FACTOR": ("2.5", 2.5),
@@ -79,6 +80,8 @@ SAMPLES: dict[str, tuple[str, object]] = {
 # (variable, bad text, the error after the variable's or flag's name)
 BAD: list[tuple[str, str, str]] = [
     ("MAX_QUEUE", "-1", " must be ≥ 0, got -1"),
+    ("RAY_ADDRESS", "head", "='head' is not a Ray address: use auto, HOST:PORT or ray://HOS"),
+    ("RAY_ADDRESS", "ray://h:x", "='ray://h:x' is not a Ray address: use auto, HOST:PORT or"),
     ("MAX_QUEUE", "many", "='many' is not an integer"),
     ("PORT", "70000", " must be 0 to 65535, got 70000"),
     ("GRPC_PORT", "-1", " must be 0 to 65535, got -1"),
@@ -150,7 +153,8 @@ def test_flag_names_come_from_the_variables():
     assert [setting.name for setting in SETTINGS] == [
         "repository", "policy", "policy_options", "host", "port", "grpc_port", "cpu_slices",
         "threads_per_slice", "emulated_devices", "device_shares", "colocation_profile",
-        "core_groups", "autoscale", "autoscale_window_s", "autoscale_cooldown_s", "arena_slots",
+        "core_groups", "autoscale", "autoscale_window_s", "autoscale_cooldown_s", "ray_address",
+        "arena_slots",
         "max_queue",
         "stuck_factor", "stuck_margin_s", "heartbeat_timeout_s", "respawn", "shutdown_grace_s",
         "exit_on_error", "strict_readiness", "header_timeout_s", "body_timeout_s",

@@ -476,6 +476,15 @@ class Arena:
             view[slot][corner] = batch_output[i][corner]
             dims[slot] = item
 
+    def slot_bytes(self) -> np.ndarray:
+        """The segment as a (capacity, slot_nbytes) uint8 view, row k = slot k,
+        its inputs first, then its outputs (`layout`'s offsets): whole slots
+        copied to an executor on another machine (app/runtime/ray_pool.py)."""
+        if self._shm is None:
+            raise ValueError(f"arena {self.model!r} is closed")
+        stride = int(self.layout["slot_nbytes"])
+        return np.ndarray((self.capacity, stride), dtype=np.uint8, buffer=self._shm.buf)
+
     @property
     def input_names(self) -> list[str]:
         return list(self._views["inputs"])

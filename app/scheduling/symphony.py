@@ -446,7 +446,9 @@ class SymphonyScheduler(Scheduler):
         timer at `now` would then find the same candidate again and again."""
         d_ctrl, d_data, bs, dl = self.d_ctrl, self.d_data, candidate.bs, candidate.deadline
         exec_s = self.models[name].profile.latency_by_size[bs]
-        at = first_instant(lambda t: t + d_ctrl + d_data * bs + exec_s / 1.0 > dl, dl - exec_s)
+        cost = d_ctrl + d_data * bs + exec_s
+        # The guess includes the dispatch delay: the search walks one float at a time.
+        at = first_instant(lambda t: t + d_ctrl + d_data * bs + exec_s / 1.0 > dl, dl - cost)
         return at if at > now else math.nextafter(now, _INF)
 
     def _set_device_timer(self) -> None:

@@ -154,7 +154,7 @@ class LiveService(Management):
         if settings.colocation_profile:
             await plan_colocated(self.pool, self.models)
         self.dispatcher = Dispatcher(
-            startup.build_groups(settings, self.models, self.devices),
+            startup.build_groups(settings, self.models, self.devices, self.pool),
             self.pool,
             on_batch=self._on_batch,
             alone_sample_rate=settings.profile_sample_rate,

@@ -137,6 +137,28 @@ class Text:
 
 
 @dataclass(frozen=True)
+class RayAddress:
+    """A Ray cluster to join: `auto`, `HOST:PORT` (the GCS) or `ray://HOST:PORT`."""
+
+    metavar: str = "ADDRESS"
+
+    def parse(self, text: str, label: str) -> str:
+        address = text.strip()
+        host, _, port = address.removeprefix("ray://").rpartition(":")
+        if address != "auto" and not (host and port.isdigit() and 0 < int(port) < 65536):
+            raise ValueError(
+                f"{label}={text!r} is not a Ray address: use auto, HOST:PORT or ray://HOST:PORT"
+            )
+        return address
+
+    def show(self, value: object) -> str:
+        return str(value)
+
+    def describe(self) -> str:
+        return "a Ray address"
+
+
+@dataclass(frozen=True)
 class FilePath:
     metavar: str = "PATH"
 

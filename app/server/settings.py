@@ -40,6 +40,7 @@ from app.server.setting_parsers import (
     Number,
     Parser,
     PolicyName,
+    RayAddress,
     RealtimePriority,
     Text,
 )
@@ -238,6 +239,18 @@ class Settings:
             "AUTOSCALE_COOLDOWN_S",
             Number(metavar="S", minimum=0.0),
             "after a device change, none for this long",
+        ),
+    )
+    ray_address: str | None = field(
+        default=None,
+        metadata=_setting(
+            "RAY_ADDRESS",
+            RayAddress(),
+            "run the executors as actors on this Ray cluster, one per device "
+            "(app/runtime/ray_pool.py; the `ray` extra); the daemon's dispatch delays to them "
+            "are measured at start-up and budgeted in every plan",
+            shown="unset (executor processes on this machine)",
+            aliases=("--ray",),
         ),
     )
     arena_slots: int = field(

@@ -24,12 +24,14 @@ import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from app.optional import import_ray
 from app.repository.config import ModelConfig
 from app.repository.loader import RepositoryIndex, load_repository
 from app.runtime.arena import Arena
 from app.runtime.devices import ExecutorDevice, detect_devices
 from app.runtime.events import EventSink
 from app.runtime.pool import ExecutorPool
+from app.runtime.ray_pool import RayExecutorPool
 from app.scheduling.model import InputDependence, ModelInfo
 from app.scheduling.profile import LatencyProfile
 from app.scheduling.registry import make_scheduler
@@ -123,25 +125,29 @@ async def start_executors(
     devices: list[ExecutorDevice],
     index: RepositoryIndex,
     events: EventSink,
-) -> tuple[ExecutorPool, dict[str, ModelState], dict[str, str]]:
+) -> tuple[ExecutorPool | RayExecutorPool, dict[str, ModelState], dict[str, str]]:
     """The running executor pool, the models some device loaded, and why
     the others are unavailable."""
     # One slot per item; at least one whole request of max_batch_size items.
+    pool: ExecutorPool | RayExecutorPool
     arenas = {
         name: Arena.create(config, max(settings.arena_slots, config.max_batch_size))
         for name, config in index.models.items()
     }
-    pool = ExecutorPool(
-        devices,
-        list(index.models.values()),
-        arenas,
-        events,
-        respawn=settings.respawn,
-        stuck_factor=settings.stuck_factor,
-        stuck_margin_s=settings.stuck_margin_s,
-        heartbeat_timeout_s=settings.heartbeat_timeout_s,
-        realtime_priority=settings.realtime_priority,
-    )
+    if settings.ray_address is not None:
+        pool = ray_pool(settings, devices, index, arenas, events)
+    else:
+        pool = ExecutorPool(
+            devices,
+            list(index.models.values()),
+            arenas,
+            events,
+            respawn=settings.respawn,
+            stuck_factor=settings.stuck_factor,
+            stuck_margin_s=settings.stuck_margin_s,
+            heartbeat_timeout_s=settings.heartbeat_timeout_s,
+            realtime_priority=settings.realtime_priority,
+        )
     await pool.start()
     models: dict[str, ModelState] = {}
     unavailable: dict[str, str] = {}
@@ -156,7 +162,36 @@ async def start_executors(
     return pool, models, unavailable
 
 
-def why_not_loaded(pool: ExecutorPool, devices: list[ExecutorDevice], config: ModelConfig) -> str:
+def ray_pool(
+    settings: Settings,
+    devices: list[ExecutorDevice],
+    index: RepositoryIndex,
+    arenas: dict[str, Arena],
+    events: EventSink,
+) -> RayExecutorPool:
+    """Executors as actors on the Ray cluster at RAY_ADDRESS (joined here
+    unless this process joined one already). What Ray executors cannot do
+    (app/runtime/ray_pool.py) stops start-up when a setting asks for it."""
+    try:
+        ray = import_ray()
+        if settings.autoscale is not None:
+            raise StartupFailed("AUTOSCALE parks executors, which Ray executors cannot do")
+    except BaseException as exc:
+        for arena in arenas.values():
+            arena.close_and_unlink()
+        if isinstance(exc, StartupFailed):
+            raise
+        raise StartupFailed(str(exc)) from exc
+    if not ray.is_initialized():
+        ray.init(address=settings.ray_address, log_to_driver=False)
+    return RayExecutorPool(
+        devices, list(index.models.values()), arenas, events, respawn=settings.respawn
+    )
+
+
+def why_not_loaded(
+    pool: ExecutorPool | RayExecutorPool, devices: list[ExecutorDevice], config: ModelConfig
+) -> str:
     """The reason a model is on no device: each device's load error, or that
     none may run it."""
     errors: dict[str, list[str]] = {}
@@ -196,9 +231,14 @@ def check_loaded(
 
 
 def build_groups(
-    settings: Settings, models: dict[str, ModelState], devices: list[ExecutorDevice]
+    settings: Settings,
+    models: dict[str, ModelState],
+    devices: list[ExecutorDevice],
+    pool: object = None,
 ) -> list[CoreGroup]:
-    """One core per group of devices hosting exactly the same models."""
+    """One core per group of devices hosting exactly the same models; with
+    Ray executors (`pool` a RayExecutorPool), each core's d_ctrl and d_data
+    are the dispatch delays measured to its devices' actors."""
     by_id = {d.id: d for d in devices}
     by_devices: dict[tuple[int, ...], list[str]] = {}
     for name, state in models.items():
@@ -212,6 +252,15 @@ def build_groups(
             **options,
             **batching_options(settings, {n: models[n].config for n in names}),
         }
+        if isinstance(pool, RayExecutorPool):
+            d_ctrl, d_data = pool.delays_for(names, hosts)
+            group_options.update(d_ctrl=d_ctrl, d_data=d_data)
+            log.info(
+                "core of %s: d_ctrl %.3f ms, d_data %.4f ms per item (measured to Ray actors)",
+                ", ".join(names),
+                d_ctrl * 1e3,
+                d_data * 1e3,
+            )
         scheduler = make_scheduler(settings.policy, infos, device_infos, **group_options)
         groups.append(CoreGroup(scheduler, frozenset(names), hosts))
     return groups

@@ -1,0 +1,145 @@
+"""Faults and probes of Ray executors (mixed into `RayExecutorPool`).
+
+Each actor has a `watch` call pending; it, or any call, failing means the
+actor died: DeviceDown is posted (not while the pool stops), then a
+BatchFinished with the reason for each of its batches in flight — each
+batch answered exactly once: a reply of the actor's earlier life (its
+`generation`) is dropped. Actors are created with `max_restarts`, so Ray
+restarts the worker; the pool waits until it answers, has it load its
+models again, and posts DeviceUp. An actor Ray no longer restarts (its
+restarts used up, its node gone) is replaced by a new one after three
+failed tries.
+
+Probes, at start: the round trip of an empty call (the control path) and
+of `PROBE_BYTES` there and back (the data path), and, for an actor on
+another node, the offset of its monotonic clock from ours (the fastest of
+a few pings; its error is at most half that round trip).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import statistics
+import time
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from app.runtime.events import BatchFinished, DeviceDown, DeviceUp
+
+if TYPE_CHECKING:
+    from app.runtime.ray_pool import Actor, RayExecutorPool
+
+log = logging.getLogger("app.runtime.ray_pool")
+
+# The data-path probe: bytes sent to each actor and back at start.
+PROBE_BYTES = 1 << 20
+PROBE_REPEATS = 10
+
+
+async def clock_offset(handle: Any) -> float:
+    """The actor's monotonic clock minus ours."""
+    best: tuple[float, float] | None = None
+    for _ in range(5):
+        t0 = time.monotonic()
+        theirs = await handle.ping.remote()
+        t1 = time.monotonic()
+        if best is None or t1 - t0 < best[0]:
+            best = (t1 - t0, theirs - (t0 + t1) / 2)
+    assert best is not None
+    return best[1]
+
+
+async def measure_paths(handle: Any) -> tuple[float, float]:
+    """The actor's median control round trip (s) and data rate (bytes/s)."""
+    pings = []
+    for _ in range(PROBE_REPEATS + 2):
+        t0 = time.perf_counter()
+        await handle.ping.remote()
+        pings.append(time.perf_counter() - t0)
+    overhead = statistics.median(pings[2:])
+    probe = np.ones(PROBE_BYTES, dtype=np.uint8)
+    echoes = []
+    for _ in range(3):
+        t0 = time.perf_counter()
+        await handle.echo.remote(probe)
+        echoes.append(time.perf_counter() - t0)
+    moving = max(statistics.median(echoes) - overhead, 1e-6)
+    return overhead, 2 * PROBE_BYTES / moving
+
+
+class ActorFaults:
+    """An actor's death noticed, reported, and the actor brought back."""
+
+    async def _watch(self: RayExecutorPool, a: Actor, generation: int) -> None:
+        try:
+            await a.handle.watch.remote()
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            self._fault(a, generation, f"executor {a.device.name} (Ray actor) died: {exc}")
+
+    def _fault(self: RayExecutorPool, a: Actor, generation: int, reason: str) -> None:
+        """The actor died: DeviceDown first (not while stopping), then its
+        batches fail, then it is brought back."""
+        if a.generation != generation or self._stopped:
+            return
+        a.generation += 1
+        a.dead = True
+        a.down_since = time.monotonic()
+        log.error("%s", reason)
+        self._post(DeviceDown(a.device.id, reason))
+        now = time.monotonic()
+        for batch_id in list(a.inflight):
+            a.inflight.pop(batch_id, None)
+            self._post(BatchFinished(a.device.id, batch_id, now, now, reason))
+        if self.respawn:
+            self._background(self._respawn(a))
+        else:
+            self._kill(a)
+
+    async def _respawn(self: RayExecutorPool, a: Actor) -> None:
+        """Ray restarts the actor; once it answers and has loaded its models,
+        DeviceUp. After three failed tries (Ray no longer restarts it), a
+        new actor."""
+        tries, backoff = 0, 0.1
+        while not self._stopped:
+            try:
+                await asyncio.wait_for(self._bring_up(a), self.load_timeout_s)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                tries += 1
+                log.error("bringing executor %s back failed: %s", a.device.name, exc)
+                a.dead = True
+                if tries % 3 == 0:
+                    self._kill(a)
+                    self._create(a)
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, 5.0)
+                continue
+            if self._stopped:
+                return
+            down = time.monotonic() - (a.down_since or time.monotonic())
+            a.restarts += 1
+            a.last_respawn_s = down
+            a.down_since = None
+            log.warning(
+                "executor %s is back (Ray actor pid %s, restart %d) after %.3f s",
+                a.device.name,
+                a.pid,
+                a.restarts,
+                down,
+            )
+            self._post(DeviceUp(a.device.id, down))
+            return
+
+    def _kill(self: RayExecutorPool, a: Actor) -> None:
+        """End the actor for good (Ray does not restart it)."""
+        if a.handle is None or self._ray is None:
+            return
+        try:
+            self._ray.kill(a.handle, no_restart=True)
+        except Exception:
+            log.debug("killing executor %s failed", a.device.name, exc_info=True)

@@ -1,0 +1,497 @@
+"""Executors on a Ray cluster: the executor pool whose executors are actors.
+
+`RayExecutorPool` has the interface of `app.runtime.pool.ExecutorPool` that
+the dispatcher and the service use, and the same events contract:
+BatchFinished or BatchStopped exactly once per submitted batch, DeviceDown
+and DeviceUp. One actor (`app.runtime.ray_actor`) runs per `ExecutorDevice`
+— `num_gpus=1` for a GPU, `num_cpus=threads` for a CPU slice, no CPU for an
+emulated device — on the node `nodes` names for it (node affinity) or where
+Ray places it, with the same backends as a local executor. The scheduling
+core stays in the daemon; only small batch plans go to the actors. Ray is
+the `ray` extra, imported when a pool starts.
+
+Nothing blocks the event loop: a call to an actor returns an ObjectRef at
+once, and a task per call awaits it (`await ref`).
+
+Data. Tensor bytes never pass through the scheduler's loop as messages: an
+actor on the daemon's node (`ray.get_runtime_context().get_node_id()`)
+attaches each model's shared-memory arena and reads and writes slots; one
+on another node (or every one, with `all_remote`) gets the batch's slots'
+input bytes as one numpy array through Ray's object store and returns the
+output bytes, which the pool copies into the arena before the batch's
+BatchFinished. Clock: the pool's times are its `time.monotonic()`; an actor
+on another node has its own, so the offset is measured at start (half a
+ping's round trip of error) and start times and replies are converted.
+
+Dispatch delays (d_ctrl, d_data in the core). At start the pool measures,
+per actor, the median round trip of an empty call (`dispatch_overhead_s`,
+the largest over actors) and of a `PROBE_BYTES` array there and back
+(`bytes_per_s`, the smallest over actors); `delays_for(models, devices)`
+turns them into the core's d_ctrl and per-item d_data — d_data is 0 for a
+group whose actors all share the daemon's arena.
+
+Faults (app.runtime.ray_faults): an actor that dies is DeviceDown, its
+batches in flight each a BatchFinished with the reason; Ray restarts it
+(`max_restarts`), and once it has loaded its models again, DeviceUp.
+
+Not on Ray: reshares, parking (autoscaling), loading or unloading a model
+while serving, and re-running sampled requests alone (the asynchronous
+profiler): the first four raise `NotSupportedOnRay`, and `alone` marks on a
+batch are dropped with a warning, once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from app.errors import ExecutorFailed
+from app.optional import import_ray
+from app.repository.config import ModelConfig
+from app.runtime.arena import Arena
+from app.runtime.devices import ExecutorDevice, model_allowed_on
+from app.runtime.events import (
+    BatchFinished,
+    BatchStopped,
+    EventSink,
+    ExecutorEvent,
+)
+from app.runtime.messages import AloneMark, Cancelled, Ran, config_to_dict
+from app.runtime.pool import LatencyOf
+from app.runtime.ray_faults import ActorFaults, clock_offset, measure_paths
+
+log = logging.getLogger("app.runtime.ray_pool")
+
+
+class NotSupportedOnRay(RuntimeError):
+    """A pool operation that executors on Ray do not have."""
+
+
+def _unsupported(method: str) -> NotSupportedOnRay:
+    return NotSupportedOnRay(
+        f"ExecutorPool.{method} is not supported on Ray executors (RAY_ADDRESS)"
+    )
+
+
+@dataclass
+class Actor:
+    """The pool's record of one device's actor."""
+
+    device: ExecutorDevice
+    handle: Any = None
+    node_id: str = ""
+    pid: int | None = None
+    remote: bool = False  # its data goes through the object store
+    clock_offset: float = 0.0  # its monotonic clock minus ours
+    models: list[str] = field(default_factory=list)
+    load_errors: dict[str, str] = field(default_factory=dict)
+    load_info: dict[str, str] = field(default_factory=dict)
+    inflight: dict[int, str] = field(default_factory=dict)  # batch_id → model
+    dead: bool = True
+    loading: bool = False
+    generation: int = 0  # bumped at each failure: replies of an older one are stale
+    down_since: float | None = None
+    restarts: int = 0
+    last_respawn_s: float | None = None
+    overhead_s: float = 0.0  # median round trip of an empty call
+    bytes_per_s: float = float("inf")  # PROBE_BYTES there and back
+
+
+class RayExecutorPool(ActorFaults):
+    """Ray actors for `devices`, serving `configs` through `arenas` (see the
+    module docstring; the arguments are `ExecutorPool`'s). `nodes`: a node
+    id per device id to pin its actor to; `all_remote`: every actor takes
+    the remote data path, wherever it runs; `max_restarts`: Ray's, per
+    actor (-1: without limit)."""
+
+    def __init__(
+        self,
+        devices: Sequence[ExecutorDevice],
+        configs: Mapping[str, ModelConfig] | Iterable[ModelConfig],
+        arenas: Mapping[str, Arena],
+        events: EventSink,
+        *,
+        log_level: int | None = None,
+        respawn: bool = True,
+        expected_latency: LatencyOf | None = None,
+        load_timeout_s: float = 300.0,
+        max_restarts: int = -1,
+        nodes: Mapping[int, str] | None = None,
+        all_remote: bool = False,
+    ) -> None:
+        self.devices: dict[int, ExecutorDevice] = {d.id: d for d in devices}
+        if len(self.devices) != len(devices):
+            raise ValueError("device ids must be unique")
+        if isinstance(configs, Mapping):
+            self.configs: dict[str, ModelConfig] = dict(configs)
+        else:
+            self.configs = {c.name: c for c in configs}
+        self.arenas: dict[str, Arena] = dict(arenas)
+        self.events = events
+        self.log_level = log.getEffectiveLevel() if log_level is None else log_level
+        self.respawn = respawn
+        self.expected_latency = expected_latency  # kept for the service; Ray has no watchdog
+        self.load_timeout_s = load_timeout_s
+        self.max_restarts = max_restarts
+        self.nodes = dict(nodes or {})
+        unknown = sorted(set(self.nodes) - set(self.devices))
+        if unknown:
+            raise ValueError(f"nodes names devices {unknown} that are not in the pool")
+        self.all_remote = all_remote
+        self.dispatch_overhead_s = 0.0
+        self.bytes_per_s = float("inf")
+        self._actors: dict[int, Actor] = {d.id: Actor(d) for d in devices}
+        self._node = ""
+        self._ray: Any = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._tasks: set[asyncio.Task] = set()
+        self._started = False
+        self._stopped = False
+        self._warned_alone = False
+
+    # ----------------------------------------------------------- placement
+    def placement(self, device_id: int) -> list[str]:
+        device = self.devices[device_id]
+        return [n for n, c in self.configs.items() if model_allowed_on(c, device)]
+
+    def models_on(self, device_id: int) -> list[str]:
+        return list(self._actors[device_id].models)
+
+    def devices_for(self, model: str) -> list[int]:
+        return [i for i, a in self._actors.items() if model in a.models and not a.dead]
+
+    def load_errors(self, device_id: int) -> dict[str, str]:
+        return dict(self._actors[device_id].load_errors)
+
+    def load_info(self, device_id: int) -> dict[str, str]:
+        return dict(self._actors[device_id].load_info)
+
+    def alive(self, device_id: int) -> bool:
+        a = self._actors[device_id]
+        return self._started and not self._stopped and not a.dead and not a.loading
+
+    def pid(self, device_id: int) -> int | None:
+        """The actor's worker process id (on its node)."""
+        return self._actors[device_id].pid
+
+    def node_of(self, device_id: int) -> str:
+        return self._actors[device_id].node_id
+
+    def remote(self, device_id: int) -> bool:
+        """Whether the device's batches take the object-store data path."""
+        return self._actors[device_id].remote
+
+    def restarts(self, device_id: int) -> int:
+        return self._actors[device_id].restarts
+
+    def last_respawn_s(self, device_id: int) -> float | None:
+        return self._actors[device_id].last_respawn_s
+
+    def inflight(self, device_id: int) -> dict[int, str]:
+        return dict(self._actors[device_id].inflight)
+
+    def actor(self, device_id: int) -> Any:
+        """The device's Ray actor handle."""
+        return self._actors[device_id].handle
+
+    def delays_for(self, models: Iterable[str], devices: Iterable[int]) -> tuple[float, float]:
+        """The core's (d_ctrl, d_data) for a group: the slowest actor's
+        control round trip, and per item a slot's bytes over the slowest
+        data path when some actor of the group takes it (else 0)."""
+        actors = [self._actors[d] for d in devices]
+        d_ctrl = max((a.overhead_s for a in actors), default=0.0)
+        remote = [a for a in actors if a.remote]
+        if not remote:
+            return d_ctrl, 0.0
+        slot = max((int(self.arenas[m].layout["slot_nbytes"]) for m in models), default=0)
+        return d_ctrl, slot / min(a.bytes_per_s for a in remote)
+
+    # ------------------------------------------------------------- start
+    async def start(self, timeout: float = 300.0) -> None:
+        """Create every actor, load its models, measure the dispatch delays.
+        Ray must be initialised (`ray.init`) by the caller. Raises
+        ExecutorFailed when an actor does not come up."""
+        if self._started:
+            raise RuntimeError("pool already started")
+        self._started = True
+        self._ray = ray = import_ray()
+        if not ray.is_initialized():
+            raise RuntimeError("RayExecutorPool.start: call ray.init(address=...) first")
+        self._loop = asyncio.get_running_loop()
+        self._node = ray.get_runtime_context().get_node_id()
+        try:
+            for a in self._actors.values():
+                self._create(a)
+            await asyncio.wait_for(
+                asyncio.gather(*(self._bring_up(a) for a in self._actors.values())), timeout
+            )
+            for a in self._actors.values():
+                a.overhead_s, a.bytes_per_s = await measure_paths(a.handle)
+        except BaseException:
+            await self.stop(timeout=2.0)
+            raise
+        self.dispatch_overhead_s = max(a.overhead_s for a in self._actors.values())
+        self.bytes_per_s = min(a.bytes_per_s for a in self._actors.values())
+        for a in self._actors.values():
+            log.info(
+                "executor %s: Ray actor pid %s on node %s (%s data path; round trip %.3f ms, "
+                "%.0f MB/s): %s",
+                a.device.name,
+                a.pid,
+                a.node_id[:12],
+                "object-store" if a.remote else "shared-memory",
+                a.overhead_s * 1e3,
+                a.bytes_per_s / 1e6,
+                ", ".join(a.models) or "no models",
+            )
+
+    def _create(self, a: Actor) -> None:
+        from app.runtime.ray_actor import actor_class
+
+        device = a.device
+        options: dict[str, Any] = {
+            "max_restarts": self.max_restarts,
+            "max_task_retries": 0,  # a batch lost with its actor is reported, not re-run
+        }
+        if device.kind == "cuda":
+            options["num_gpus"] = 1
+        elif device.kind == "cpu":
+            options["num_cpus"] = device.threads
+        else:
+            options["num_cpus"] = 0
+        node = self.nodes.get(device.id)
+        if node is not None:
+            from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+            options["scheduling_strategy"] = NodeAffinitySchedulingStrategy(node, soft=False)
+        spec = device.to_dict()
+        spec["cpus"] = None  # this machine's cores mean nothing where Ray places it
+        if device.kind == "cuda":
+            spec["index"] = 0  # Ray sets CUDA_VISIBLE_DEVICES to the GPU it gave
+        a.handle = actor_class().options(**options).remote(spec, self.log_level)
+
+    async def _bring_up(self, a: Actor) -> None:
+        """Wait for the actor to answer, have it load its models, watch it."""
+        a.loading = True
+        a.models, a.load_errors, a.load_info = [], {}, {}
+        node_id, pid = await a.handle.where.remote()
+        a.node_id, a.pid = node_id, pid
+        a.remote = self.all_remote or node_id != self._node
+        a.clock_offset = await clock_offset(a.handle) if node_id != self._node else 0.0
+        names = self.placement(a.device.id)
+        configs = [config_to_dict(self.configs[n]) for n in names]
+        layouts = None if a.remote else {n: self.arenas[n].layout for n in names}
+        loaded = await a.handle.load.remote(configs, layouts)
+        for name, err in loaded.errors.items():
+            if err is None:
+                a.models.append(name)
+            else:
+                a.load_errors[name] = err
+                log.warning("executor %s: model %s failed to load: %s", a.device.name, name, err)
+        a.load_info.update(loaded.info)
+        a.dead = a.loading = False
+        self._background(self._watch(a, a.generation))
+
+    # ------------------------------------------------------------ submit
+    def submit(
+        self,
+        device_id: int,
+        batch_id: int,
+        model: str,
+        slots: Sequence[int],
+        start_at: float,
+        alone: Sequence[AloneMark] = (),
+    ) -> None:
+        """Send a batch to the device's actor (non-blocking); as
+        `ExecutorPool.submit`."""
+        a = self._actors[device_id]
+        if a.dead or a.loading or self._stopped or not self._started:
+            raise ExecutorFailed(f"executor {a.device.name} is not running")
+        if model not in a.models:
+            raise ExecutorFailed(f"model {model!r} is not loaded on {a.device.name}")
+        if batch_id in a.inflight:
+            raise ValueError(f"batch {batch_id} is already in flight on {a.device.name}")
+        if alone and not self._warned_alone:
+            self._warned_alone = True
+            log.warning("re-running sampled requests alone is not supported on Ray executors")
+        rows = [int(s) for s in slots]
+        try:
+            if a.remote:
+                arena = self.arenas[model]
+                cut = inputs_end(arena.layout)
+                inputs = arena.slot_bytes()[np.asarray(rows, dtype=np.intp), :cut]
+                at = float(start_at) + a.clock_offset
+                ref = a.handle.run_rows.remote(int(batch_id), model, inputs, at)
+            else:
+                ref = a.handle.run.remote(int(batch_id), model, rows, float(start_at))
+        except Exception as exc:
+            raise ExecutorFailed(f"executor {a.device.name} is not running: {exc}") from exc
+        a.inflight[batch_id] = model
+        self._background(self._finish(a, a.generation, batch_id, model, rows, ref))
+
+    async def _finish(
+        self, a: Actor, generation: int, batch_id: int, model: str, rows: list[int], ref: Any
+    ) -> None:
+        try:
+            result = await ref
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            self._fault(a, generation, f"executor {a.device.name} (Ray actor) died: {exc}")
+            return
+        if a.generation != generation or batch_id not in a.inflight:
+            return  # failed already, with its actor
+        if a.remote:
+            reply, outputs = result
+            if outputs is not None:
+                arena = self.arenas[model]
+                arena.slot_bytes()[np.asarray(rows, dtype=np.intp), inputs_end(arena.layout) :] = (
+                    outputs
+                )
+        else:
+            reply = result
+        a.inflight.pop(batch_id, None)
+        offset = a.clock_offset
+        if isinstance(reply, Cancelled):
+            self._post(BatchStopped(a.device.id, batch_id, reply.stopped_at - offset))
+        elif isinstance(reply, Ran):
+            started, finished = reply.started_at - offset, reply.finished_at - offset
+            self._post(BatchFinished(a.device.id, batch_id, started, finished, reply.error))
+        else:
+            now = time.monotonic()
+            error = f"executor {a.device.name}: unexpected reply {type(reply).__name__}"
+            self._post(BatchFinished(a.device.id, batch_id, now, now, error))
+
+    def cancel(self, device_id: int, batch_id: int) -> bool:
+        """Best-effort preemption, as `ExecutorPool.cancel`: the actor's
+        control group sets the batch's stop flag."""
+        a = self._actors[device_id]
+        if a.dead or batch_id not in a.inflight:
+            return False
+        try:
+            a.handle.cancel.remote(int(batch_id))
+        except Exception:  # the actor is gone: its watch reports it
+            return False
+        return True
+
+    async def profile(
+        self,
+        device_id: int,
+        model: str,
+        batch_sizes: Sequence[int],
+        warmup: int = 3,
+        repeats: int = 10,
+        timeout: float | None = None,
+        inputs: Mapping[str, Any] | None = None,
+    ) -> dict[int, float]:
+        """Median ms per batch size on the device, as `ExecutorPool.profile`."""
+        a = self._actors[device_id]
+        if a.dead or self._stopped:
+            raise ExecutorFailed(f"executor {a.device.name} is not running")
+        if model not in a.models:
+            raise ExecutorFailed(f"model {model!r} is not loaded on {a.device.name}")
+        sizes = [int(b) for b in batch_sizes]
+        given = None if inputs is None else dict(inputs)
+        ref = a.handle.profile.remote(model, sizes, int(warmup), int(repeats), given)
+        try:
+            profiled = await asyncio.wait_for(ref, timeout)
+        except (TimeoutError, asyncio.CancelledError):
+            raise
+        except Exception as exc:
+            raise ExecutorFailed(f"profiling {model} on {a.device.name} failed: {exc}") from exc
+        if profiled.error is not None:
+            raise ExecutorFailed(f"profiling {model} on {a.device.name} failed: {profiled.error}")
+        return {int(b): float(ms) for b, ms in profiled.result.items()}
+
+    # ------------------------------------------------- not on Ray
+    async def reshare(self, device_id: int, share: float) -> Any:
+        raise _unsupported("reshare")
+
+    async def park(self, device_id: int) -> None:
+        raise _unsupported("park")
+
+    async def unpark(self, device_id: int) -> None:
+        raise _unsupported("unpark")
+
+    async def add_model(self, config: ModelConfig, arena: Arena) -> dict[int, str | None]:
+        raise _unsupported("add_model")
+
+    async def remove_model(self, name: str) -> None:
+        raise _unsupported("remove_model")
+
+    # -------------------------------------------------------------- stop
+    async def stop(self, timeout: float = 5.0) -> None:
+        """Stop every actor after the batches sent to it (their events are
+        posted); after `timeout` the rest fail; the actors are killed and
+        the arenas unlinked."""
+        if self._stopped:
+            return
+        self._stopped = True
+        stops = []
+        for a in self._actors.values():
+            if a.handle is not None and not a.dead:
+                try:
+                    stops.append(a.handle.stop.remote())
+                except Exception:
+                    log.exception("stopping executor %s failed", a.device.name)
+        if stops:
+            done = asyncio.gather(*(self._await_quietly(r) for r in stops))
+            try:
+                await asyncio.wait_for(done, timeout)
+            except TimeoutError:
+                log.warning("Ray executors did not stop in %.1f s; killing them", timeout)
+        for _ in range(100):  # let the replies already in hand be handled
+            if not any(a.inflight for a in self._actors.values()):
+                break
+            await asyncio.sleep(0.01)
+        for task in list(self._tasks):
+            task.cancel()
+        now = time.monotonic()
+        for a in self._actors.values():
+            a.dead = True
+            a.generation += 1
+            for batch_id in list(a.inflight):
+                a.inflight.pop(batch_id, None)
+                self._post(
+                    BatchFinished(
+                        a.device.id, batch_id, now, now, f"executor {a.device.name} stopped"
+                    )
+                )
+            self._kill(a)
+        for arena in self.arenas.values():
+            try:
+                arena.close_and_unlink()
+            except Exception:
+                log.exception("unlinking arena %s failed", arena.name)
+
+    @staticmethod
+    async def _await_quietly(ref: Any) -> None:
+        try:
+            await ref
+        except Exception:
+            log.debug("an actor's stop failed", exc_info=True)
+
+    def _background(self, coro: Any) -> None:
+        assert self._loop is not None
+        task = self._loop.create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    def _post(self, event: ExecutorEvent) -> None:
+        try:
+            self.events(event)
+        except Exception:
+            log.exception("handling %s failed", event)
+
+
+def inputs_end(layout: Mapping[str, Any]) -> int:
+    """Where a slot's outputs begin: its bytes before are the inputs (and
+    their shapes), after it the outputs (app.runtime.arena's layout)."""
+    offsets = [int(t["offset"]) for t in layout["outputs"].values()]
+    return min(offsets) if offsets else int(layout["slot_nbytes"])

@@ -1,0 +1,234 @@
+"""Executors as Ray actors (app/runtime/ray_pool.py) on a local Ray instance:
+outputs equal to local executors', through the shared arena and through the
+object store; exactly one event per batch; a cancelled batch stopped; an
+actor killed mid-batch brought back; the service serving over them."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import sys
+import time
+from collections.abc import Awaitable, Iterator
+from typing import Any
+
+import numpy as np
+import pytest
+import ray
+
+from app.repository.loader import load_repository
+from app.runtime.arena import Arena
+from app.runtime.devices import ExecutorDevice
+from app.runtime.events import BatchFinished, BatchStopped, DeviceDown, DeviceUp
+from app.runtime.pool import ExecutorPool
+from app.runtime.ray_pool import NotSupportedOnRay, RayExecutorPool
+from app.server import startup
+from app.server.live import LiveService
+from app.server.metrics import Metrics
+from app.server.settings import Settings
+from app.server.startup import StartupFailed
+from tests.fakes import PoolEvents, emulated_config, mlp_onnx, onnx_config
+from tests.test_statistics import emulated_repository
+
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("ray_local", "no_leftover_segments")]
+
+CPU = ExecutorDevice(0, "cpu", "cpu:0", threads=1)
+EMU = ExecutorDevice(1, "emulated", "emu:0")
+HARD_TIMEOUT_S = 120.0  # every scenario, start and stop included
+
+
+@pytest.fixture(scope="module")
+def ray_local() -> Iterator[str]:
+    """A local Ray instance with 2 CPUs for the module; its address."""
+    info = ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    try:
+        yield info.address_info["address"]
+    finally:
+        ray.shutdown()
+
+
+def run(scenario: Awaitable[Any]) -> Any:
+    return asyncio.run(asyncio.wait_for(scenario, HARD_TIMEOUT_S))
+
+
+async def mlp_outputs(pool_kind: str, tmp_path: Any, xs: np.ndarray, **options: Any) -> np.ndarray:
+    """Run `xs` as batches of 3 rows through a pool of one CPU executor;
+    every batch's single event checked; the outputs, row by row."""
+    config = onnx_config("mlp", mlp_onnx(tmp_path / "mlp.onnx"))
+    arena = Arena.create(config, capacity=32)
+    events = PoolEvents()
+    cls = RayExecutorPool if pool_kind == "ray" else ExecutorPool
+    pool = cls([CPU], [config], {"mlp": arena}, events, **options)
+    try:
+        await pool.start()
+        assert pool.models_on(CPU.id) == ["mlp"]
+        slots = arena.acquire_rows(len(xs))
+        assert slots is not None
+        arena.write_rows(slots, {"x": xs})
+        batches = [slots[i : i + 3] for i in range(0, len(slots), 3)]
+        futures = [events.expect(i) for i in range(len(batches))]
+        start_at = time.monotonic()
+        for i, rows in enumerate(batches):
+            pool.submit(CPU.id, i, "mlp", rows, start_at)
+        done = await asyncio.gather(*futures)
+        assert [(e.batch_id, e.error) for e in done] == [(i, None) for i in range(len(batches))]
+        assert all(e.started_at <= e.finished_at for e in done)
+        await asyncio.sleep(0.1)  # nothing more comes
+        ends = [e for e in events.events if isinstance(e, BatchFinished | BatchStopped)]
+        assert sorted(e.batch_id for e in ends) == list(range(len(batches)))
+        assert pool.inflight(CPU.id) == {}
+        return arena.read_rows(slots)["y"]
+    finally:
+        await pool.stop()
+
+
+def test_outputs_equal_local_executors_through_the_arena_and_the_object_store(tmp_path):
+    xs = np.random.default_rng(3).standard_normal((10, 8)).astype(np.float32)
+    local = run(mlp_outputs("local", tmp_path, xs))
+    on_ray = run(mlp_outputs("ray", tmp_path, xs))
+    remote = run(mlp_outputs("ray", tmp_path, xs, all_remote=True))
+    assert local.shape == (10, 8)
+    assert np.abs(local).sum() > 0
+    np.testing.assert_array_equal(on_ray, local)
+    np.testing.assert_array_equal(remote, local)
+
+
+def test_start_measures_the_dispatch_delays_and_names_the_actor():
+    config = emulated_config(alpha_ms=1.0, beta_ms=5.0)
+
+    async def scenario() -> None:
+        arena = Arena.create(config, capacity=16)
+        pool = RayExecutorPool([EMU], [config], {"emu": arena}, PoolEvents(), all_remote=True)
+        try:
+            await pool.start()
+            assert 0 < pool.dispatch_overhead_s < 1.0
+            assert pool.bytes_per_s > 1e6
+            assert pool.alive(EMU.id) and pool.remote(EMU.id)
+            pid = pool.pid(EMU.id)
+            assert isinstance(pid, int) and pid > 0
+            assert pool.node_of(EMU.id) == ray.get_runtime_context().get_node_id()
+            d_ctrl, d_data = pool.delays_for(["emu"], [EMU.id])
+            assert d_ctrl == pool.dispatch_overhead_s
+            assert d_data == pytest.approx(arena.layout["slot_nbytes"] / pool.bytes_per_s)
+            with pytest.raises(NotSupportedOnRay, match="reshare is not supported on Ray"):
+                await pool.reshare(EMU.id, 0.5)
+            with pytest.raises(NotSupportedOnRay, match="park"):
+                await pool.park(EMU.id)
+        finally:
+            await pool.stop()
+
+    run(scenario())
+
+
+def test_a_cancelled_queued_batch_stops_and_the_running_one_finishes():
+    config = emulated_config(alpha_ms=200.0, beta_ms=0.0)  # 200 ms a batch
+
+    async def scenario() -> None:
+        arena = Arena.create(config, capacity=16)
+        events = PoolEvents()
+        pool = RayExecutorPool([EMU], [config], {"emu": arena}, events)
+        try:
+            await pool.start()
+            slots = arena.acquire_rows(2)
+            first, second = events.expect(1), events.expect(2)
+            pool.submit(EMU.id, 1, "emu", slots[:1], time.monotonic())
+            pool.submit(EMU.id, 2, "emu", slots[1:], time.monotonic())
+            assert pool.cancel(EMU.id, 2)
+            ran, stopped = await asyncio.gather(first, second)
+            assert isinstance(ran, BatchFinished) and ran.error is None
+            assert ran.finished_at - ran.started_at >= 0.19
+            assert isinstance(stopped, BatchStopped) and stopped.batch_id == 2
+            assert not pool.cancel(EMU.id, 2)  # answered already
+            await asyncio.sleep(0.1)
+            assert [type(e).__name__ for e in events.events] == ["BatchFinished", "BatchStopped"]
+        finally:
+            await pool.stop()
+
+    run(scenario())
+
+
+def test_an_actor_killed_mid_batch_fails_its_batch_once_and_comes_back():
+    config = emulated_config(alpha_ms=1000.0, beta_ms=0.0)  # 1 s a batch
+
+    async def scenario() -> None:
+        arena = Arena.create(config, capacity=16)
+        events = PoolEvents()
+        pool = RayExecutorPool([EMU], [config], {"emu": arena}, events)
+        try:
+            await pool.start()
+            pid = pool.pid(EMU.id)
+            slots = arena.acquire_rows(2)
+            lost = events.expect(1)
+            pool.submit(EMU.id, 1, "emu", slots[:1], time.monotonic())
+            await asyncio.sleep(0.3)  # running
+            ray.kill(pool.actor(EMU.id), no_restart=False)
+            failed = await lost
+            assert isinstance(failed, BatchFinished) and "died" in failed.error
+            assert isinstance(events.events[0], DeviceDown)
+            assert events.events[1] == failed
+            assert not pool.alive(EMU.id)
+            while not any(isinstance(e, DeviceUp) for e in events.events):
+                await asyncio.sleep(0.05)
+            assert pool.alive(EMU.id) and pool.restarts(EMU.id) == 1
+            assert pool.pid(EMU.id) != pid  # a new worker process
+            assert pool.last_respawn_s(EMU.id) > 0
+            again = events.expect(2)
+            pool.submit(EMU.id, 2, "emu", slots[1:], time.monotonic())
+            served = await again
+            assert isinstance(served, BatchFinished) and served.error is None
+            ends = [e.batch_id for e in events.events if isinstance(e, BatchFinished)]
+            assert ends == [1, 2]  # each batch answered exactly once
+        finally:
+            await pool.stop()
+
+    run(scenario())
+
+
+# ------------------------------------------------------------- the daemon
+def test_a_service_with_ray_address_serves_requests_on_ray_actors(tmp_path, ray_local):
+    repository = emulated_repository(tmp_path / "models", {"m": 2.0}, slo_ms=2000)
+    settings = Settings(
+        repository=repository, cpu_slices=0, emulated_devices=2, ray_address=ray_local
+    )
+
+    async def scenario() -> None:
+        service = LiveService(settings, Metrics())
+        await service.start()
+        try:
+            pool = service.pool
+            assert isinstance(pool, RayExecutorPool)
+            assert [pool.alive(d) for d in (0, 1)] == [True, True]
+            assert service.dispatcher is not None
+            (group,) = service.dispatcher.groups
+            assert group.scheduler.d_ctrl == pool.dispatch_overhead_s > 0
+            assert group.scheduler.d_data == 0.0  # both actors share the daemon's arena
+            xs = [np.full((1, 4), float(i), dtype=np.float32) for i in range(20)]
+            answers = await asyncio.gather(*(service.infer("m", {"x": x}) for x in xs))
+            for x, answer in zip(xs, answers, strict=True):
+                np.testing.assert_array_equal(answer.outputs["x"], x)
+            assert {a.device for a in answers} <= {"emulated:0", "emulated:1"}
+            assert service.outstanding("m") == 0
+        finally:
+            await service.stop()
+
+    run(scenario())
+
+
+def test_ray_address_without_ray_installed_stops_start_up_naming_the_extra(tmp_path, monkeypatch):
+    repository = emulated_repository(tmp_path / "models", {"m": 2.0})
+    settings = Settings(repository=repository, cpu_slices=0, ray_address="auto")
+    monkeypatch.setitem(sys.modules, "ray", None)  # `import ray` raises ImportError
+    index = load_repository(repository)
+    arenas = {"m": Arena.create(index.models["m"], 8)}
+    with pytest.raises(StartupFailed, match=re.escape("pip install -e '.[ray]'")):
+        startup.ray_pool(settings, [EMU], index, arenas, PoolEvents())
+    assert all(arena.closed for arena in arenas.values())
+
+
+def test_autoscale_with_ray_address_stops_start_up(tmp_path):
+    repository = emulated_repository(tmp_path / "models", {"m": 2.0})
+    settings = Settings(repository=repository, ray_address="auto", autoscale=(1, 2))
+    index = load_repository(repository)
+    arenas = {"m": Arena.create(index.models["m"], 8)}
+    with pytest.raises(StartupFailed, match="AUTOSCALE parks executors"):
+        startup.ray_pool(settings, [EMU], index, arenas, PoolEvents())
