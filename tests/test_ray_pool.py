@@ -6,6 +6,7 @@ actor killed mid-batch brought back; the service serving over them."""
 from __future__ import annotations
 
 import asyncio
+import os
 import re
 import sys
 import time
@@ -39,12 +40,19 @@ HARD_TIMEOUT_S = 120.0  # every scenario, start and stop included
 
 @pytest.fixture(scope="module")
 def ray_local() -> Iterator[str]:
-    """A local Ray instance with 2 CPUs for the module; its address."""
+    """A local Ray instance with 2 CPUs for the module; its address. The
+    instance runs without token authentication, as bench/ray_cluster.py's
+    clusters do: a driver that once ran with it fails to run actors on a
+    cluster without it. The environment `ray.init` changed is restored."""
+    environ = dict(os.environ)
+    os.environ["RAY_AUTH_MODE"] = "disabled"  # as bench/ray_cluster.py's clusters run
     info = ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
     try:
         yield info.address_info["address"]
     finally:
         ray.shutdown()
+        os.environ.clear()
+        os.environ.update(environ)
 
 
 def run(scenario: Awaitable[Any]) -> Any:
