@@ -1,6 +1,10 @@
 """Symphony's autoscaling signals (symphony.txt §4.4) published to /metrics:
 every period, each core's bad rate (late or dropped requests) and idle
-fraction, the devices' busy fractions, and the device change they advise."""
+fraction, the devices' busy fractions, and the device change they advise.
+
+A core whose devices an autoscaler drives (AUTOSCALE, app/server/
+autoscaling.py) has its window read here but reset by the autoscaler alone,
+so that its windows are whole."""
 
 from __future__ import annotations
 
@@ -9,7 +13,7 @@ import time
 from collections.abc import Callable
 
 from app.scheduling.autoscale import advised_device_change
-from app.server.dispatcher import Dispatcher
+from app.server.dispatcher import CoreGroup, Dispatcher
 from app.server.metrics import Metrics
 
 
@@ -18,6 +22,7 @@ async def publish_signals(
     metrics: Metrics,
     device_name: Callable[[int], str],
     period_s: float = 5.0,
+    autoscaled: Callable[[CoreGroup], bool] = lambda group: False,
 ) -> None:
     """Publish the signals every `period_s` until cancelled."""
     while True:
@@ -33,7 +38,8 @@ async def publish_signals(
             idle.append((signals.idle_fraction, len(group.devices)))
             for device, busy in signals.per_device_busy.items():
                 metrics.set_device_busy(device_name(device), busy)
-            group.scheduler.reset_signals(now)
+            if not autoscaled(group):
+                group.scheduler.reset_signals(now)
         devices = sum(n for _, n in idle)
         idle_fraction = sum(f * n for f, n in idle) / devices if devices else 0.0
         bad_rate = bad / total if total else 0.0

@@ -86,6 +86,10 @@ class DeviceScaling:
         if self.scalers:
             self._task = asyncio.create_task(self._loop())
 
+    def drives(self, group: CoreGroup) -> bool:
+        """Whether an autoscaler reads and resets `group`'s signal window."""
+        return any(g is group for g, _ in self.scalers.values())
+
     def started(self, device: int) -> None:
         """DeviceUnparked: the device serves its core again."""
         for _, scaler in self.scalers.values():
@@ -123,4 +127,9 @@ class DeviceScaling:
                         work = self.pool.park(device)
                     task = asyncio.create_task(work)
                     self._busy.add(task)
-                    task.add_done_callback(self._busy.discard)
+                    task.add_done_callback(self._done)
+
+    def _done(self, task: asyncio.Task) -> None:
+        self._busy.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.error("autoscaling: a device change failed: %s", task.exception())

@@ -52,7 +52,7 @@ from app.errors import (
     ServingError,
     ShuttingDown,
 )
-from app.repository.config import VERSION_KEY_SEP, ModelConfig, shown_model, version_key
+from app.repository.config import ModelConfig, shown_model, version_key
 from app.runtime.devices import ExecutorDevice
 from app.runtime.events import (
     AloneStopped,
@@ -164,7 +164,12 @@ class LiveService(Management):
         self.scaling = DeviceScaling(self.dispatcher.groups, self.pool, settings)
         await self.scaling.start()
         self._signals_task = asyncio.create_task(
-            publish_signals(self.dispatcher, self.metrics, lambda d: self._device(d).name)
+            publish_signals(
+                self.dispatcher,
+                self.metrics,
+                lambda d: self._device(d).name,
+                autoscaled=self.scaling.drives,
+            )
         )
         frozen = freeze_startup_heap()
         log.info("%d start-up objects exempted from garbage collection", frozen)
@@ -355,34 +360,6 @@ class LiveService(Management):
                 else []
             ),
         }
-
-    def repository_index(self) -> list[dict[str, str]]:
-        index = [
-            {
-                "name": state.config.model_name,
-                "version": state.config.version,
-                "state": "READY" if self.model_ready(name) else "UNAVAILABLE",
-                "reason": self.control_state.get(name, ""),
-            }
-            for name, state in self.models.items()
-        ]
-        for name, config in (self.pipelines.configs if self.pipelines else {}).items():
-            ready = "READY" if self.model_ready(name) else "UNAVAILABLE"
-            index.append(
-                {"name": config.model_name, "version": config.version, "state": ready, "reason": ""}
-            )
-        for key, reason in self.unavailable.items():
-            loading = self.control_state.get(key) == "loading"
-            name, _, version = key.partition(VERSION_KEY_SEP)
-            index.append(
-                {
-                    "name": name,
-                    "version": version or self.versions.get(key, "1"),
-                    "state": "LOADING" if loading else "UNAVAILABLE",
-                    "reason": self._relative(reason),
-                }
-            )
-        return sorted(index, key=lambda entry: (entry["name"], entry["version"]))
 
     def _relative(self, reason: str) -> str:
         """A load error names its files: relative to the repository in an answer."""

@@ -1,5 +1,5 @@
 """What the management routes ask of the live service, one request at a
-time: model load and unload (app/server/model_control.py) and a device's
+time: the repository index, model load and unload (app/server/model_control.py) and a device's
 share reallocated (app/server/reallocation.py). `LiveService` inherits it."""
 
 from __future__ import annotations
@@ -8,6 +8,7 @@ import asyncio
 from typing import TYPE_CHECKING, Any
 
 from app.errors import ModelNotReady, ShuttingDown
+from app.repository.config import VERSION_KEY_SEP
 from app.server import model_control, reallocation
 
 if TYPE_CHECKING:
@@ -44,6 +45,35 @@ class Management:
     def device_index(self: LiveService) -> list[dict[str, Any]]:
         """The executor devices, their shares and models."""
         return reallocation.device_index(self)
+
+    def repository_index(self: LiveService) -> list[dict[str, str]]:
+        """Triton's repository index: every model and version, with its state."""
+        index = [
+            {
+                "name": state.config.model_name,
+                "version": state.config.version,
+                "state": "READY" if self.model_ready(name) else "UNAVAILABLE",
+                "reason": self.control_state.get(name, ""),
+            }
+            for name, state in self.models.items()
+        ]
+        for name, config in (self.pipelines.configs if self.pipelines else {}).items():
+            ready = "READY" if self.model_ready(name) else "UNAVAILABLE"
+            index.append(
+                {"name": config.model_name, "version": config.version, "state": ready, "reason": ""}
+            )
+        for key, reason in self.unavailable.items():
+            loading = self.control_state.get(key) == "loading"
+            name, _, version = key.partition(VERSION_KEY_SEP)
+            index.append(
+                {
+                    "name": name,
+                    "version": version or self.versions.get(key, "1"),
+                    "state": "LOADING" if loading else "UNAVAILABLE",
+                    "reason": self._relative(reason),
+                }
+            )
+        return sorted(index, key=lambda entry: (entry["name"], entry["version"]))
 
     def _check_serving(self: LiveService) -> None:
         if self.closing:
