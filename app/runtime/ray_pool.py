@@ -51,7 +51,7 @@ from typing import Any
 
 import numpy as np
 
-from app.errors import ExecutorFailed
+from app.errors import ExecutorFailed, ServingError
 from app.optional import import_ray
 from app.repository.config import ModelConfig
 from app.runtime.arena import Arena
@@ -69,8 +69,12 @@ from app.runtime.ray_faults import ActorFaults, clock_offset, measure_paths
 log = logging.getLogger("app.runtime.ray_pool")
 
 
-class NotSupportedOnRay(RuntimeError):
-    """A pool operation that executors on Ray do not have."""
+class NotSupportedOnRay(ServingError):
+    """A pool operation that executors on Ray do not have: a model load or
+    unload, a reshare asked of a daemon on Ray gets 501 naming it."""
+
+    status = 501
+    reason = "not_supported"
 
 
 def _unsupported(method: str) -> NotSupportedOnRay:
