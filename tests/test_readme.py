@@ -131,6 +131,8 @@ NOT_RUN = {
     "(tests/test_bench_inss_live.py runs one --quick probe)",
     "python -m bench.autoscale": "a simulated load step, seconds (tests/test_autoscaler.py runs "
     "its --quick form)",
+    "python -m bench.autoscale_live": "three daemons, 60 s of live load each, ~3.5 min "
+    "(tests/test_bench_autoscale_live.py runs its --quick form)",
     "python -m bench.inss_learned": "SAC-D training on five cases, ~15 min on one core "
     "(tests/test_inss_learned.py trains on a tiny case)",
     "python -m bench.symphony_partition": "20 configurations × three 10-s solves of 800 models, "
