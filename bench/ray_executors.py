@@ -284,7 +284,9 @@ def run(options: Options, cluster: LocalRayCluster) -> dict[str, Any]:
     ray = import_ray()
     doc: dict[str, Any] = {}
     os.environ.update(NO_AUTH)
+    handler = signal.getsignal(signal.SIGTERM)
     ray.init(address=cluster.address, log_to_driver=False)
+    signal.signal(signal.SIGTERM, handler)  # ray.init's is sys.exit; ours tears down as well
     try:
         same = ray.get_runtime_context().get_node_id()
         (other,) = [n.node_id for n in cluster.nodes if n.node_id != same]
