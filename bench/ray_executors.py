@@ -313,7 +313,9 @@ def run(options: Options, cluster: LocalRayCluster) -> dict[str, Any]:
                     f"back after {k['serving_again_after_s']} s"
                 )
         finally:
-            stop_daemon(handle)
+            exit_status = stop_daemon(handle)
+        # A graceful stop (SIGTERM) exits 0, its arenas unlinked.
+        doc["capacity"][name].update(daemon_pid=handle.process.pid, daemon_exit=exit_status)
     return doc
 
 

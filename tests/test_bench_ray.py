@@ -19,6 +19,7 @@ import pytest
 
 from bench.daemon_launcher import REPO_ROOT
 from bench.ray_cluster import is_live
+from tests.fakes import segments_of
 
 pytest.importorskip("ray")  # the `ray` extra; CI installs it (pyproject's test extra)
 
@@ -71,6 +72,8 @@ def test_quick_ray_bench_equal_outputs_one_event_a_batch_kill_answered_once(tmp_
     capacity = doc["capacity"]
     assert list(capacity) == ["local executors", "Ray executors"]
     for found in capacity.values():
+        assert found["daemon_exit"] == 0  # stopped gracefully, on Ray too
+        assert segments_of(found["daemon_pid"]) == set()  # its arenas unlinked
         assert len(found["probes"]) == 1
         assert 0 < found["probes"][0]["within_slo"] <= 1
 
