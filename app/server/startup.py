@@ -21,6 +21,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import signal
+import threading
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -183,7 +185,13 @@ def ray_pool(
             raise
         raise StartupFailed(str(exc)) from exc
     if not ray.is_initialized():
+        # ray.init (in the main thread) replaces the SIGTERM handler with
+        # sys.exit: the server's own (graceful shutdown: drain, stop the
+        # pool, unlink the arenas) is put back.
+        previous = signal.getsignal(signal.SIGTERM)
         ray.init(address=settings.ray_address, log_to_driver=False)
+        if previous is not None and threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGTERM, previous)
     return RayExecutorPool(
         devices, list(index.models.values()), arenas, events, respawn=settings.respawn
     )

@@ -1,0 +1,95 @@
+"""`python -m bench.ray_executors --quick` end to end on a local two-raylet
+cluster: outputs of Ray executors equal to local ones on both data paths,
+one event per batch, a capacity probe per daemon, and an executor actor
+killed under load with every request answered exactly once and its device
+back in service.
+
+The bench runs as a subprocess under a hard limit; on expiry it gets
+SIGTERM, which makes it tear its cluster and daemons down by PID."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from bench.daemon_launcher import REPO_ROOT
+from bench.ray_cluster import is_live
+from tests.fakes import segments_of
+
+pytest.importorskip("ray")  # the `ray` extra; CI installs it (pyproject's test extra)
+
+pytestmark = pytest.mark.slow
+
+LIMIT_S = 240  # a quick run takes under a minute on 2 cores
+TEARDOWN_S = 30
+
+
+def run_quick(out_dir: Path) -> subprocess.CompletedProcess[str]:
+    command = [sys.executable, "-m", "bench.ray_executors", "--quick", "--out-dir", str(out_dir)]
+    process = subprocess.Popen(
+        command, cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    try:
+        stdout, stderr = process.communicate(timeout=LIMIT_S)
+    except subprocess.TimeoutExpired:
+        process.send_signal(signal.SIGTERM)  # the bench tears its cluster down
+        try:
+            stdout, stderr = process.communicate(timeout=TEARDOWN_S)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            stdout, stderr = process.communicate()
+        pytest.fail(f"the quick Ray bench ran over {LIMIT_S} s:\n{stderr[-3000:]}")
+    return subprocess.CompletedProcess(command, process.returncode, stdout, stderr)
+
+
+def test_quick_ray_bench_equal_outputs_one_event_a_batch_kill_answered_once(tmp_path):
+    done = run_quick(tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    doc = json.loads((tmp_path / "ray.json").read_text())
+    assert doc["failures"] == []
+    kinds = ["local", "ray same node", "ray other node"]
+
+    outputs = doc["outputs"]
+    assert list(outputs) == kinds
+    for kind in kinds:
+        assert outputs[kind]["rows"] == 24
+        assert outputs[kind]["max_abs_delta"] <= 1e-6
+    assert outputs["ray same node"]["data_path"].startswith("shared-memory arena (node ")
+    assert outputs["ray other node"]["data_path"].startswith("object store (node ")
+    # pinned to two different raylets
+    assert outputs["ray same node"]["data_path"] != outputs["ray other node"]["data_path"]
+
+    overhead = doc["overhead"]
+    for kind in kinds:
+        assert overhead[kind]["batches"] == overhead[kind]["events"] == 50
+        assert 0 < overhead[kind]["median_ms"] <= overhead[kind]["p99_ms"]
+
+    capacity = doc["capacity"]
+    assert list(capacity) == ["local executors", "Ray executors"]
+    for found in capacity.values():
+        assert found["daemon_exit"] == 0  # stopped gracefully, on Ray too
+        assert segments_of(found["daemon_pid"]) == set()  # its arenas unlinked
+        assert len(found["probes"]) == 1
+        assert 0 < found["probes"][0]["within_slo"] <= 1
+
+    kill = doc["kill"]
+    assert kill["sent"] > 100  # 5 s at half of 400 r/s
+    assert kill["answered"] == kill["sent"] and kill["unanswered"] == 0
+    assert kill["answered_twice"] == 0
+    assert kill["server_successes"] == kill["ok"] > 0
+    assert kill["killed_pid"] in kill["actor_pids"] and len(kill["actor_pids"]) == 2
+    assert len(kill["devices_down"]) == 1
+    assert kill["down_seen_after_s"] <= kill["serving_again_after_s"] < 60
+    assert 0 <= kill["daemon_down_to_up_s"] <= kill["serving_again_after_s"]
+    assert kill["new_actor_pid"] not in kill["actor_pids"]  # Ray restarted it in a new process
+    # everything the bench started is gone
+    assert not any(is_live(pid) for pid in [*kill["actor_pids"], kill["new_actor_pid"]])
+
+    table = (tmp_path / "ray.md").read_text()
+    assert table.strip() in done.stdout
+    assert "| ray other node | object store" in table
