@@ -17,7 +17,8 @@ from app.errors import InvalidInput
 from app.scheduling import make_scheduler
 from app.server.dispatcher import CoreGroup, Dispatcher
 from app.server.metrics import Metrics
-from tests.fakes import FakeClock, FakeExecutors, FakeService, FakeTimer, devices, model
+from tests.fakes import FakeService, devices, model
+from tests.fakes_live import FakeClock, FakeExecutors, FakeTimer
 
 NATIVE = {"model": "add_one", "inputs": {"x": [[1, 2, 3, 4]]}}
 V2 = {"inputs": [{"name": "x", "shape": [1, 4], "datatype": "FP32", "data": [1, 2, 3, 4]}]}

@@ -64,7 +64,8 @@ def test_a_request_of_n_items_takes_n_slots_anywhere_in_the_arena(no_leftover_se
 
 def test_request_items_come_from_the_slots_given_to_the_dispatcher():
     from app.server.dispatcher import CoreGroup, Dispatcher
-    from tests.fakes import FakeClock, FakeExecutors, FakeTimer, devices, model
+    from tests.fakes import devices, model
+    from tests.fakes_live import FakeClock, FakeExecutors, FakeTimer
 
     info = model("m", max_batch=8)
 

@@ -20,15 +20,14 @@ from app.scheduling.symphony import SymphonyScheduler
 from app.server.dispatcher import CoreGroup, Dispatcher
 from app.server.heap import freeze_startup_heap, thaw_heap
 from app.simulation.engine import DeviceFault, run_simulation
-from tests.fakes import (
+from tests.fakes import devices, model
+from tests.fakes_live import (
     EmulatedExecutors,
     FakeClock,
     FakeExecutors,
     FakeTimer,
     LiveHarness,
     RecordingCore,
-    devices,
-    model,
 )
 
 # ------------------------------------------------ the same decisions, both drivers

@@ -25,7 +25,7 @@ from app.runtime.messages import Ran
 from app.scheduling.ppipe import PPipeScheduler
 from app.server.pipeline_driver import PipelineDriver
 from app.server.pipeline_types import PipelineModel
-from tests.fakes import FakeClock, FakeTimer
+from tests.fakes_live import FakeClock, FakeTimer
 
 MS = 0.001
 # 4 blocks; a block takes b ms at batch b on `fast`, 3·b ms on `slow`.

@@ -16,7 +16,8 @@ from app.api.received import RECEIVED_AT, receive_stamping_protocol, received_at
 from app.scheduling.flex import FlexScheduler
 from app.server.dispatcher import CoreGroup, Dispatcher
 from app.server.metrics import Metrics
-from tests.fakes import GOOD_V2, FakeExecutors, FakeService, devices, model
+from tests.fakes import GOOD_V2, FakeService, devices, model
+from tests.fakes_live import FakeExecutors
 
 
 def _dispatcher() -> Dispatcher:
