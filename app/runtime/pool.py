@@ -58,7 +58,7 @@ from app.errors import ExecutorFailed
 from app.repository.config import ModelConfig
 from app.runtime.alone_profiler import alone_event
 from app.runtime.arena import Arena
-from app.runtime.devices import ExecutorDevice, model_allowed_on
+from app.runtime.devices import ExecutorDevice
 from app.runtime.events import (
     BatchFinished,
     BatchStopped,
@@ -87,6 +87,7 @@ from app.runtime.messages import (
 from app.runtime.mps import GpuSharing
 from app.runtime.pool_models import ModelChanges
 from app.runtime.pool_parking import Parking
+from app.runtime.pool_records import DeviceRecords, ExecutorRecord
 from app.runtime.pool_reshare import Reshares
 from app.runtime.pool_worker import Worker, attach_reader, detach_reader, drain, start_process
 from app.runtime.watchdog import check_interval, hang_of, reap
@@ -98,7 +99,7 @@ LatencyOf = Callable[[str, int], "float | None"]
 
 
 # --------------------------------------------------------------------- pool
-class ExecutorPool(ModelChanges, Reshares, Parking):
+class ExecutorPool(DeviceRecords, ModelChanges, Reshares, Parking):
     """Executor processes for `devices`, serving `configs` through `arenas`.
 
     `configs`: ModelConfigs (a mapping by name or an iterable); `arenas`: one
@@ -165,24 +166,8 @@ class ExecutorPool(ModelChanges, Reshares, Parking):
         self._gpu_sharing = GpuSharing()  # MPS for GPU shares, while running
 
     # ----------------------------------------------------------- placement
-    def placement(self, device_id: int) -> list[str]:
-        """Models the device will load (backend supports it, config allows it)."""
-        device = self.devices[device_id]
-        return [n for n, c in self.configs.items() if model_allowed_on(c, device)]
-
-    def models_on(self, device_id: int) -> list[str]:
-        """Models loaded successfully on the device."""
-        return list(self._workers[device_id].models)
-
-    def devices_for(self, model: str) -> list[int]:
-        return [i for i, w in self._workers.items() if model in w.models and not w.dead]
-
-    def load_errors(self, device_id: int) -> dict[str, str]:
-        return dict(self._workers[device_id].load_errors)
-
-    def load_info(self, device_id: int) -> dict[str, str]:
-        """Per loaded model, a short description (backend, ORT providers)."""
-        return dict(self._workers[device_id].load_info)
+    def _records(self) -> Mapping[int, ExecutorRecord]:
+        return self._workers
 
     def alive(self, device_id: int) -> bool:
         w = self._workers[device_id]
@@ -191,13 +176,6 @@ class ExecutorPool(ModelChanges, Reshares, Parking):
     def pid(self, device_id: int) -> int | None:
         p = self._workers[device_id].process
         return None if p is None else p.pid
-
-    def restarts(self, device_id: int) -> int:
-        return self._workers[device_id].restarts
-
-    def last_respawn_s(self, device_id: int) -> float | None:
-        """Seconds from the failure to serving again, of the last respawn."""
-        return self._workers[device_id].last_respawn_s
 
     def inflight(self, device_id: int) -> dict[int, str]:
         """Batch id → model of the device's batches in flight (a retiring

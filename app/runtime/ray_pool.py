@@ -55,7 +55,7 @@ from app.errors import ExecutorFailed, ServingError
 from app.optional import import_ray
 from app.repository.config import ModelConfig
 from app.runtime.arena import Arena
-from app.runtime.devices import ExecutorDevice, model_allowed_on
+from app.runtime.devices import ExecutorDevice
 from app.runtime.events import (
     BatchFinished,
     BatchStopped,
@@ -64,6 +64,7 @@ from app.runtime.events import (
 )
 from app.runtime.messages import AloneMark, Cancelled, Ran, config_to_dict
 from app.runtime.pool import LatencyOf
+from app.runtime.pool_records import DeviceRecords, ExecutorRecord
 from app.runtime.ray_faults import ActorFaults, clock_offset, measure_paths
 
 log = logging.getLogger("app.runtime.ray_pool")
@@ -107,7 +108,7 @@ class Actor:
     bytes_per_s: float = float("inf")  # PROBE_BYTES there and back
 
 
-class RayExecutorPool(ActorFaults):
+class RayExecutorPool(DeviceRecords, ActorFaults):
     """Ray actors for `devices`, serving `configs` through `arenas` (see the
     module docstring; the arguments are `ExecutorPool`'s). `nodes`: a node
     id per device id to pin its actor to; `all_remote`: every actor takes
@@ -160,21 +161,8 @@ class RayExecutorPool(ActorFaults):
         self._warned_alone = False
 
     # ----------------------------------------------------------- placement
-    def placement(self, device_id: int) -> list[str]:
-        device = self.devices[device_id]
-        return [n for n, c in self.configs.items() if model_allowed_on(c, device)]
-
-    def models_on(self, device_id: int) -> list[str]:
-        return list(self._actors[device_id].models)
-
-    def devices_for(self, model: str) -> list[int]:
-        return [i for i, a in self._actors.items() if model in a.models and not a.dead]
-
-    def load_errors(self, device_id: int) -> dict[str, str]:
-        return dict(self._actors[device_id].load_errors)
-
-    def load_info(self, device_id: int) -> dict[str, str]:
-        return dict(self._actors[device_id].load_info)
+    def _records(self) -> Mapping[int, ExecutorRecord]:
+        return self._actors
 
     def alive(self, device_id: int) -> bool:
         a = self._actors[device_id]
@@ -190,12 +178,6 @@ class RayExecutorPool(ActorFaults):
     def remote(self, device_id: int) -> bool:
         """Whether the device's batches take the object-store data path."""
         return self._actors[device_id].remote
-
-    def restarts(self, device_id: int) -> int:
-        return self._actors[device_id].restarts
-
-    def last_respawn_s(self, device_id: int) -> float | None:
-        return self._actors[device_id].last_respawn_s
 
     def inflight(self, device_id: int) -> dict[int, str]:
         return dict(self._actors[device_id].inflight)

@@ -1,0 +1,60 @@
+"""What an executor pool answers from its per-device records, the same for
+executor processes (app/runtime/pool.py, `Worker`) and Ray actors
+(app/runtime/ray_pool.py, `Actor`): which models a device will load, which
+it loaded or failed to, and how often it was restarted."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Protocol
+
+from app.repository.config import ModelConfig
+from app.runtime.devices import ExecutorDevice, model_allowed_on
+
+
+class ExecutorRecord(Protocol):
+    """The fields of a device's record these answers read."""
+
+    models: list[str]
+    load_errors: dict[str, str]
+    load_info: dict[str, str]
+    dead: bool
+    restarts: int
+    last_respawn_s: float | None
+
+
+class DeviceRecords:
+    """Per-device answers of a pool whose `_records()` maps each device id
+    to its executor's record."""
+
+    devices: dict[int, ExecutorDevice]
+    configs: dict[str, ModelConfig]
+
+    def _records(self) -> Mapping[int, ExecutorRecord]:
+        raise NotImplementedError
+
+    def placement(self, device_id: int) -> list[str]:
+        """Models the device will load (backend supports it, config allows it)."""
+        device = self.devices[device_id]
+        return [n for n, c in self.configs.items() if model_allowed_on(c, device)]
+
+    def models_on(self, device_id: int) -> list[str]:
+        """Models loaded successfully on the device."""
+        return list(self._records()[device_id].models)
+
+    def devices_for(self, model: str) -> list[int]:
+        return [i for i, r in self._records().items() if model in r.models and not r.dead]
+
+    def load_errors(self, device_id: int) -> dict[str, str]:
+        return dict(self._records()[device_id].load_errors)
+
+    def load_info(self, device_id: int) -> dict[str, str]:
+        """Per loaded model, a short description (backend, ORT providers)."""
+        return dict(self._records()[device_id].load_info)
+
+    def restarts(self, device_id: int) -> int:
+        return self._records()[device_id].restarts
+
+    def last_respawn_s(self, device_id: int) -> float | None:
+        """Seconds from the failure to serving again, of the last restart."""
+        return self._records()[device_id].last_respawn_s
