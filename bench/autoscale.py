@@ -57,11 +57,45 @@ def arrivals(rates: list[float], phase_s: float, seed: int) -> np.ndarray:
     return np.array(times)
 
 
-def device_seconds(scaling: list[tuple[float, int]], end: float) -> float:
+def devices_at(samples: list[tuple[float, int]], t: float) -> int:
+    """Devices in service at `t`: the last sample at or before it (the first
+    one before any)."""
+    before = [n for at, n in samples if at <= t]
+    return before[-1] if before else samples[0][1]
+
+
+def device_seconds(samples: list[tuple[float, int]], end: float) -> float:
+    """∫ devices in service dt over [0, end], each (time, devices) sample
+    holding until the next."""
+    inside = [(at, n) for at, n in samples if 0.0 < at < end]
+    steps = [(0.0, devices_at(samples, 0.0)), *inside]
     total = 0.0
-    for (at, n), (next_at, _) in zip(scaling, [*scaling[1:], (end, 0)], strict=True):
+    for (at, n), (next_at, _) in zip(steps, [*steps[1:], (end, 0)], strict=True):
         total += n * (next_at - at)
     return total
+
+
+def attainment(
+    arrival: np.ndarray, good: np.ndarray, phase_s: float, window_s: float
+) -> tuple[list[float | None], list[tuple[float, float | None]], float | None]:
+    """Within SLO (`good` per request, by `arrival`) in each of the three
+    phases and in each `window_s` window from 0; and the first window that
+    starts a window or more after the step up (the end of phase 1) back at
+    ≥ 99 %, in seconds after the step."""
+    phases = []
+    for k in range(3):
+        sel = (arrival >= k * phase_s) & (arrival < (k + 1) * phase_s)
+        phases.append(float(good[sel].mean()) if sel.any() else None)
+    windows = []
+    at = 0.0
+    while at < 3 * phase_s - 1e-9:
+        sel = (arrival >= at) & (arrival < at + window_s)
+        windows.append((at, float(good[sel].mean()) if sel.any() else None))
+        at += window_s
+    back = next(
+        (w for w, v in windows if w >= phase_s + window_s and v is not None and v >= 0.99), None
+    )
+    return phases, windows, None if back is None else back - phase_s
 
 
 def run(args: argparse.Namespace, system: str, times: np.ndarray) -> tuple[Trace, Autoscaler]:
@@ -90,30 +124,18 @@ def run(args: argparse.Namespace, system: str, times: np.ndarray) -> tuple[Trace
     return trace, scaler
 
 
-def summarise(trace: Trace, phase_s: float, step_at: float) -> dict[str, Any]:
+def summarise(trace: Trace, phase_s: float) -> dict[str, Any]:
     good = trace.status == 1
-    phases = []
-    for k in range(3):
-        sel = (trace.arrival >= k * phase_s) & (trace.arrival < (k + 1) * phase_s)
-        phases.append(float(good[sel].mean()) if sel.any() else None)
-    windows = []
-    at = 0.0
-    while at < 3 * phase_s:
-        sel = (trace.arrival >= at) & (trace.arrival < at + WINDOW)
-        windows.append((at, float(good[sel].mean()) if sel.any() else None))
-        at += WINDOW
-    back = next(
-        (w for w, v in windows if w >= step_at + WINDOW and v is not None and v >= 0.99), None
-    )
+    phases, windows, back = attainment(trace.arrival, good, phase_s, WINDOW)
     scaling = trace.scaling or []
-    first_up = next((t for t, n in scaling if t > step_at and n > scaling[0][1]), None)
+    first_up = next((t for t, n in scaling if t > phase_s and n > scaling[0][1]), None)
     return {
         "within_slo_per_phase": phases,
         "within_slo": float(good.mean()),
         "device_seconds": device_seconds(scaling, trace.end_time),
         "devices_over_time": scaling,
-        "first_added_serving_s": None if first_up is None else first_up - step_at,
-        "back_above_99_window_s": None if back is None else back - step_at,
+        "first_added_serving_s": None if first_up is None else first_up - phase_s,
+        "back_above_99_window_s": back,
         "devices_at_end": scaling[-1][1] if scaling else None,
         "windows": windows,
     }
@@ -168,7 +190,7 @@ def main(argv: list[str] | None = None) -> int:
     rows = {}
     for system in ("autoscaled", "fixed-max", "fixed-start"):
         trace, _ = run(args, system, times)
-        rows[system] = summarise(trace, args.phase_s, args.phase_s)
+        rows[system] = summarise(trace, args.phase_s)
         print(f"{system}: {rows[system]['within_slo']:.2%} within SLO", file=sys.stderr)
     shown = render(rows, args)
     print(shown)

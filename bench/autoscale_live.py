@@ -57,6 +57,7 @@ from app.scheduling.profile import LatencyProfile
 from app.workloads.arrivals import Arrivals
 from app.workloads.spec import ArrivalSpec, DeviceSpec, ModelSpec, Workload
 from bench.autoscale import arrivals as step_arrivals
+from bench.autoscale import attainment, device_seconds, devices_at
 from bench.daemon_launcher import free_port, start_daemon, stop_daemon
 from bench.loadgen import prepare_targets, run_load
 from bench.loadgen.records import Records
@@ -150,42 +151,13 @@ async def one_run(url: str, load: Workload, times: np.ndarray, workers: int) -> 
     }
 
 
-def devices_at(samples: list[tuple[float, int]], t: float) -> int:
-    """Devices alive at `t`: the last sample at or before it (the first one before any)."""
-    before = [n for at, n in samples if at <= t]
-    return before[-1] if before else samples[0][1]
-
-
-def device_seconds(samples: list[tuple[float, int]], end: float) -> float:
-    """∫ devices alive dt over [0, end], each sample holding until the next."""
-    inside = [(at, n) for at, n in samples if 0.0 < at < end]
-    steps = [(0.0, devices_at(samples, 0.0)), *inside]
-    total = 0.0
-    for (at, n), (next_at, _) in zip(steps, [*steps[1:], (end, 0)], strict=True):
-        total += n * (next_at - at)
-    return total
-
-
 def summarise(run: dict[str, Any], phase_s: float) -> dict[str, Any]:
     records: Records = run["records"]
     samples: list[tuple[float, int]] = run["devices"]
     step_up, step_down, end = phase_s, 2 * phase_s, 3 * phase_s
     answered = records.status != 0
     good = (records.status == 200) & (records.latency_ms <= SLO_MS)
-    at = records.intended
-    phases = []
-    for k in range(3):
-        sel = (at >= k * phase_s) & (at < (k + 1) * phase_s)
-        phases.append(float(good[sel].mean()) if sel.any() else None)
-    windows = []
-    w = 0.0
-    while w < end - 1e-9:
-        sel = (at >= w) & (at < w + WINDOW)
-        windows.append((w, float(good[sel].mean()) if sel.any() else None))
-        w += WINDOW
-    back = next(
-        (w for w, v in windows if w >= step_up + WINDOW and v is not None and v >= 0.99), None
-    )
+    phases, windows, back = attainment(records.intended, good, phase_s, WINDOW)
     at_step = devices_at(samples, step_up)
     first_up = next((t for t, n in samples if t > step_up and n > at_step), None)
     peak = max((n for t, n in samples if step_up < t <= end), default=at_step)
@@ -217,7 +189,7 @@ def summarise(run: dict[str, Any], phase_s: float) -> dict[str, Any]:
         "devices_at_step_down": devices_at(samples, step_down),
         "devices_at_end": devices_at(samples, end),
         "first_added_alive_s": None if first_up is None else first_up - step_up,
-        "back_above_99_window_s": None if back is None else back - step_up,
+        "back_above_99_window_s": back,
         "generator": run["generator"],
     }
 
