@@ -34,9 +34,6 @@ from app.server.dispatcher import CoreGroup, Dispatcher
 from app.server.metrics import Metrics
 from app.server.settings import read_settings
 from tests.fakes import (
-    FakeClock,
-    FakeExecutors,
-    FakeTimer,
     PoolEvents,
     devices,
     emulated_config,
@@ -44,6 +41,7 @@ from tests.fakes import (
     onnx_config,
 )
 from tests.fakes import model as model_info
+from tests.fakes_live import FakeClock, FakeExecutors, FakeTimer
 
 GIVE_UP_S = 10.0  # a guard against a hang, never a timing claim
 
