@@ -288,7 +288,10 @@ def test_onnx_pool_matches_session_errors_and_profile(tmp_path):
             times = await pool.profile(0, "big", [1, 4, 16], warmup=2, repeats=7)
             assert sorted(times) == [1, 4, 16]
             assert all(t > 0 for t in times.values())
-            assert times[16] > times[1] and times[4] >= 0.8 * times[1]
+            # How the times compare is a timing claim (bench/, not here);
+            # what must hold is that a model not loaded is an error.
+            with pytest.raises(ExecutorFailed, match="not loaded"):
+                await pool.profile(0, "broken", [1])
             assert our_segments()  # still there while running
         finally:
             await pool.stop(timeout=5)
