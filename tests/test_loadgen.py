@@ -27,7 +27,7 @@ LOADGEN_SCHEMA = json.loads((ROOT / "bench" / "loadgen_schema.json").read_text()
 
 # A minimal HTTP/1.1 server (keep-alive, no framework, so it costs little CPU):
 # POST /infer answers after DELAY_MS, or 503 "deadline" for a model whose name
-# ends in "-drop"; GET /v2/models/{name} for the models named on the command
+# ends in "-drop"; POST /v2/models/{name}/infer answers KServe v2 JSON; GET /v2/models/{name} for the models named on the command
 # line; GET /stats returns the monotonic time each /infer request arrived
 # (CLOCK_MONOTONIC is shared by processes, so it compares with the
 # generator's clock).
@@ -78,6 +78,13 @@ class Stub(asyncio.Protocol):
             out = {"model": model, "outputs": {"output": {"shape": [1, 2], "data": [[0.0, 1.0]]}},
                    "timing": {"queue_ms": 0.25, "exec_ms": 1.5, "batch_size": 3, "device": "stub0"}}
             loop.call_later(DELAY, reply, self.t, 200, out)
+        elif method == "POST" and path.startswith("/v2/models/") and path.endswith("/infer"):
+            # A KServe v2 peer: no `timing` in its answer.
+            received.append(time.monotonic())
+            name = path.split("/")[3]
+            out = {"model_name": name, "outputs": [
+                {"name": "output", "datatype": "FP32", "shape": [1, 2], "data": [0.0, 1.0]}]}
+            loop.call_later(DELAY, reply, self.t, 200 if name in MODELS else 404, out)
         elif path.startswith("/v2/models/") and path.count("/") == 3:
             name = path.rsplit("/", 1)[1]
             if name in MODELS:
@@ -306,6 +313,22 @@ def test_httpx_client_follows_the_schedule_too(fast_stub, tmp_path):
     assert 0.75 < pace(got, rec.intended) < 1.33, pace(got, rec.intended)
     o = result.summary["overall"]
     assert o["goodput_rps"] > 0 and o["mean_batch_size"] == pytest.approx(3.0)
+
+
+@pytest.mark.parametrize("client", ["raw", "httpx"])
+def test_targets_with_their_own_path_are_sent_there(fast_stub, tmp_path, client):
+    # A peer speaking another API (KServe v2 here): each target names its path.
+    workload, _ = make_workload(tmp_path, name=f"path-{client}", rate=100, duration=0.3)
+    before = len(fast_stub.received())
+    target = lg.ModelTarget("m", 100.0, b'{"inputs": []}', path="/v2/models/m/infer")
+    result = run(fast_stub.url, workload, client=client, targets=[target])
+    rec = result.records
+    assert len(rec) > 10 and int(np.sum(rec.status == 200)) == len(rec)
+    assert len(fast_stub.received()) - before == len(rec)
+    # No `timing` in a KServe answer: the server's split is unknown, not zero.
+    assert np.all(np.isnan(rec.queue_ms)) and np.all(rec.batch_size == 0)
+    o = result.summary["overall"]
+    assert o["goodput_rps"] > 0
 
 
 @pytest.mark.slow

@@ -23,7 +23,7 @@ import collections
 import contextlib
 import json
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -39,6 +39,7 @@ except ImportError:  # pragma: no cover - orjson is a dependency of the daemon
     _loads = json.loads
 
 CLIENTS = ("raw", "httpx")
+NATIVE_PATH = "/infer"
 
 
 @dataclass
@@ -47,10 +48,13 @@ class ClientConfig:
 
     client: str  # one of CLIENTS
     base_url: str
-    bodies: list[bytes]  # per workload model: the pre-serialised POST /infer body
+    bodies: list[bytes]  # per workload model: the pre-serialised POST body
     connections: int  # at most, per worker
     warm_connections: int  # opened before the start
     timeout_s: float  # the longest request timeout (httpx's own timeouts back it up)
+    # Per body: the path it is POSTed to (None: the daemon's native /infer);
+    # a peer speaking another API (KServe v2, BentoML) has a path per model.
+    paths: list[str] | None = None
 
 
 class Reply:
@@ -288,7 +292,13 @@ class RawSender:
     CPU httpx needs per request, which matters when the generator shares a
     small machine with the server."""
 
-    def __init__(self, base_url: str, bodies: list[bytes], connections: int) -> None:
+    def __init__(
+        self,
+        base_url: str,
+        bodies: list[bytes],
+        connections: int,
+        paths: Sequence[str] | None = None,
+    ) -> None:
         url = httpx.URL(base_url)
         host = url.host
         port = url.port or (443 if url.scheme == "https" else 80)
@@ -296,14 +306,17 @@ class RawSender:
             raise LoadGenError("the raw client speaks plain http only (use --client httpx)")
         prefix = url.raw_path.decode().rstrip("/")
         host_header = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+        paths = list(paths) if paths is not None else [NATIVE_PATH] * len(bodies)
+        if len(paths) != len(bodies):
+            raise LoadGenError(f"{len(paths)} paths for {len(bodies)} request bodies")
         self.requests = [
             (
-                f"POST {prefix}/infer HTTP/1.1\r\nHost: {host_header}\r\n"
+                f"POST {prefix}{path} HTTP/1.1\r\nHost: {host_header}\r\n"
                 f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n"
                 "User-Agent: bench.loadgen\r\n\r\n"
             ).encode()
             + body
-            for body in bodies
+            for body, path in zip(bodies, paths, strict=True)
         ]
         self.pool = _RawPool(host, port, connections)
 
@@ -345,7 +358,12 @@ class HttpxSender:
     PER_CLIENT = 8
 
     def __init__(
-        self, base_url: str, bodies: list[bytes], connections: int, timeout_s: float
+        self,
+        base_url: str,
+        bodies: list[bytes],
+        connections: int,
+        timeout_s: float,
+        paths: Sequence[str] | None = None,
     ) -> None:
         shards = max(1, math.ceil(connections / self.PER_CLIENT))
         per = math.ceil(connections / shards)
@@ -361,6 +379,9 @@ class HttpxSender:
         ]
         self.inflight = [0] * shards
         self.bodies = bodies
+        self.paths = list(paths) if paths is not None else [NATIVE_PATH] * len(bodies)
+        if len(self.paths) != len(bodies):
+            raise LoadGenError(f"{len(self.paths)} paths for {len(bodies)} request bodies")
         self.headers = {"content-type": "application/json"}
 
     async def warm(self, count: int) -> None:
@@ -385,7 +406,7 @@ class HttpxSender:
 
         try:
             response = await self.clients[k].post(
-                "/infer", content=self.bodies[m], headers=self.headers, extensions={"trace": trace}
+                self.paths[m], content=self.bodies[m], headers=self.headers, extensions={"trace": trace}
             )
             return Reply(response.status_code, response.content, asyncio.get_running_loop().time())
         finally:
@@ -404,9 +425,11 @@ class Sender(Protocol):
 
 def make_sender(config: ClientConfig) -> RawSender | HttpxSender:
     if config.client == "raw":
-        return RawSender(config.base_url, config.bodies, config.connections)
+        return RawSender(config.base_url, config.bodies, config.connections, config.paths)
     if config.client == "httpx":
-        return HttpxSender(config.base_url, config.bodies, config.connections, config.timeout_s)
+        return HttpxSender(
+            config.base_url, config.bodies, config.connections, config.timeout_s, config.paths
+        )
     raise LoadGenError(f"client must be one of {CLIENTS}, got {config.client!r}")
 
 

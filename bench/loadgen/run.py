@@ -109,6 +109,7 @@ async def run_load(
         client=client,
         base_url=base,
         bodies=[t.body for t in targets] if variants is None else list(variants.bodies),
+        paths=[t.path for t in targets] if variants is None else None,
         connections=conns,
         warm_connections=warm,
         timeout_s=max(timeouts) + RUN_GRACE_S,

@@ -69,7 +69,8 @@ class ModelTarget:
 
     name: str
     slo_ms: float
-    body: bytes  # the pre-serialised POST /infer body
+    body: bytes  # the pre-serialised POST body
+    path: str = "/infer"  # where it is POSTed: the daemon's native API by default
 
 
 _RANDOM_KINDS = {
