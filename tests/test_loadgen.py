@@ -27,8 +27,9 @@ LOADGEN_SCHEMA = json.loads((ROOT / "bench" / "loadgen_schema.json").read_text()
 
 # A minimal HTTP/1.1 server (keep-alive, no framework, so it costs little CPU):
 # POST /infer answers after DELAY_MS, or 503 "deadline" for a model whose name
-# ends in "-drop"; POST /v2/models/{name}/infer answers KServe v2 JSON; GET /v2/models/{name} for the models named on the command
-# line; GET /stats returns the monotonic time each /infer request arrived
+# ends in "-drop"; POST /v2/models/{name}/infer answers KServe v2 JSON;
+# GET /v2/models/{name} for the models named on the command line; GET /stats
+# returns the monotonic time each /infer request arrived
 # (CLOCK_MONOTONIC is shared by processes, so it compares with the
 # generator's clock).
 STUB = r"""

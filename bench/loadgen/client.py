@@ -406,7 +406,10 @@ class HttpxSender:
 
         try:
             response = await self.clients[k].post(
-                self.paths[m], content=self.bodies[m], headers=self.headers, extensions={"trace": trace}
+                self.paths[m],
+                content=self.bodies[m],
+                headers=self.headers,
+                extensions={"trace": trace},
             )
             return Reply(response.status_code, response.content, asyncio.get_running_loop().time())
         finally:
