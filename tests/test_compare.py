@@ -53,13 +53,80 @@ def _result(system: str, capacity: float, p50: float = 5.0) -> SystemResult:
     )
 
 
-def test_table_gives_each_system_its_ratio_to_ray_serve():
-    table = markdown_table([_result("symphony", 900.0), _result("ray", 300.0)])
+def test_table_gives_each_system_its_ratio_to_each_peer():
+    table = markdown_table(
+        [_result("symphony", 900.0), _result("ray", 300.0), _result("tritonserver", 600.0)]
+    )
     lines = table.splitlines()
-    assert lines[2].startswith("| label symphony | 900 (CONVERGED) | 3.00× | 100 | 5.0 / 20.0 |")
-    assert lines[3].startswith("| label ray | 300 (CONVERGED) | — |")
-    # Without Ray there is no ratio.
-    assert "| — |" in markdown_table([_result("symphony", 900.0)]).splitlines()[2]
+    assert lines[0].startswith("| system | capacity r/s (≥ 99 % within SLO) | vs Triton | vs Ray")
+    assert lines[2].startswith(
+        "| label symphony | 900 (CONVERGED) | 1.50× | 3.00× | 100 | 5.0 / 20.0 |"
+    )
+    assert lines[3].startswith("| label ray | 300 (CONVERGED) | 0.50× | — |")
+    assert lines[4].startswith("| label tritonserver | 600 (CONVERGED) | — | 2.00× |")
+    # Without peers there is no ratio column.
+    alone = markdown_table([_result("symphony", 900.0)]).splitlines()
+    assert "vs" not in alone[0] and alone[2].startswith(
+        "| label symphony | 900 (CONVERGED) | 100 |"
+    )
+
+
+def test_fewer_devices_scale_the_rates_in_proportion():
+    setup = SETUPS["a"].on_devices(1)
+    assert (setup.emulated_devices, setup.devices) == (1, 1)
+    file = load_workload(SETUPS["a"].workload)
+    one = setup.workload_on_devices(file)
+    assert [d.name for d in one.devices] == ["dev0"]
+    assert one.offered_rate() == pytest.approx(file.offered_rate() / 2)
+    # The CPU workload keeps its executor; --devices 0 keeps the file's count.
+    assert SETUPS["b"].on_devices(3) == SETUPS["b"]
+    assert SETUPS["c"].on_devices(0) == SETUPS["c"]
+    four = SETUPS["a"].on_devices(4)
+    assert four.workload_on_devices(file).offered_rate() == pytest.approx(2 * file.offered_rate())
+
+
+def test_a_peer_grid_is_screened_at_each_points_own_capacity(monkeypatch):
+    from bench.compare import peers as peers_mod
+    from bench.compare.measure import Options
+
+    capacities = {"small": 120.0, "big": 310.0, "huge": 310.0}
+    events: list[str] = []
+
+    class Capacity:
+        def __init__(self, rps: float) -> None:
+            self.capacity_rps, self.status, self.rate_scale = rps, "CONVERGED", rps / 100
+
+    class FakePeer(peers_mod.Peer):
+        name, title = "fake", "Fake"
+
+        def grid(self, setup, workload, options):
+            return [peers_mod.PeerPoint(k, {"k": k}, k) for k in capacities]
+
+        def start(self, setup, workload, point):
+            events.append(f"start {point.label}")
+            return peers_mod.Running(f"http://127.0.0.1/{point.label}", 1.5, point.label)
+
+        def stop(self, running):
+            events.append(f"stop {running.handle}")
+
+        def targets(self, setup, workload):
+            return []
+
+    def fake_search(url, workload, targets, options, max_probes):
+        assert max_probes == 3
+        return Capacity(capacities[url.rsplit("/", 1)[1]]), [{"offered_rps": 1.0}]
+
+    monkeypatch.setattr(peers_mod, "capacity_search", fake_search)
+    options = Options(5.0, 8, 1.0, None, 1, screen_probes=3)
+    best, rows = peers_mod.screen(
+        FakePeer(), SETUPS["a"], load_workload(SETUPS["a"].workload), options
+    )
+    # The highest capacity wins; a tie goes to the earlier point.
+    assert best.label == "big"
+    assert [r["capacity_rps"] for r in rows] == [120.0, 310.0, 310.0]
+    assert rows[1]["startup_s"] == 1.5 and rows[1]["k"] == "big"
+    # Every point was stopped before the next one started.
+    assert events == [f"{verb} {k}" for k in capacities for verb in ("start", "stop")]
 
 
 def test_outputs_are_written(tmp_path):
@@ -79,6 +146,9 @@ def test_outputs_are_written(tmp_path):
 def test_unknown_system_is_a_usage_error(capsys):
     assert compare.main(["--systems", "symphony,tensorflow-serving"]) == 2
     assert "tensorflow-serving" in capsys.readouterr().err
+    assert compare.main(["--systems", "symphony", "--peers", "torchserve"]) == 2
+    assert "torchserve" in capsys.readouterr().err
+    assert compare.main(["--systems", "none", "--peers", "none"]) == 2
 
 
 @pytest.mark.slow
@@ -90,6 +160,8 @@ def test_short_run_against_the_daemon(tmp_path, capsys):
             "ceiling",
             "--systems",
             "symphony",
+            "--peers",
+            "none",
             "--probe-duration",
             "1",
             "--max-probes",

@@ -97,8 +97,9 @@ NOT_RUN = {
     "(tests/test_triton_repository.py runs the command's code)",
     LOADGEN: "a capacity bisection of 15-s open-loop runs, minutes of load; the server the "
     "README starts for it is checked to serve its workload (loadgen's own check)",
-    "python -m bench.compare": "every system on workloads a, b and c, ~30 min, Ray",
-    "python -m bench.compare --workload ceiling --systems symphony --cdf-fraction 0.5": (
+    "python -m bench.compare": "every system on workloads a, b and c, ~45 min, the peers",
+    "python -m bench.compare --workload ceiling --systems symphony --peers none "
+    "--cdf-fraction 0.5": (
         "a capacity bisection and a latency CDF of the live daemon, minutes of load"
     ),
     "python -m bench.orloj_tables": "15 cases × 5 SLOs × 5 policies over 100 s of trace, "

@@ -1,0 +1,3 @@
+from bench.compare.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,166 @@
+"""Measuring one system on one workload: its capacity by bisection over short
+open-loop runs of `bench.loadgen`, then one run for the latency CDF."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from app.runtime.realtime import fifo_while
+from app.workloads.spec import Workload
+from bench.compare.setups import Setup
+from bench.daemon_launcher import start_daemon, stop_daemon
+from bench.loadgen import LiveResult, ModelTarget, find_live_capacity, prepare_targets, run_load
+
+
+@dataclass
+class SystemResult:
+    """One system on one workload."""
+
+    system: str
+    label: str
+    startup_s: float
+    capacity_rps: float
+    capacity_status: str
+    probes: list[dict[str, Any]]  # offered, goodput, attainment per capacity probe
+    cdf_run: dict[str, Any]  # the run at the nominal rate: summary + generator
+    latencies_ms: np.ndarray = field(repr=False)  # answered requests of that run
+    grid: list[dict[str, Any]] = field(default_factory=list)  # peers: the screening
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "system": self.system,
+            "label": self.label,
+            "startup_s": self.startup_s,
+            "capacity_rps": self.capacity_rps,
+            "capacity_status": self.capacity_status,
+            "probes": self.probes,
+            "cdf_run": self.cdf_run,
+            "grid": self.grid,
+        }
+
+
+@dataclass(frozen=True)
+class Options:
+    probe_duration_s: float
+    max_probes: int
+    cdf_scale: float
+    cdf_fraction: float | None  # CDF run at this fraction of the system's capacity
+    workers: int
+    screen_probes: int = 4  # capacity probes per peer grid point
+    ray_waits_s: tuple[float, ...] | None = None  # None: ray_grid.WAITS_S
+    realtime_priority: int = 0  # SCHED_FIFO of the daemon and the generator (0: off)
+
+
+def probe_row(result: LiveResult) -> dict[str, Any]:
+    overall = result.summary["overall"]
+    return {
+        "rate_scale": result.rate_scale,
+        "offered_rps": overall["offered_rps"],
+        "goodput_rps": overall["goodput_rps"],
+        "slo_attainment": overall["slo_attainment"],
+        "latency_p99_ms": overall.get("latency_p99_ms"),
+        "fell_behind": result.fell_behind,
+    }
+
+
+def _latencies(result: LiveResult) -> np.ndarray:
+    records = result.records
+    latency = records.latency_ms[records.status == 200]
+    return np.sort(latency[~np.isnan(latency)])
+
+
+def short(workload: Workload, options: Options) -> Workload:
+    """The workload cut to one probe's duration."""
+    return dataclasses.replace(workload, duration_s=float(options.probe_duration_s))
+
+
+def capacity_search(
+    url: str,
+    workload: Workload,
+    targets: Sequence[ModelTarget],
+    options: Options,
+    max_probes: int,
+) -> tuple[Any, list[dict[str, Any]]]:
+    """The bisection: (CapacityResult, probe rows sorted by offered load)."""
+    capacity, probes = find_live_capacity(
+        url,
+        workload,
+        probe_duration_s=options.probe_duration_s,
+        max_runs=max_probes,
+        targets=targets,
+        workers=options.workers,
+    )
+    rows = sorted((probe_row(r) for r in probes.values()), key=lambda p: p["offered_rps"])
+    return capacity, rows
+
+
+def measure(
+    url: str,
+    workload: Workload,
+    targets: Sequence[ModelTarget],
+    options: Options,
+    *,
+    system: str,
+    label: str,
+    startup_s: float,
+) -> SystemResult:
+    """Capacity search, then one run at the nominal rate (or at
+    `cdf_fraction` of the capacity) for the CDF."""
+    with fifo_while(options.realtime_priority, "--realtime-priority"):
+        capacity, rows = capacity_search(url, workload, targets, options, options.max_probes)
+        cdf_scale = options.cdf_scale
+        if options.cdf_fraction is not None and capacity.rate_scale is not None:
+            cdf_scale = capacity.rate_scale * options.cdf_fraction
+        cdf = asyncio.run(
+            run_load(
+                url, short(workload, options), cdf_scale, targets=targets, workers=options.workers
+            )
+        )
+    return SystemResult(
+        system=system,
+        label=label,
+        startup_s=startup_s,
+        capacity_rps=capacity.capacity_rps,
+        capacity_status=capacity.status,
+        probes=rows,
+        cdf_run={"rate_scale": cdf_scale, **cdf.summary, "generator": cdf.generator},
+        latencies_ms=_latencies(cdf),
+    )
+
+
+def free_port() -> int:
+    from bench.peers.ray_serve_launcher import free_port as _free_port
+
+    return _free_port()
+
+
+def run_daemon(setup: Setup, workload: Workload, policy: str, options: Options) -> SystemResult:
+    """The daemon with `policy` on the setup's devices."""
+    handle = start_daemon(
+        setup.repository,
+        free_port(),
+        policy=policy,
+        emulated_devices=setup.emulated_devices,
+        cpu_slices=setup.cpu_slices,
+        threads_per_slice=setup.cpu_threads,
+        extra_env={"REALTIME_PRIORITY": str(options.realtime_priority)},
+    )
+    try:
+        targets = asyncio.run(prepare_targets(handle.url, short(workload, options)))
+        return measure(
+            handle.url,
+            workload,
+            targets,
+            options,
+            system=policy,
+            label=f"daemon, policy {policy}",
+            startup_s=handle.startup_s,
+        )
+    finally:
+        stop_daemon(handle)

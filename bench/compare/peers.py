@@ -1,0 +1,229 @@
+"""The peers the daemon is compared with, behind one interface, and how each
+peer's configuration grid is screened.
+
+Every peer has a small grid of the settings a careful user of it would try
+(`bench.peers.ray_grid`, `bench.peers.triton_launcher.triton_grid`,
+`bench.peers.bentoml_launcher.bentoml_grid`). Each grid point is started and
+screened at **its own capacity**: a short bisection (`--screen-probes`
+probes) from the workload's nominal rate, so a point that would pass at a
+lower load is not ranked by how badly it fails at the daemon's. The point
+with the highest screened capacity (ties: the earlier point) then gets the
+same full capacity search and CDF run as the daemon.
+
+A peer's extra is imported only when the peer is run; a missing extra is a
+`PeerUnavailable` naming what to install.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from app.repository import BUNDLED_REPOSITORY
+from app.repository.loader import load_repository
+from app.runtime.realtime import fifo_while
+from app.workloads.spec import Workload
+from bench.compare.measure import (
+    Options,
+    SystemResult,
+    capacity_search,
+    free_port,
+    measure,
+)
+from bench.compare.setups import Setup
+from bench.loadgen import ModelTarget, build_targets
+
+
+class PeerUnavailable(RuntimeError):
+    """A peer's optional extra is not installed (the message says which)."""
+
+
+@dataclass(frozen=True)
+class PeerPoint:
+    """One configuration of a peer."""
+
+    label: str
+    settings: dict[str, Any]  # what the results JSON records
+    config: Any  # the peer's own point object
+
+
+@dataclass(frozen=True)
+class Running:
+    """A started peer: where it listens and how long it took to serve."""
+
+    url: str
+    startup_s: float
+    handle: Any
+
+
+RequestBuilder = Callable[[str, Sequence[dict[str, Any]], float, int], tuple[str, bytes]]
+
+
+def input_metadata(setup: Setup) -> dict[str, list[dict[str, Any]]]:
+    """Every model's v2 input metadata, from the repository the daemon serves."""
+    if setup.repository == BUNDLED_REPOSITORY:
+        from app.repository.bundled import ensure_bundled_models
+
+        ensure_bundled_models(setup.repository)  # the ONNX files are built on first use
+    index = load_repository(setup.repository)
+    return {
+        name: [
+            {"name": spec.name, "datatype": spec.datatype, "shape": list(spec.shape)}
+            for spec in config.inputs
+        ]
+        for name, config in index.models.items()
+    }
+
+
+def targets_for(setup: Setup, workload: Workload, request: RequestBuilder) -> list[ModelTarget]:
+    """One target per workload model, with the peer's own path and body."""
+    inputs = input_metadata(setup)
+    targets = []
+    for k, model in enumerate(workload.models):
+        path, body = request(model.name, inputs[model.name], float(model.slo_ms), k)
+        targets.append(ModelTarget(model.name, float(model.slo_ms), body, path))
+    return targets
+
+
+class Peer:
+    """A peer system: its grid, how to start and stop one point, its requests."""
+
+    name = ""
+    title = ""
+    install = "pip install -e '.[peers]'"
+
+    def check(self) -> None:
+        """Raise PeerUnavailable when the peer cannot run here."""
+
+    def grid(self, setup: Setup, workload: Workload, options: Options) -> list[PeerPoint]:
+        raise NotImplementedError
+
+    def start(self, setup: Setup, workload: Workload, point: PeerPoint) -> Running:
+        raise NotImplementedError
+
+    def stop(self, running: Running) -> None:
+        raise NotImplementedError
+
+    def targets(self, setup: Setup, workload: Workload) -> list[ModelTarget]:
+        raise NotImplementedError
+
+
+def _require(module: str, peer: str, install: str) -> None:
+    import importlib.util
+
+    if importlib.util.find_spec(module) is None:
+        raise PeerUnavailable(f"peer {peer!r} needs the {module!r} package: {install}")
+
+
+class RayServe(Peer):
+    """Ray Serve, `@serve.batch`, one replica per device (bench/peers/ray_serve_app.py)."""
+
+    name, title = "ray", "Ray Serve"
+
+    def check(self) -> None:
+        _require("ray", self.name, self.install)
+
+    def grid(self, setup: Setup, workload: Workload, options: Options) -> list[PeerPoint]:
+        from bench.peers.ray_grid import candidate_grid, target_from_config
+
+        index = load_repository(setup.repository)
+        points = candidate_grid(
+            [
+                target_from_config(
+                    index.models[m.name], cpu_threads=setup.cpu_threads, slo_ms=m.slo_ms
+                )
+                for m in workload.models
+            ],
+            **({"waits_s": options.ray_waits_s} if options.ray_waits_s is not None else {}),
+        )
+        return [PeerPoint(p.label, p.to_dict(), p) for p in points]
+
+    def start(self, setup: Setup, workload: Workload, point: PeerPoint) -> Running:
+        from bench.peers.ray_serve_launcher import start_ray_serve
+
+        sizes = dict(point.config.max_batch_size)
+        handle = start_ray_serve(
+            setup.repository,
+            free_port(),
+            devices=setup.devices,
+            max_batch_size=sizes if len(sizes) > 1 else point.config.single_batch_size(),
+            batch_wait_timeout_s=point.config.batch_wait_timeout_s,
+            cpu_threads=setup.cpu_threads,
+            models=[m.name for m in workload.models],
+        )
+        return Running(handle.url, handle.startup_s, handle)
+
+    def stop(self, running: Running) -> None:
+        from bench.peers.ray_serve_launcher import stop
+
+        stop(running.handle)
+
+    def targets(self, setup: Setup, workload: Workload) -> list[ModelTarget]:
+        # Ray Serve speaks the daemon's native /infer API.
+        return build_targets(workload, input_metadata(setup))
+
+
+PEERS: dict[str, Peer] = {peer.name: peer for peer in (RayServe(),)}
+
+
+def screen(
+    peer: Peer, setup: Setup, workload: Workload, options: Options
+) -> tuple[PeerPoint, list[dict[str, Any]]]:
+    """Each grid point's own capacity; the best point and every row."""
+    targets = peer.targets(setup, workload)
+    rows: list[dict[str, Any]] = []
+    best: tuple[float, PeerPoint] | None = None
+    for point in peer.grid(setup, workload, options):
+        running = peer.start(setup, workload, point)
+        try:
+            with fifo_while(options.realtime_priority, "--realtime-priority"):
+                capacity, probes = capacity_search(
+                    running.url, workload, targets, options, options.screen_probes
+                )
+        finally:
+            peer.stop(running)
+        row = {
+            **point.settings,
+            "label": point.label,
+            "startup_s": running.startup_s,
+            "capacity_rps": capacity.capacity_rps,
+            "capacity_status": capacity.status,
+            "probes": probes,
+        }
+        rows.append(row)
+        print(
+            f"  {peer.name} grid {point.label}: capacity {capacity.capacity_rps:,.0f} r/s "
+            f"({capacity.status}, start-up {running.startup_s:.1f} s)",
+            file=sys.stderr,
+        )
+        if best is None or capacity.capacity_rps > best[0]:
+            best = (capacity.capacity_rps, point)
+    if best is None:
+        raise ValueError(f"peer {peer.name}: empty grid")
+    return best[1], rows
+
+
+def run_peer(peer: Peer, setup: Setup, workload: Workload, options: Options) -> SystemResult:
+    """Screen the grid, then measure the best point as the daemon is measured."""
+    best, rows = screen(peer, setup, workload, options)
+    targets = peer.targets(setup, workload)
+    running = peer.start(setup, workload, best)
+    try:
+        measured = measure(
+            running.url,
+            workload,
+            targets,
+            options,
+            system=peer.name,
+            label=f"{peer.title}, {best.label}",
+            startup_s=running.startup_s,
+        )
+    finally:
+        peer.stop(running)
+    measured.grid = rows
+    return measured
+
+
+__all__ = ["PEERS", "Peer", "PeerPoint", "PeerUnavailable", "Running", "run_peer", "screen"]
