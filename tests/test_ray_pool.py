@@ -240,3 +240,41 @@ def test_autoscale_with_ray_address_stops_start_up(tmp_path):
     arenas = {"m": Arena.create(index.models["m"], 8)}
     with pytest.raises(StartupFailed, match="AUTOSCALE parks executors"):
         startup.ray_pool(settings, [EMU], index, arenas, PoolEvents())
+
+
+def test_ray_nodes_place_executors_on_the_named_node(tmp_path, ray_local):
+    repository = emulated_repository(tmp_path / "models", {"m": 2.0})
+    index = load_repository(repository)
+    (node,) = [n for n in ray.nodes() if n["Alive"]]
+    ip, node_id = node["NodeManagerAddress"], node["NodeID"]
+
+    settings = Settings(repository=repository, ray_address="auto", ray_nodes={EMU.id: ip})
+    arenas = {"m": Arena.create(index.models["m"], 8)}
+    pool = startup.ray_pool(settings, [EMU], index, arenas, PoolEvents())
+    assert pool.nodes == {EMU.id: node_id}
+
+    async def placed() -> str:
+        await pool.start()
+        try:
+            return pool.node_of(EMU.id)
+        finally:
+            await pool.stop()
+
+    assert run(placed()) == node_id
+    for arena in arenas.values():
+        arena.close_and_unlink()
+
+    # A node the cluster lacks stops start-up naming the live ones.
+    settings = Settings(repository=repository, ray_address="auto", ray_nodes={EMU.id: "10.9.9.9"})
+    arenas = {"m": Arena.create(index.models["m"], 8)}
+    with pytest.raises(StartupFailed, match=f"is not a live node of the cluster .{node_id[:12]}"):
+        startup.ray_pool(settings, [EMU], index, arenas, PoolEvents())
+    assert all(arena.closed for arena in arenas.values())
+
+
+def test_ray_nodes_without_ray_address_stops_start_up(tmp_path):
+    repository = emulated_repository(tmp_path / "models", {"m": 2.0})
+    settings = Settings(repository=repository, cpu_slices=0, ray_nodes={EMU.id: "10.0.0.2"})
+    index = load_repository(repository)
+    with pytest.raises(StartupFailed, match="RAY_NODES places Ray executors: it needs RAY_ADDRESS"):
+        run(startup.start_executors(settings, [EMU], index, PoolEvents()))

@@ -159,6 +159,35 @@ class RayAddress:
 
 
 @dataclass(frozen=True)
+class RayNodes:
+    """Which Ray node each executor runs on: `DEVICE=NODE,…`, DEVICE an
+    executor index, NODE a node ID (hex) or a node's IP address."""
+
+    metavar: str = "DEVICE=NODE,…"
+
+    def parse(self, text: str, label: str) -> dict[int, str]:
+        nodes: dict[int, str] = {}
+        for item in text.split(","):
+            device, sep, node = (part.strip() for part in item.partition("="))
+            if not sep or not device.isdigit() or not node:
+                raise ValueError(
+                    f"{label}={text!r}: {item.strip()!r} is not DEVICE=NODE "
+                    "(an executor index, then a Ray node ID or IP address)"
+                )
+            if int(device) in nodes:
+                raise ValueError(f"{label}={text!r} names executor {device} twice")
+            nodes[int(device)] = node
+        return nodes
+
+    def show(self, value: object) -> str:
+        assert isinstance(value, dict)
+        return ",".join(f"{device}={node}" for device, node in sorted(value.items()))
+
+    def describe(self) -> str:
+        return "executor=node pairs, comma-separated (node: a Ray node ID or IP address)"
+
+
+@dataclass(frozen=True)
 class FilePath:
     metavar: str = "PATH"
 

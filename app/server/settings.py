@@ -41,6 +41,7 @@ from app.server.setting_parsers import (
     Parser,
     PolicyName,
     RayAddress,
+    RayNodes,
     RealtimePriority,
     Text,
 )
@@ -251,6 +252,17 @@ class Settings:
             "are measured at start-up and budgeted in every plan",
             shown="unset (executor processes on this machine)",
             aliases=("--ray",),
+        ),
+    )
+    ray_nodes: dict[int, str] | None = field(
+        default=None,
+        metadata=_setting(
+            "RAY_NODES",
+            RayNodes(),
+            "with RAY_ADDRESS: the Ray node each executor runs on (node affinity), e.g. "
+            "`0=10.0.0.2,1=10.0.0.3`; a node by its ID or IP address; executors not named "
+            "go where Ray places them",
+            shown="unset (Ray places every executor)",
         ),
     )
     arena_slots: int = field(

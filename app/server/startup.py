@@ -33,6 +33,7 @@ from app.runtime.arena import Arena
 from app.runtime.devices import ExecutorDevice, detect_devices
 from app.runtime.events import EventSink
 from app.runtime.pool import ExecutorPool
+from app.runtime.ray_nodes import NodeNotFound, resolve_nodes
 from app.runtime.ray_pool import RayExecutorPool
 from app.scheduling.model import InputDependence, ModelInfo
 from app.scheduling.profile import LatencyProfile
@@ -138,6 +139,10 @@ async def start_executors(
     }
     if settings.ray_address is not None:
         pool = ray_pool(settings, devices, index, arenas, events)
+    elif settings.ray_nodes is not None:
+        for arena in arenas.values():
+            arena.close_and_unlink()
+        raise StartupFailed("RAY_NODES places Ray executors: it needs RAY_ADDRESS")
     else:
         pool = ExecutorPool(
             devices,
@@ -192,8 +197,16 @@ def ray_pool(
         ray.init(address=settings.ray_address, log_to_driver=False)
         if previous is not None and threading.current_thread() is threading.main_thread():
             signal.signal(signal.SIGTERM, previous)
+    nodes: dict[int, str] = {}
+    if settings.ray_nodes is not None:
+        try:
+            nodes = resolve_nodes(settings.ray_nodes, ray.nodes(), (d.id for d in devices))
+        except NodeNotFound as exc:
+            for arena in arenas.values():
+                arena.close_and_unlink()
+            raise StartupFailed(str(exc)) from None
     return RayExecutorPool(
-        devices, list(index.models.values()), arenas, events, respawn=settings.respawn
+        devices, list(index.models.values()), arenas, events, respawn=settings.respawn, nodes=nodes
     )
 
 
