@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import os
 import re
+import signal
 import sys
 import time
 from collections.abc import Awaitable, Iterator
@@ -161,7 +162,9 @@ def test_an_actor_killed_mid_batch_fails_its_batch_once_and_comes_back():
     async def scenario() -> None:
         arena = Arena.create(config, capacity=16)
         events = PoolEvents()
-        pool = RayExecutorPool([EMU], [config], {"emu": arena}, events)
+        # Ray's own notice of the death, not the heartbeat (which may see
+        # the silence first: test_a_hung_actor_...).
+        pool = RayExecutorPool([EMU], [config], {"emu": arena}, events, heartbeat_timeout_s=0)
         try:
             await pool.start()
             pid = pool.pid(EMU.id)
@@ -190,6 +193,66 @@ def test_an_actor_killed_mid_batch_fails_its_batch_once_and_comes_back():
             await pool.stop()
 
     run(scenario())
+
+
+async def hang_scenario(hang: str) -> None:
+    """A batch that hangs (`stuck`: runs far past its profile; `frozen`: the
+    actor's process stopped): DeviceDown naming the rule, the batch failed
+    once (a 30-s batch: nothing else ends it with that error within the
+    test's timeout), the actor back as a new process that serves."""
+    slow = emulated_config("slow", alpha_ms=30_000.0, beta_ms=0.0)
+    quick = emulated_config("quick", alpha_ms=1.0, beta_ms=1.0)
+    arenas = {c.name: Arena.create(c, capacity=16) for c in (slow, quick)}
+    events = PoolEvents()
+    pool = RayExecutorPool(
+        [EMU],
+        [slow, quick],
+        arenas,
+        events,
+        stuck_factor=2.0,
+        stuck_margin_s=0.1,
+        heartbeat_timeout_s=0.5,
+    )
+    if hang == "stuck":  # the profile the service would give the slow model: 20 ms
+        pool.expected_latency = lambda model, size: 0.02 if model == "slow" else None
+    try:
+        await pool.start()
+        pid = pool.pid(EMU.id)
+        assert pid is not None
+        lost = events.expect(1)
+        pool.submit(EMU.id, 1, "slow", arenas["slow"].acquire_rows(1), time.monotonic())
+        if hang == "frozen":
+            await asyncio.sleep(0.05)
+            os.kill(pid, signal.SIGSTOP)
+        failed = await lost
+        assert isinstance(failed, BatchFinished)
+        down = events.events[0]
+        assert isinstance(down, DeviceDown)
+        rule = "stuck: batch 1 of slow ×1" if hang == "stuck" else "hung: no heartbeat"
+        assert rule in down.reason and rule in failed.error
+        while not any(isinstance(e, DeviceUp) for e in events.events):
+            await asyncio.sleep(0.05)
+        assert pool.alive(EMU.id) and pool.restarts(EMU.id) == 1 and pool.pid(EMU.id) != pid
+        assert not os.path.exists(f"/proc/{pid}") or _state(pid) == "Z"
+        again = events.expect(2)
+        pool.submit(EMU.id, 2, "quick", arenas["quick"].acquire_rows(1), time.monotonic())
+        served = await again
+        assert isinstance(served, BatchFinished) and served.error is None
+        ends = [e.batch_id for e in events.events if isinstance(e, BatchFinished)]
+        assert ends == [1, 2]  # each batch answered exactly once
+    finally:
+        await pool.stop()
+
+
+def _state(pid: int) -> str:
+    with open(f"/proc/{pid}/stat") as stat:
+        text = stat.read()
+    return text[text.rindex(")") + 2]
+
+
+@pytest.mark.parametrize("hang", ["stuck", "frozen"])
+def test_a_hung_actor_is_killed_its_batch_failed_once_and_it_comes_back(hang):
+    run(hang_scenario(hang))
 
 
 # ------------------------------------------------------------- the daemon

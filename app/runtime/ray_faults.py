@@ -10,6 +10,16 @@ models again, and posts DeviceUp. An actor Ray no longer restarts (its
 restarts used up, its node gone) is replaced by a new one after three
 failed tries.
 
+Hangs. A killed process is noticed by Ray; a frozen or deadlocked one is
+not. The pool therefore applies the local executors' two rules
+(app.runtime.watchdog.hang_of) to each actor: a ping every
+`beat_interval(heartbeat_timeout_s)` in the actor's control group, which
+answers while a batch runs (the batch runs in the default group), so a
+long batch is not silence; and the oldest batch in flight against its
+profile. A hung actor is killed with Ray restarting it (`ray.kill`,
+`no_restart=False`) and taken down as a dead one is; a reply of its hung
+life is stale and dropped.
+
 Probes, at start: the round trip of an empty call (the control path) and
 of `PROBE_BYTES` there and back (the data path), and, for an actor on
 another node, the offset of its monotonic clock from ours (the fastest of
@@ -19,7 +29,10 @@ a few pings; its error is at most half that round trip).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+import os
+import signal
 import statistics
 import time
 from typing import TYPE_CHECKING, Any
@@ -27,6 +40,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from app.runtime.events import BatchFinished, DeviceDown, DeviceUp
+from app.runtime.watchdog import beat_interval, check_interval, hang_of
 
 if TYPE_CHECKING:
     from app.runtime.ray_pool import Actor, RayExecutorPool
@@ -69,8 +83,61 @@ async def measure_paths(handle: Any) -> tuple[float, float]:
     return overhead, 2 * PROBE_BYTES / moving
 
 
+class ActorBeat:
+    """When an actor last answered a ping (the watchdog's heartbeat)."""
+
+    __slots__ = ("last",)
+
+    def __init__(self, last: float) -> None:
+        self.last = last
+
+
 class ActorFaults:
-    """An actor's death noticed, reported, and the actor brought back."""
+    """An actor's death or hang noticed, reported, and the actor brought back."""
+
+    async def _beat(self: RayExecutorPool, a: Actor, generation: int) -> None:
+        """Ping the actor while this life of it serves; each answer is a beat."""
+        interval = beat_interval(self.heartbeat_timeout_s)
+        while not self._stopped and a.generation == generation and a.heartbeat is not None:
+            try:
+                await a.handle.ping.remote()
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                return  # it died: its watch call reports it
+            if a.generation == generation and a.heartbeat is not None:
+                a.heartbeat.last = time.monotonic()
+            await asyncio.sleep(interval)
+
+    async def _watchdog(self: RayExecutorPool) -> None:
+        """Kill an actor that stopped answering or whose oldest batch runs
+        far beyond its profile."""
+        interval = check_interval(self.stuck_factor, self.stuck_margin_s, self.heartbeat_timeout_s)
+        while not self._stopped:
+            await asyncio.sleep(interval)
+            now = time.monotonic()
+            for a in self._actors.values():
+                if a.dead or a.loading:
+                    continue
+                reason = hang_of(a, now, self)
+                if reason is not None:
+                    self._hung(a, f"{reason} (Ray actor pid {a.pid})")
+
+    def _hung(self: RayExecutorPool, a: Actor, reason: str) -> None:
+        """Kill the hung actor's process (Ray restarts it), then down it as a
+        dead one."""
+        log.error("%s; killing it", reason)
+        if a.node_id == self._node and a.pid:
+            # On this node: SIGKILL at once (a stopped process gets it too);
+            # Ray sees the worker die and restarts the actor.
+            with contextlib.suppress(OSError):
+                os.kill(a.pid, signal.SIGKILL)
+        elif self._ray is not None and a.handle is not None:
+            try:
+                self._ray.kill(a.handle, no_restart=False)
+            except Exception:
+                log.debug("killing executor %s failed", a.device.name, exc_info=True)
+        self._fault(a, a.generation, reason)
 
     async def _watch(self: RayExecutorPool, a: Actor, generation: int) -> None:
         try:
@@ -94,6 +161,8 @@ class ActorFaults:
         for batch_id in list(a.inflight):
             a.inflight.pop(batch_id, None)
             self._post(BatchFinished(a.device.id, batch_id, now, now, reason))
+        a.sizes.clear()
+        a.heartbeat = None
         if self.respawn:
             self._background(self._respawn(a))
         else:

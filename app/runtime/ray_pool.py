@@ -32,7 +32,10 @@ group whose actors all share the daemon's arena.
 
 Faults (app.runtime.ray_faults): an actor that dies is DeviceDown, its
 batches in flight each a BatchFinished with the reason; Ray restarts it
-(`max_restarts`), and once it has loaded its models again, DeviceUp.
+(`max_restarts`), and once it has loaded its models again, DeviceUp. One
+that hangs — its pings unanswered for `heartbeat_timeout_s`, or its oldest
+batch running past `stuck_factor`·ℓ(b) + `stuck_margin_s` — is killed and
+goes the same way (the rules of local executors, app.runtime.watchdog).
 
 Not on Ray: reshares, parking (autoscaling), loading or unloading a model
 while serving, and re-running sampled requests alone (the asynchronous
@@ -65,7 +68,7 @@ from app.runtime.events import (
 from app.runtime.messages import AloneMark, Cancelled, Ran, config_to_dict
 from app.runtime.pool import LatencyOf
 from app.runtime.pool_records import DeviceRecords, ExecutorRecord
-from app.runtime.ray_faults import ActorFaults, clock_offset, measure_paths
+from app.runtime.ray_faults import ActorBeat, ActorFaults, clock_offset, measure_paths
 
 log = logging.getLogger("app.runtime.ray_pool")
 
@@ -106,6 +109,11 @@ class Actor:
     last_respawn_s: float | None = None
     overhead_s: float = 0.0  # median round trip of an empty call
     bytes_per_s: float = float("inf")  # PROBE_BYTES there and back
+    # What the hang watchdog reads (app.runtime.watchdog.Watched):
+    heartbeat: ActorBeat | None = None  # its last answered ping (None: the rule is off)
+    serving_since: float = 0.0  # when it had loaded its models
+    progress_at: float = 0.0  # its last reply, or work given to it idle
+    sizes: dict[int, tuple[int, float]] = field(default_factory=dict)  # batch → (size, start)
 
 
 class RayExecutorPool(DeviceRecords, ActorFaults):
@@ -125,6 +133,9 @@ class RayExecutorPool(DeviceRecords, ActorFaults):
         log_level: int | None = None,
         respawn: bool = True,
         expected_latency: LatencyOf | None = None,
+        stuck_factor: float = 10.0,
+        stuck_margin_s: float = 1.0,
+        heartbeat_timeout_s: float = 0.8,
         load_timeout_s: float = 300.0,
         max_restarts: int = -1,
         nodes: Mapping[int, str] | None = None,
@@ -141,7 +152,12 @@ class RayExecutorPool(DeviceRecords, ActorFaults):
         self.events = events
         self.log_level = log.getEffectiveLevel() if log_level is None else log_level
         self.respawn = respawn
-        self.expected_latency = expected_latency  # kept for the service; Ray has no watchdog
+        self.expected_latency = expected_latency  # the service sets it for the watchdog
+        if stuck_factor < 0 or stuck_margin_s < 0 or heartbeat_timeout_s < 0:
+            raise ValueError("stuck_factor, stuck_margin_s and heartbeat_timeout_s must be ≥ 0")
+        self.stuck_factor = stuck_factor
+        self.stuck_margin_s = stuck_margin_s
+        self.heartbeat_timeout_s = heartbeat_timeout_s
         self.load_timeout_s = load_timeout_s
         self.max_restarts = max_restarts
         self.nodes = dict(nodes or {})
@@ -236,6 +252,8 @@ class RayExecutorPool(DeviceRecords, ActorFaults):
                 a.bytes_per_s / 1e6,
                 ", ".join(a.models) or "no models",
             )
+        if self.stuck_factor > 0 or self.heartbeat_timeout_s > 0:
+            self._background(self._watchdog())
 
     def _create(self, a: Actor) -> None:
         from app.runtime.ray_actor import actor_class
@@ -282,7 +300,12 @@ class RayExecutorPool(DeviceRecords, ActorFaults):
                 log.warning("executor %s: model %s failed to load: %s", a.device.name, name, err)
         a.load_info.update(loaded.info)
         a.dead = a.loading = False
+        a.serving_since = a.progress_at = time.monotonic()
+        a.sizes.clear()
         self._background(self._watch(a, a.generation))
+        if self.heartbeat_timeout_s > 0:
+            a.heartbeat = ActorBeat(a.serving_since)
+            self._background(self._beat(a, a.generation))
 
     # ------------------------------------------------------------ submit
     def submit(
@@ -318,7 +341,10 @@ class RayExecutorPool(DeviceRecords, ActorFaults):
                 ref = a.handle.run.remote(int(batch_id), model, rows, float(start_at))
         except Exception as exc:
             raise ExecutorFailed(f"executor {a.device.name} is not running: {exc}") from exc
+        if not a.inflight:
+            a.progress_at = time.monotonic()
         a.inflight[batch_id] = model
+        a.sizes[batch_id] = (len(rows), float(start_at))
         self._background(self._finish(a, a.generation, batch_id, model, rows, ref))
 
     async def _finish(
@@ -343,6 +369,8 @@ class RayExecutorPool(DeviceRecords, ActorFaults):
         else:
             reply = result
         a.inflight.pop(batch_id, None)
+        a.sizes.pop(batch_id, None)
+        a.progress_at = time.monotonic()
         offset = a.clock_offset
         if isinstance(reply, Cancelled):
             self._post(BatchStopped(a.device.id, batch_id, reply.stopped_at - offset))

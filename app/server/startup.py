@@ -206,7 +206,15 @@ def ray_pool(
                 arena.close_and_unlink()
             raise StartupFailed(str(exc)) from None
     return RayExecutorPool(
-        devices, list(index.models.values()), arenas, events, respawn=settings.respawn, nodes=nodes
+        devices,
+        list(index.models.values()),
+        arenas,
+        events,
+        respawn=settings.respawn,
+        stuck_factor=settings.stuck_factor,
+        stuck_margin_s=settings.stuck_margin_s,
+        heartbeat_timeout_s=settings.heartbeat_timeout_s,
+        nodes=nodes,
     )
 
 
