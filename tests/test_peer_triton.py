@@ -315,3 +315,34 @@ def test_triton_runs_the_bundled_onnx_mlp():
         expected = backend.run({"input": x})["output"]
         np.testing.assert_allclose(out["data"], expected[0], rtol=1e-4, atol=1e-5)
     _assert_gone(handle)
+
+
+# ------------------------------------------------------------- what it needs
+
+
+def test_missing_wheel_or_shared_libpython_is_a_clear_error(monkeypatch):
+    import importlib.util
+    import sysconfig
+
+    from bench.peers import triton_launcher
+
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
+    with pytest.raises(TritonUnavailable, match=r"pip install --no-deps nvidia-pytriton==0\.7\.0"):
+        triton_launcher.find_triton()
+    monkeypatch.undo()
+
+    real = sysconfig.get_config_var
+    fake = {"LIBDIR": "/nonexistent/lib", "LIBPL": None, "INSTSONAME": "libpython3.11.so.1.0"}
+    monkeypatch.setattr(sysconfig, "get_config_var", lambda key: fake.get(key, real(key)))
+    with pytest.raises(TritonUnavailable, match=r"libpython3\.11\.so\.1\.0.*--enable-shared"):
+        triton_launcher.libpython_dir()
+
+
+def test_instances_know_their_device_from_the_group_name():
+    from bench.peers.triton_model import device_index, split_rows
+
+    assert device_index("device0") == 0 and device_index("device12_0") == 12
+    with pytest.raises(ValueError, match="device<k>"):
+        device_index("resnet50-t4_0_0")
+    pieces = split_rows(np.arange(12).reshape(6, 2), [1, 3, 2])
+    assert [p.tolist() for p in pieces] == [[[0, 1]], [[2, 3], [4, 5], [6, 7]], [[8, 9], [10, 11]]]
