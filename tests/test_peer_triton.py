@@ -28,6 +28,7 @@ from bench.peers.ray_grid import target_from_config
 from bench.peers.ray_serve_launcher import free_port, session_processes
 from bench.peers.triton_grid import pick_best, triton_grid
 from bench.peers.triton_launcher import (
+    KSERVE_HEADERS,
     TritonHandle,
     TritonUnavailable,
     find_triton,
@@ -220,7 +221,8 @@ def test_triton_serves_the_emulated_model_batches_echoes_and_stops():
         assert len(stubs) == 1
 
         path, body = kserve_request("resnet50-t4", INPUT_16, slo_ms=25, seed=1)
-        one = httpx.post(handle.url + path, content=body, timeout=30)
+        one = httpx.post(handle.url + path, content=body, headers=KSERVE_HEADERS, timeout=30)
+        assert "content-encoding" not in one.headers
         assert one.status_code == 200, one.text
         (out,) = one.json()["outputs"]
         assert (out["name"], out["datatype"], out["shape"]) == ("output", "FP32", [1, 16])

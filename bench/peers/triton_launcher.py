@@ -160,6 +160,11 @@ def stub_environment(
 
 _RANDOM_KINDS = {"FP16": np.float16, "FP32": np.float32, "FP64": np.float64}
 
+# Headers for the requests `kserve_request` builds. Triton gzips its answer
+# when the client accepts it (httpx does by default), spending CPU on both
+# sides that the daemon's answers do not cost: ask for none.
+KSERVE_HEADERS = {"content-type": "application/json", "accept-encoding": "identity"}
+
 
 def kserve_request(
     model: str, inputs_meta: Sequence[Mapping[str, Any]], slo_ms: float, seed: int = 0
@@ -171,7 +176,12 @@ def kserve_request(
     `bench.loadgen.targets.build_body` (floats in [-1, 1), small integers,
     booleans). `slo_ms` is taken for the same call as `build_body` and not
     sent: Triton has no deadlines, only the queue policy's timeout of the
-    model's config."""
+    model's config. Send it with `KSERVE_HEADERS`.
+
+    Triton answers 200 with ``{"model_name", "model_version", "outputs": [{"name",
+    "datatype", "shape", "data"}]}``; a request its queue policy REJECTs gets
+    503 ``{"error": "Request timeout expired"}``, sent when the batcher next
+    looks at the queue (when the running batch ends), not at the timeout."""
     del slo_ms
     rng = np.random.default_rng(seed)
     tensors = []
