@@ -176,9 +176,10 @@ class SymphonyScheduler(Scheduler):
     # ------------------------------------------------------------------ events
 
     def _on_arrival(self, request: Request, model: ModelInfo, now: float) -> None:
-        self.queues[model.name].add(request)
+        name = model.name
+        self.queues[name].add(request)
         self._update_candidate(model, -_INF, 1.0, now)
-        self._inform_candidate(model.name, now)
+        self._inform_candidate(name, now)
 
     def _on_batch_finished(self, batch: Batch, now: float) -> None:
         device = batch.device
