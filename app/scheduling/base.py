@@ -180,7 +180,9 @@ class Scheduler:
             self._on_arrival(request, model, now)
         if self.timers.due(now, self.timer_lead):
             self._fire_timers(now)
-        return self._take()
+        out = self._out  # _take, written out
+        self._out = []
+        return out
 
     def batch_finished(self, device: int, batch_id: int, now: float) -> list[Decision]:
         """Batch `batch_id` ran to its end on `device` at `now` (its outputs

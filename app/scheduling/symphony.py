@@ -176,9 +176,10 @@ class SymphonyScheduler(Scheduler):
     # ------------------------------------------------------------------ events
 
     def _on_arrival(self, request: Request, model: ModelInfo, now: float) -> None:
-        self.queues[model.name].add(request)
+        name = model.name
+        self.queues[name].add(request)
         self._update_candidate(model, -_INF, 1.0, now)
-        self._inform_candidate(model.name, now)
+        self._inform_candidate(name, now)
 
     def _on_batch_finished(self, batch: Batch, now: float) -> None:
         device = batch.device
@@ -267,45 +268,42 @@ class SymphonyScheduler(Scheduler):
         """
         name = model.name
         queue = self.queues[name]
+        n = len(queue)
+        if not n:
+            self.candidates[name] = None
+            return
         table = model.profile.latency_by_size
         d_ctrl, d_data = self.d_ctrl, self.d_data
         cap = self._cap[name]
         window = self._window
-        n = len(queue)
         uniform = queue.uniform
-        if n:
-            # Window: the head must finish in a batch of the target size.
-            # Prefix: the head must finish alone; the batch then shrinks.
-            if uniform:
-                bs = (n if n < cap else cap) if window else 1
-            else:
-                bs = queue.items_of(queue.batch(cap)) if window else queue.head().items
-            start = now + d_ctrl + d_data * bs
-            if gpu_free_at > start:
-                start = gpu_free_at
-            if start + table[bs] / speed > queue.head_deadline():
-                n, limit = self._prune(model, queue, table, cap, gpu_free_at, speed, now)
-                if limit < cap:
-                    cap = limit
-        if n == 0:
-            self.candidates[name] = None
-            return
-        dl = queue.head_deadline()
-        positions = None
-        size = cap  # the most items the candidate takes
-        if not window:
-            start = max(now + d_ctrl + d_data, gpu_free_at)
-            fit = model.profile.max_batch_within((dl - start) * speed)
-            if fit < size:
-                size = max(1, fit)
-        if queue.uniform:
-            bs = n if n < size else size
+        # Window: the head must finish in a batch of the target size.
+        # Prefix: the head must finish alone; the batch then shrinks.
+        if uniform:
+            bs = (n if n < cap else cap) if window else 1
         else:
-            positions = queue.batch(size)
-            bs = queue.items_of(positions)
+            bs = queue.items_of(queue.batch(cap)) if window else queue.head().items
         earliest = now + d_ctrl + d_data * bs
         if gpu_free_at > earliest:
             earliest = gpu_free_at
+        dl = queue.head_deadline()
+        positions = None
+        if earliest + table[bs] / speed > dl:
+            n, limit = self._prune(model, queue, table, cap, gpu_free_at, speed, now)
+            if n == 0:
+                self.candidates[name] = None
+                return
+            if limit < cap:
+                cap = limit
+            dl = queue.head_deadline()
+            bs, positions, earliest = self._candidate_size(
+                model, queue, cap, gpu_free_at, speed, now
+            )
+        elif not (window and uniform):
+            bs, positions, earliest = self._candidate_size(
+                model, queue, cap, gpu_free_at, speed, now
+            )
+        # else (the common case): the pruning test's batch is the candidate.
         invalid_after = dl - table[bs] / speed
         if bs >= cap or self.work_conserving or bs >= self._beta[name] * self.rates[name].rate(now):
             exec_at = earliest
@@ -313,6 +311,36 @@ class SymphonyScheduler(Scheduler):
             frontrun_at = dl - table[bs + 1] / speed
             exec_at = frontrun_at if frontrun_at > earliest else earliest
         self.candidates[name] = Candidate(bs, exec_at, invalid_after, dl, positions)
+
+    def _candidate_size(
+        self,
+        model: ModelInfo,
+        queue: DeadlineQueue,
+        cap: int,
+        gpu_free_at: float,
+        speed: float,
+        now: float,
+    ) -> tuple[int, list[int] | None, float]:
+        """The candidate's items, its queue positions (None: the first `bs`,
+        one item each) and its earliest start, with at most `cap` items."""
+        d_ctrl, d_data = self.d_ctrl, self.d_data
+        positions = None
+        size = cap  # the most items the candidate takes
+        if not self._window:
+            start = max(now + d_ctrl + d_data, gpu_free_at)
+            fit = model.profile.max_batch_within((queue.head_deadline() - start) * speed)
+            if fit < size:
+                size = max(1, fit)
+        if queue.uniform:
+            n = len(queue)
+            bs = n if n < size else size
+        else:
+            positions = queue.batch(size)
+            bs = queue.items_of(positions)
+        earliest = now + d_ctrl + d_data * bs
+        if gpu_free_at > earliest:
+            earliest = gpu_free_at
+        return bs, positions, earliest
 
     def _prune(
         self,

@@ -40,23 +40,29 @@ def first_instant_after(deadline: float, cost: float) -> float:
 
 
 class Timers:
+    """The heap holds `(at, seq, key)` entries; `_due` maps each key to its
+    live entry, so an entry is live exactly when it is the one `_due` holds
+    (an identity test: no second tuple per timer)."""
+
     __slots__ = ("_due", "_heap", "_seq")
 
     def __init__(self) -> None:
         self._heap: list[tuple[float, int, Hashable]] = []
-        self._due: dict[Hashable, tuple[float, int]] = {}
+        self._due: dict[Hashable, tuple[float, int, Hashable]] = {}
         self._seq = 0
 
     def set(self, key: Hashable, at: float) -> None:
-        self._seq += 1
-        self._due[key] = (at, self._seq)
-        heapq.heappush(self._heap, (at, self._seq, key))
+        self._seq = seq = self._seq + 1
+        self._due[key] = entry = (at, seq, key)
+        heapq.heappush(self._heap, entry)
 
     def reset(self, key: Hashable, at: float) -> None:
         """`set`, unless the timer is already due exactly at `at`."""
         live = self._due.get(key)
         if live is None or live[0] != at:
-            self.set(key, at)
+            self._seq = seq = self._seq + 1
+            self._due[key] = entry = (at, seq, key)
+            heapq.heappush(self._heap, entry)
 
     def cancel(self, key: Hashable) -> None:
         self._due.pop(key, None)
@@ -75,10 +81,9 @@ class Timers:
     def next_time(self) -> float | None:
         heap, due = self._heap, self._due
         while heap:
-            at, seq, key = heap[0]
-            live = due.get(key)
-            if live is not None and live[1] == seq:
-                return at
+            entry = heap[0]
+            if due.get(entry[2]) is entry:
+                return entry[0]
             heapq.heappop(heap)
         return None
 
@@ -89,9 +94,9 @@ class Timers:
         always finds its timer due."""
         heap, due = self._heap, self._due
         while heap:
-            at, seq, key = heap[0]
-            live = due.get(key)
-            if live is None or live[1] != seq:
+            entry = heap[0]
+            at, _, key = entry
+            if due.get(key) is not entry:
                 heapq.heappop(heap)
                 continue
             if at - lead > now:

@@ -256,6 +256,7 @@ def run_simulation(
             elif kind is Complete:
                 batch = decision.batch
                 end, begin = now, begins.pop(batch.id)
+                size = batch.size
                 for request in decision.requests:
                     rid = request.id
                     if status[rid] != PENDING:
@@ -263,7 +264,7 @@ def run_simulation(
                     status[rid] = GOOD if end <= request.deadline else LATE
                     finish[rid] = end
                     start[rid] = begin
-                    bsize[rid] = batch.size
+                    bsize[rid] = size
                 if dynamic_c0 and batch.model in dynamic_c0:
                     c0 = dynamic_c0[batch.model]
                     for request in decision.requests:
@@ -380,11 +381,12 @@ def run_simulation(
     now = 0.0
     same_time_steps = 0
     add_request = scheduler.add_request
+    next_wakeup = scheduler.next_wakeup
     while True:
         t_arrival = seen[order[i]] if i < n else _INF
         t_event = events[0][0] if events else _INF
         t_fault = pending_faults[fault_index].at if fault_index < len(pending_faults) else _INF
-        t_timer = scheduler.next_wakeup()
+        t_timer = next_wakeup()
         if t_timer is None:
             t_timer = _INF
         elif i == n and not events and t_fault == _INF and scheduler.queued() == 0:
@@ -412,18 +414,43 @@ def run_simulation(
             if decisions:
                 apply(decisions, t_timer)
         else:
+            # A run of arrivals, while each comes before every other source
+            # (ties go to the others) and the core decides nothing: the
+            # events, faults and tick stay as they are, only the timers move.
+            bound = t_event if t_event < t_fault else t_fault
+            if t_tick < bound:
+                bound = t_tick
+            while True:
+                rid = order[i]
+                if app_names is None:
+                    request = Request(rid, names[midx[rid]], arrivals[rid], dls[rid], sizes[rid])
+                else:
+                    request = Request(
+                        rid, names[midx[rid]], arrivals[rid], dls[rid], sizes[rid], app_names[rid]
+                    )
+                i += 1
+                decisions = add_request(request, t_arrival)
+                if decisions:
+                    apply(decisions, t_arrival)
+                    break
+                if i == n:
+                    break
+                t_next = seen[order[i]]
+                if t_next >= bound:
+                    break
+                t_timer = next_wakeup()
+                if t_timer is not None and t_timer <= t_next:
+                    break
+                # The bookkeeping below, for this arrival.
+                if t_arrival == now:
+                    same_time_steps += 1
+                    if same_time_steps > 1_000_000:
+                        raise SimulationError(f"no progress at t={now}: a timer keeps re-arming")
+                else:
+                    same_time_steps = 0
+                    now = t_arrival
+                t_arrival = t_next
             step_at = t_arrival
-            rid = order[i]
-            if app_names is None:
-                request = Request(rid, names[midx[rid]], arrivals[rid], dls[rid], sizes[rid])
-            else:
-                request = Request(
-                    rid, names[midx[rid]], arrivals[rid], dls[rid], sizes[rid], app_names[rid]
-                )
-            i += 1
-            decisions = add_request(request, t_arrival)
-            if decisions:
-                apply(decisions, t_arrival)
         if step_at < now:
             raise SimulationError(f"time went backwards: {step_at} < {now}")
         if step_at == now:
