@@ -80,6 +80,13 @@ def short(workload: Workload, options: Options) -> Workload:
     return dataclasses.replace(workload, duration_s=float(options.probe_duration_s))
 
 
+# Before a search, a short run at a fraction of the nominal rate, not counted:
+# a server's first requests pay one-off costs (a peer's backend stubs and
+# first batches, connections), which would fail the first probe of any system.
+WARM_UP_S = 2.0
+WARM_UP_SCALE = 0.25
+
+
 def capacity_search(
     url: str,
     workload: Workload,
@@ -87,7 +94,10 @@ def capacity_search(
     options: Options,
     max_probes: int,
 ) -> tuple[Any, list[dict[str, Any]]]:
-    """The bisection: (CapacityResult, probe rows sorted by offered load)."""
+    """A warm-up run, then the bisection: (CapacityResult, probe rows sorted
+    by offered load)."""
+    warm = dataclasses.replace(workload, duration_s=WARM_UP_S)
+    asyncio.run(run_load(url, warm, WARM_UP_SCALE, targets=targets, workers=options.workers))
     capacity, probes = find_live_capacity(
         url,
         workload,

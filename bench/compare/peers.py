@@ -126,16 +126,10 @@ class RayServe(Peer):
         _require("ray", self.name, self.install)
 
     def grid(self, setup: Setup, workload: Workload, options: Options) -> list[PeerPoint]:
-        from bench.peers.ray_grid import candidate_grid, target_from_config
+        from bench.peers.ray_grid import candidate_grid
 
-        index = load_repository(setup.repository)
         points = candidate_grid(
-            [
-                target_from_config(
-                    index.models[m.name], cpu_threads=setup.cpu_threads, slo_ms=m.slo_ms
-                )
-                for m in workload.models
-            ],
+            _grid_targets(setup, workload),
             **({"waits_s": options.ray_waits_s} if options.ray_waits_s is not None else {}),
         )
         return [PeerPoint(p.label, p.to_dict(), p) for p in points]
@@ -165,7 +159,65 @@ class RayServe(Peer):
         return build_targets(workload, input_metadata(setup))
 
 
-PEERS: dict[str, Peer] = {peer.name: peer for peer in (RayServe(),)}
+def _grid_targets(setup: Setup, workload: Workload) -> list[Any]:
+    """Each workload model's profile, SLO and max batch, as the grids take them."""
+    from bench.peers.ray_grid import target_from_config
+
+    index = load_repository(setup.repository)
+    return [
+        target_from_config(index.models[m.name], cpu_threads=setup.cpu_threads, slo_ms=m.slo_ms)
+        for m in workload.models
+    ]
+
+
+class TritonServer(Peer):
+    """The Triton Inference Server: the `tritonserver` binary of the
+    nvidia-pytriton wheel, dynamic batcher, Python backend, one instance per
+    device (bench/peers/triton_launcher.py)."""
+
+    name, title = "tritonserver", "Triton"
+    install = "pip install --no-deps nvidia-pytriton==0.7.0"
+
+    def check(self) -> None:
+        from bench.peers.triton_launcher import TritonUnavailable, find_triton
+
+        try:
+            find_triton()
+        except TritonUnavailable as exc:
+            raise PeerUnavailable(f"peer {self.name!r}: {exc} ({self.install})") from None
+
+    def grid(self, setup: Setup, workload: Workload, options: Options) -> list[PeerPoint]:
+        from bench.peers.triton_grid import triton_grid
+
+        points = triton_grid(_grid_targets(setup, workload))
+        return [PeerPoint(p.label, p.to_dict(), p) for p in points]
+
+    def start(self, setup: Setup, workload: Workload, point: PeerPoint) -> Running:
+        from bench.peers.triton_launcher import start_triton
+
+        handle = start_triton(
+            setup.repository,
+            free_port(),
+            devices=setup.devices,
+            models=[m.name for m in workload.models],
+            cpu_threads=setup.cpu_threads,
+            cpu_slices=max(setup.cpu_slices, 1),
+            **point.config.launch_options(),
+        )
+        return Running(handle.url, handle.startup_s, handle)
+
+    def stop(self, running: Running) -> None:
+        from bench.peers.triton_launcher import stop
+
+        stop(running.handle)
+
+    def targets(self, setup: Setup, workload: Workload) -> list[ModelTarget]:
+        from bench.peers.triton_launcher import kserve_request
+
+        return targets_for(setup, workload, kserve_request)
+
+
+PEERS: dict[str, Peer] = {peer.name: peer for peer in (RayServe(), TritonServer())}
 
 
 def screen(
@@ -226,4 +278,14 @@ def run_peer(peer: Peer, setup: Setup, workload: Workload, options: Options) -> 
     return measured
 
 
-__all__ = ["PEERS", "Peer", "PeerPoint", "PeerUnavailable", "Running", "run_peer", "screen"]
+__all__ = [
+    "PEERS",
+    "Peer",
+    "PeerPoint",
+    "PeerUnavailable",
+    "RayServe",
+    "Running",
+    "TritonServer",
+    "run_peer",
+    "screen",
+]
