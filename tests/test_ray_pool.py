@@ -18,10 +18,18 @@ import numpy as np
 import pytest
 import ray
 
+from app.errors import ExecutorFailed
 from app.repository.loader import load_repository
 from app.runtime.arena import Arena
 from app.runtime.devices import ExecutorDevice
-from app.runtime.events import BatchFinished, BatchStopped, DeviceDown, DeviceUp
+from app.runtime.events import (
+    BatchFinished,
+    BatchStopped,
+    DeviceDown,
+    DeviceParked,
+    DeviceUnparked,
+    DeviceUp,
+)
 from app.runtime.pool import ExecutorPool
 from app.runtime.ray_pool import NotSupportedOnRay, RayExecutorPool
 from app.server import startup
@@ -121,8 +129,8 @@ def test_start_measures_the_dispatch_delays_and_names_the_actor():
             assert d_data == pytest.approx(arena.layout["slot_nbytes"] / pool.bytes_per_s)
             with pytest.raises(NotSupportedOnRay, match="reshare is not supported on Ray"):
                 await pool.reshare(EMU.id, 0.5)
-            with pytest.raises(NotSupportedOnRay, match="park"):
-                await pool.park(EMU.id)
+            with pytest.raises(NotSupportedOnRay, match="add_model"):
+                await pool.add_model(config, arena)
         finally:
             await pool.stop()
 
@@ -255,6 +263,80 @@ def test_a_hung_actor_is_killed_its_batch_failed_once_and_it_comes_back(hang):
     run(hang_scenario(hang))
 
 
+def test_a_parked_actor_finishes_its_batch_frees_its_process_and_a_new_one_serves():
+    config = emulated_config(alpha_ms=300.0, beta_ms=0.0)  # 0.3 s a batch
+
+    async def scenario() -> None:
+        arena = Arena.create(config, capacity=16)
+        events = PoolEvents()
+        pool = RayExecutorPool([EMU], [config], {"emu": arena}, events)
+        try:
+            await pool.start()
+            pid = pool.pid(EMU.id)
+            slots = arena.acquire_rows(2)
+            held = events.expect(1)
+            pool.submit(EMU.id, 1, "emu", slots[:1], time.monotonic())
+            await pool.park(EMU.id)
+            # Told first; the batch it held ran and was answered as usual.
+            assert isinstance(events.events[0], DeviceParked)
+            finished = await held
+            assert isinstance(finished, BatchFinished) and finished.error is None
+            assert pool.parked(EMU.id) and not pool.alive(EMU.id)
+            with pytest.raises(ValueError, match="parked already"):
+                await pool.park(EMU.id)
+            with pytest.raises(ExecutorFailed):
+                pool.submit(EMU.id, 2, "emu", slots[1:], time.monotonic())
+            for _ in range(100):  # the actor's worker process goes away
+                if not os.path.exists(f"/proc/{pid}") or _state(pid) == "Z":
+                    break
+                await asyncio.sleep(0.05)
+            assert not os.path.exists(f"/proc/{pid}") or _state(pid) == "Z"
+
+            took = await pool.unpark(EMU.id)
+            unparked = [e for e in events.events if isinstance(e, DeviceUnparked)]
+            assert [(e.device, e.start_s) for e in unparked] == [(EMU.id, took)] and took > 0
+            assert pool.alive(EMU.id) and not pool.parked(EMU.id) and pool.pid(EMU.id) != pid
+            with pytest.raises(ValueError, match="is not parked"):
+                await pool.unpark(EMU.id)
+            again = events.expect(2)
+            pool.submit(EMU.id, 2, "emu", slots[1:], time.monotonic())
+            assert (await again).error is None
+            # Parking is no fault: no DeviceDown, no restart.
+            assert not any(isinstance(e, DeviceDown) for e in events.events)
+            assert pool.restarts(EMU.id) == 0
+        finally:
+            await pool.stop()
+
+    run(scenario())
+
+
+def test_a_service_with_autoscale_on_ray_parks_the_devices_above_min(tmp_path, ray_local):
+    repository = emulated_repository(tmp_path / "models", {"m": 2.0}, slo_ms=2000)
+    settings = Settings(
+        repository=repository,
+        cpu_slices=0,
+        emulated_devices=2,
+        ray_address=ray_local,
+        autoscale=(1, 2),
+    )
+
+    async def scenario() -> None:
+        service = LiveService(settings, Metrics())
+        await service.start()
+        try:
+            pool = service.pool
+            assert isinstance(pool, RayExecutorPool)
+            assert sorted(pool.parked(d) for d in (0, 1)) == [False, True]
+            xs = [np.full((1, 4), float(i), dtype=np.float32) for i in range(10)]
+            answers = await asyncio.gather(*(service.infer("m", {"x": x}) for x in xs))
+            serving = next(d for d in (0, 1) if not pool.parked(d))
+            assert {a.device for a in answers} == {f"emulated:{serving}"}
+        finally:
+            await service.stop()
+
+    run(scenario())
+
+
 # ------------------------------------------------------------- the daemon
 def test_a_service_with_ray_address_serves_requests_on_ray_actors(tmp_path, ray_local):
     repository = emulated_repository(tmp_path / "models", {"m": 2.0}, slo_ms=2000)
@@ -294,15 +376,6 @@ def test_ray_address_without_ray_installed_stops_start_up_naming_the_extra(tmp_p
     with pytest.raises(StartupFailed, match=re.escape("pip install -e '.[ray]'")):
         startup.ray_pool(settings, [EMU], index, arenas, PoolEvents())
     assert all(arena.closed for arena in arenas.values())
-
-
-def test_autoscale_with_ray_address_stops_start_up(tmp_path):
-    repository = emulated_repository(tmp_path / "models", {"m": 2.0})
-    settings = Settings(repository=repository, ray_address="auto", autoscale=(1, 2))
-    index = load_repository(repository)
-    arenas = {"m": Arena.create(index.models["m"], 8)}
-    with pytest.raises(StartupFailed, match="AUTOSCALE parks executors"):
-        startup.ray_pool(settings, [EMU], index, arenas, PoolEvents())
 
 
 def test_ray_nodes_place_executors_on_the_named_node(tmp_path, ray_local):

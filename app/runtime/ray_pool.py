@@ -37,10 +37,14 @@ that hangs — its pings unanswered for `heartbeat_timeout_s`, or its oldest
 batch running past `stuck_factor`·ℓ(b) + `stuck_margin_s` — is killed and
 goes the same way (the rules of local executors, app.runtime.watchdog).
 
-Not on Ray: reshares, parking (autoscaling), loading or unloading a model
-while serving, and re-running sampled requests alone (the asynchronous
-profiler): the first four raise `NotSupportedOnRay`, and `alone` marks on a
-batch are dropped with a warning, once.
+Parking (autoscaling; app.runtime.ray_parking): a parked device's actor
+is killed, giving its resources back to the cluster, and a new one is
+created when the device is unparked.
+
+Not on Ray: reshares, loading or unloading a model while serving, and
+re-running sampled requests alone (the asynchronous profiler): the first
+three raise `NotSupportedOnRay`, and `alone` marks on a batch are dropped
+with a warning, once.
 """
 
 from __future__ import annotations
@@ -69,6 +73,7 @@ from app.runtime.messages import AloneMark, Cancelled, Ran, config_to_dict
 from app.runtime.pool import LatencyOf
 from app.runtime.pool_records import DeviceRecords, ExecutorRecord
 from app.runtime.ray_faults import ActorBeat, ActorFaults, clock_offset, measure_paths
+from app.runtime.ray_parking import ActorParking
 
 log = logging.getLogger("app.runtime.ray_pool")
 
@@ -116,7 +121,7 @@ class Actor:
     sizes: dict[int, tuple[int, float]] = field(default_factory=dict)  # batch → (size, start)
 
 
-class RayExecutorPool(DeviceRecords, ActorFaults):
+class RayExecutorPool(DeviceRecords, ActorFaults, ActorParking):
     """Ray actors for `devices`, serving `configs` through `arenas` (see the
     module docstring; the arguments are `ExecutorPool`'s). `nodes`: a node
     id per device id to pin its actor to; `all_remote`: every actor takes
@@ -168,6 +173,7 @@ class RayExecutorPool(DeviceRecords, ActorFaults):
         self.dispatch_overhead_s = 0.0
         self.bytes_per_s = float("inf")
         self._actors: dict[int, Actor] = {d.id: Actor(d) for d in devices}
+        self._parked: set[int] = set()  # stopped on purpose (app.runtime.ray_parking)
         self._node = ""
         self._ray: Any = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -426,12 +432,6 @@ class RayExecutorPool(DeviceRecords, ActorFaults):
     # ------------------------------------------------- not on Ray
     async def reshare(self, device_id: int, share: float) -> Any:
         raise _unsupported("reshare")
-
-    async def park(self, device_id: int) -> None:
-        raise _unsupported("park")
-
-    async def unpark(self, device_id: int) -> None:
-        raise _unsupported("unpark")
 
     async def add_model(self, config: ModelConfig, arena: Arena) -> dict[int, str | None]:
         raise _unsupported("add_model")

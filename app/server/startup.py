@@ -177,17 +177,12 @@ def ray_pool(
     events: EventSink,
 ) -> RayExecutorPool:
     """Executors as actors on the Ray cluster at RAY_ADDRESS (joined here
-    unless this process joined one already). What Ray executors cannot do
-    (app/runtime/ray_pool.py) stops start-up when a setting asks for it."""
+    unless this process joined one already); RAY_NODES places them."""
     try:
         ray = import_ray()
-        if settings.autoscale is not None:
-            raise StartupFailed("AUTOSCALE parks executors, which Ray executors cannot do")
     except BaseException as exc:
         for arena in arenas.values():
             arena.close_and_unlink()
-        if isinstance(exc, StartupFailed):
-            raise
         raise StartupFailed(str(exc)) from exc
     if not ray.is_initialized():
         # ray.init (in the main thread) replaces the SIGTERM handler with
