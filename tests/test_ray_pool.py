@@ -129,8 +129,6 @@ def test_start_measures_the_dispatch_delays_and_names_the_actor():
             assert d_data == pytest.approx(arena.layout["slot_nbytes"] / pool.bytes_per_s)
             with pytest.raises(NotSupportedOnRay, match="reshare is not supported on Ray"):
                 await pool.reshare(EMU.id, 0.5)
-            with pytest.raises(NotSupportedOnRay, match="add_model"):
-                await pool.add_model(config, arena)
         finally:
             await pool.stop()
 
@@ -361,6 +359,41 @@ def test_a_service_with_ray_address_serves_requests_on_ray_actors(tmp_path, ray_
                 np.testing.assert_array_equal(answer.outputs["x"], x)
             assert {a.device for a in answers} <= {"emulated:0", "emulated:1"}
             assert service.outstanding("m") == 0
+        finally:
+            await service.stop()
+
+    run(scenario())
+
+
+def test_models_load_and_unload_on_ray_actors_while_serving(tmp_path, ray_local):
+    from app.errors import ModelUnloaded
+    from app.server import model_control
+
+    root = tmp_path / "models"
+    repository = emulated_repository(root, {"m": 2.0}, slo_ms=2000)
+    settings = Settings(
+        repository=repository, cpu_slices=0, emulated_devices=2, ray_address=ray_local
+    )
+    x = np.full((1, 4), 3.0, dtype=np.float32)
+
+    async def scenario() -> None:
+        service = LiveService(settings, Metrics())
+        await service.start()
+        try:
+            pool = service.pool
+            assert isinstance(pool, RayExecutorPool)
+            emulated_repository(root, {"m2": 1.0}, slo_ms=2000)  # a model added on disk
+            await model_control.load(service, "m2")
+            assert [sorted(pool.models_on(d)) for d in (0, 1)] == [["m", "m2"]] * 2
+            answer = await service.infer("m2", {"x": x})
+            np.testing.assert_array_equal(answer.outputs["x"], x)
+
+            await model_control.unload(service, "m")
+            assert [pool.models_on(d) for d in (0, 1)] == [["m2"]] * 2
+            with pytest.raises(ModelUnloaded, match="model 'm' is unloaded"):
+                await service.infer("m", {"x": x})
+            answer = await service.infer("m2", {"x": x})  # the other one still serves
+            np.testing.assert_array_equal(answer.outputs["x"], x)
         finally:
             await service.stop()
 

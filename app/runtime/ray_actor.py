@@ -122,6 +122,17 @@ class ExecutorActor:
         self.executor.load(0, configs, layouts)
         return self.replies.take()
 
+    def unload(self, models: list[str]) -> None:
+        """Drop the models (after the batches sent before) and their scratch
+        arenas."""
+        self.executor.unload(0, list(models))
+        self.replies.take()
+        for name in models:
+            arena = self.scratch_arenas.pop(name, None)
+            if arena is not None:
+                with contextlib.suppress(Exception):
+                    arena.close_and_unlink()
+
     def run(self, batch_id: int, model: str, slots: list[int], start_at: float) -> Ran | Cancelled:
         """Run a batch on the daemon's arena's `slots` at `start_at`."""
         self.executor.run(int(batch_id), model, list(slots), float(start_at))

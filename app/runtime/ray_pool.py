@@ -41,10 +41,11 @@ Parking (autoscaling; app.runtime.ray_parking): a parked device's actor
 is killed, giving its resources back to the cluster, and a new one is
 created when the device is unparked.
 
-Not on Ray: reshares, loading or unloading a model while serving, and
-re-running sampled requests alone (the asynchronous profiler): the first
-three raise `NotSupportedOnRay`, and `alone` marks on a batch are dropped
-with a warning, once.
+Models loaded and unloaded while serving: app.runtime.ray_models.
+
+Not on Ray: reshares and re-running sampled requests alone (the
+asynchronous profiler): a reshare raises `NotSupportedOnRay`, and `alone`
+marks on a batch are dropped with a warning, once.
 """
 
 from __future__ import annotations
@@ -73,6 +74,7 @@ from app.runtime.messages import AloneMark, Cancelled, Ran, config_to_dict
 from app.runtime.pool import LatencyOf
 from app.runtime.pool_records import DeviceRecords, ExecutorRecord
 from app.runtime.ray_faults import ActorBeat, ActorFaults, clock_offset, measure_paths
+from app.runtime.ray_models import ActorModelChanges
 from app.runtime.ray_parking import ActorParking
 
 log = logging.getLogger("app.runtime.ray_pool")
@@ -121,7 +123,7 @@ class Actor:
     sizes: dict[int, tuple[int, float]] = field(default_factory=dict)  # batch → (size, start)
 
 
-class RayExecutorPool(DeviceRecords, ActorFaults, ActorParking):
+class RayExecutorPool(DeviceRecords, ActorFaults, ActorParking, ActorModelChanges):
     """Ray actors for `devices`, serving `configs` through `arenas` (see the
     module docstring; the arguments are `ExecutorPool`'s). `nodes`: a node
     id per device id to pin its actor to; `all_remote`: every actor takes
@@ -432,12 +434,6 @@ class RayExecutorPool(DeviceRecords, ActorFaults, ActorParking):
     # ------------------------------------------------- not on Ray
     async def reshare(self, device_id: int, share: float) -> Any:
         raise _unsupported("reshare")
-
-    async def add_model(self, config: ModelConfig, arena: Arena) -> dict[int, str | None]:
-        raise _unsupported("add_model")
-
-    async def remove_model(self, name: str) -> None:
-        raise _unsupported("remove_model")
 
     # -------------------------------------------------------------- stop
     async def stop(self, timeout: float = 5.0) -> None:
