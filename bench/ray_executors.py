@@ -31,7 +31,8 @@ raylet on this machine, one CPU each. Four steps:
    Checked: every request sent is answered, and the daemon's Triton
    statistics count as many successes as the generator received answers
    with outputs (none answered twice; the generator waits 5 s past the
-   SLO, since Ray tells the daemon of the death only after about a second).
+   SLO, since the daemon learns of the death only after up to about a
+   second: the heartbeat's silence, HEARTBEAT_TIMEOUT_S, or Ray's notice).
    Reported, from the daemon's log (app/runtime/ray_faults.py's lines):
    when the daemon saw the actor die (DeviceDown), and when it was back —
    Ray restarted it and it loaded its model (DeviceUp) — in seconds after
@@ -124,7 +125,9 @@ def actor_pids(cluster: LocalRayCluster) -> list[int]:
     return sorted(found)
 
 
-DIED = re.compile(r"executor (\S+) \(Ray actor\) died")
+# DeviceDown's log line: Ray's notice of the death, or the watchdog's
+# heartbeat falling silent first.
+DIED = re.compile(r"executor (\S+) (?:\(Ray actor\) died|hung: no heartbeat)")
 BACK = re.compile(r"executor (\S+) is back \(Ray actor pid (\d+), restart \d+\) after ([\d.]+) s")
 
 
@@ -132,7 +135,8 @@ async def kill_and_watch(
     log_path: Path, cluster: LocalRayCluster, kill_in_s: float, limit_s: float
 ) -> dict[str, Any]:
     """Kill one actor's process after `kill_in_s`; watch the daemon's log
-    (app/runtime/ray_faults.py's lines: the actor died, it is back) until
+    (app/runtime/ray_faults.py's lines: the actor died or fell silent, it is
+    back) until
     the device is back, at most `limit_s` after the kill."""
     await asyncio.sleep(kill_in_s)
     pids = actor_pids(cluster)
