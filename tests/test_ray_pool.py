@@ -23,6 +23,8 @@ from app.repository.loader import load_repository
 from app.runtime.arena import Arena
 from app.runtime.devices import ExecutorDevice
 from app.runtime.events import (
+    AloneStopped,
+    AloneTimed,
     BatchFinished,
     BatchStopped,
     DeviceDown,
@@ -331,6 +333,69 @@ def test_a_service_with_autoscale_on_ray_parks_the_devices_above_min(tmp_path, r
             assert {a.device for a in answers} == {f"emulated:{serving}"}
         finally:
             await service.stop()
+
+    run(scenario())
+
+
+async def wait_for_event(events: PoolEvents, kind: type, count: int = 1) -> list[Any]:
+    while len(found := [e for e in events.events if isinstance(e, kind)]) < count:
+        await asyncio.sleep(0.02)
+    return found
+
+
+@pytest.mark.parametrize("remote", [False, True])
+def test_samples_are_re_run_alone_once_the_actor_is_idle(remote):
+    config = emulated_config(alpha_ms=0.0, beta_ms=40.0)  # ℓ(1) = 40 ms
+
+    async def scenario() -> None:
+        arena = Arena.create(config, capacity=16)
+        events = PoolEvents()
+        pool = RayExecutorPool([EMU], [config], {"emu": arena}, events, all_remote=remote)
+        try:
+            await pool.start()
+            slots = arena.acquire_rows(3)
+            done = events.expect(1)
+            # Three requests of one item; the first and the third sampled.
+            pool.submit(EMU.id, 1, "emu", slots, time.monotonic(), ((0, 1, "a"), (2, 1, "b")))
+            assert (await done).error is None
+            timed = await wait_for_event(events, AloneTimed, 2)
+            assert sorted(e.app for e in timed) == ["a", "b"]
+            assert all(e.items == 1 and e.seconds >= 0.040 for e in timed)
+            await asyncio.sleep(0.2)  # nothing more: both samples were used
+            assert len([e for e in events.events if isinstance(e, AloneTimed)]) == 2
+        finally:
+            await pool.stop()
+
+    run(scenario())
+
+
+def test_a_batch_sent_during_a_re_run_stops_it_and_the_sample_is_tried_again():
+    config = emulated_config(alpha_ms=0.0, beta_ms=800.0)  # a re-run of 0.8 s
+
+    async def scenario() -> None:
+        arena = Arena.create(config, capacity=16)
+        events = PoolEvents()
+        pool = RayExecutorPool([EMU], [config], {"emu": arena}, events)
+        try:
+            await pool.start()
+            slots = arena.acquire_rows(2)
+            first = events.expect(1)
+            pool.submit(EMU.id, 1, "emu", slots[:1], time.monotonic(), ((0, 1, "a"),))
+            assert (await first).error is None
+            await asyncio.sleep(0.3)  # the sample is re-running (for 0.8 s)
+            second = events.expect(2)
+            sent = time.monotonic()
+            pool.submit(EMU.id, 2, "emu", slots[1:], sent)
+            (stopped,) = await wait_for_event(events, AloneStopped)
+            assert (stopped.model, stopped.app, stopped.items) == ("emu", "a", 1)
+            finished = await second
+            assert finished.error is None and finished.started_at - sent < 0.4
+            (timed,) = await wait_for_event(events, AloneTimed)
+            assert timed.app == "a" and timed.seconds >= 0.8
+            kinds = [type(e).__name__ for e in events.events]
+            assert kinds == ["BatchFinished", "AloneStopped", "BatchFinished", "AloneTimed"]
+        finally:
+            await pool.stop()
 
     run(scenario())
 

@@ -385,9 +385,10 @@ class Executor:
         except Exception:
             log.exception("%s: keeping samples of %s failed", self.name, model)
 
-    def rerun_alone(self) -> None:
+    def rerun_alone(self, wake: Any = None) -> None:
         """Re-run the oldest sample alone, stopped at once if a message
-        arrives meanwhile (app/runtime/alone_profiler.py)."""
+        arrives meanwhile (app/runtime/alone_profiler.py) on the pipe, or on
+        `wake` (a waitable: a Ray actor has no pipe)."""
         sample = self.profiler.next()
         backend = None if sample is None else self.backends.get(sample.model)
         if sample is None or backend is None or not hasattr(backend, "terminate"):
@@ -402,7 +403,8 @@ class Executor:
             if reset is not None:
                 reset()
         try:
-            seconds = timed_alone(self.conn, lambda: backend.run(sample.inputs), stop)
+            watched = self.conn if wake is None else wake
+            seconds = timed_alone(watched, lambda: backend.run(sample.inputs), stop)
         except Exception:
             log.exception("%s: re-running a sample of %s failed", self.name, sample.model)
             return

@@ -26,6 +26,14 @@ and returns the slots' output bytes, which the pool copies into the
 daemon's arena. Whole slots travel, so variable shapes and BYTES tensors
 need nothing more. Times in replies are the actor's `time.monotonic()`; the
 pool converts them for an actor on another node (`RayExecutorPool`).
+
+Samples re-run alone (the asynchronous profiler, app/runtime/alone_profiler.py).
+A batch's `alone` marks are kept as a local executor keeps them. A local
+executor re-runs them when its pipe stays empty; an actor has no pipe, so
+the pool asks (`rerun_alone`, in the default group, once the device is
+idle) and, when it sends a batch meanwhile, stops the re-run through the
+control group (`interrupt_alone`: a byte on a pipe of the actor's own that
+the re-run watches in place of the executor's).
 """
 
 from __future__ import annotations
@@ -42,7 +50,15 @@ import ray
 
 from app.runtime.arena import Arena
 from app.runtime.executor import Executor, tighten_timer_slack
-from app.runtime.messages import Cancelled, Loaded, Profiled, Ran, config_from_dict
+from app.runtime.messages import (
+    AloneMark,
+    Cancelled,
+    Loaded,
+    Profiled,
+    Ran,
+    RanAlone,
+    config_from_dict,
+)
 from app.runtime.ray_pool import inputs_end
 
 log = logging.getLogger("app.runtime.ray_actor")
@@ -80,6 +96,9 @@ class ExecutorActor:
         self.executor = Executor(self.replies, device)
         self.scratch_arenas: dict[str, Arena] = {}  # the daemon's are on another node
         self.stopped = threading.Event()
+        # A re-run alone watches this pipe's read end for `interrupt_alone`.
+        self.interrupt_r, self.interrupt_w = os.pipe()
+        os.set_blocking(self.interrupt_r, False)
 
     # ------------------------------------------------------------ control
     @ray.method(concurrency_group="control")
@@ -101,6 +120,11 @@ class ExecutorActor:
     @ray.method(concurrency_group="control")
     def cancel(self, batch_id: int) -> None:
         self.executor._cancel(int(batch_id))
+
+    @ray.method(concurrency_group="control")
+    def interrupt_alone(self) -> None:
+        """Stop the re-run alone in progress (a batch was sent)."""
+        os.write(self.interrupt_w, b"x")
 
     @ray.method(concurrency_group="watch")
     def watch(self) -> None:
@@ -133,13 +157,38 @@ class ExecutorActor:
                 with contextlib.suppress(Exception):
                     arena.close_and_unlink()
 
-    def run(self, batch_id: int, model: str, slots: list[int], start_at: float) -> Ran | Cancelled:
-        """Run a batch on the daemon's arena's `slots` at `start_at`."""
-        self.executor.run(int(batch_id), model, list(slots), float(start_at))
+    def run(
+        self,
+        batch_id: int,
+        model: str,
+        slots: list[int],
+        start_at: float,
+        alone: tuple[AloneMark, ...] = (),
+    ) -> Ran | Cancelled:
+        """Run a batch on the daemon's arena's `slots` at `start_at`;
+        `alone` marks samples to re-run alone."""
+        self.executor.run(int(batch_id), model, list(slots), float(start_at), tuple(alone))
         return self.replies.take()
 
+    def rerun_alone(self) -> tuple[RanAlone | None, int]:
+        """Re-run the oldest kept sample alone, unless `interrupt_alone`
+        stops it; the report (None when there was nothing to run) and how
+        many samples are left."""
+        with contextlib.suppress(BlockingIOError):
+            while os.read(self.interrupt_r, 64):  # interrupts meant for earlier re-runs
+                pass
+        if self.executor.profiler.backlog:
+            self.executor.rerun_alone(wake=self.interrupt_r)
+        report = self.replies.take()
+        return report, len(self.executor.profiler.backlog)
+
     def run_rows(
-        self, batch_id: int, model: str, inputs: np.ndarray, start_at: float
+        self,
+        batch_id: int,
+        model: str,
+        inputs: np.ndarray,
+        start_at: float,
+        alone: tuple[AloneMark, ...] = (),
     ) -> tuple[Ran | Cancelled, np.ndarray | None]:
         """Run a batch whose slots' input bytes are `inputs` (one row per
         item) on the scratch arena; the reply and the slots' output bytes
@@ -156,7 +205,7 @@ class ExecutorActor:
             return Ran(int(batch_id), now, now, error), None
         cut = inputs_end(arena.layout)
         arena.slot_bytes()[:rows, :cut] = inputs
-        self.executor.run(int(batch_id), model, list(range(rows)), float(start_at))
+        self.executor.run(int(batch_id), model, list(range(rows)), float(start_at), tuple(alone))
         reply = self.replies.take()
         if not isinstance(reply, Ran) or reply.error is not None:
             return reply, None

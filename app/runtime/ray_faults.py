@@ -162,6 +162,7 @@ class ActorFaults:
             a.inflight.pop(batch_id, None)
             self._post(BatchFinished(a.device.id, batch_id, now, now, reason))
         a.sizes.clear()
+        a.samples_left, a.rerunning = 0, False  # a new process keeps no samples
         a.heartbeat = None
         if self.respawn:
             self._background(self._respawn(a))

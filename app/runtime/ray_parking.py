@@ -100,6 +100,7 @@ class ActorParking:
             a.inflight.pop(batch_id, None)
             self._post(BatchFinished(a.device.id, batch_id, now, now, reason))
         a.sizes.clear()
+        a.samples_left, a.rerunning = 0, False  # a new process keeps no samples
         self._kill(a)
 
     def _actor_for(self: RayExecutorPool, device_id: int) -> Actor:

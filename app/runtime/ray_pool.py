@@ -43,9 +43,10 @@ created when the device is unparked.
 
 Models loaded and unloaded while serving: app.runtime.ray_models.
 
-Not on Ray: reshares and re-running sampled requests alone (the
-asynchronous profiler): a reshare raises `NotSupportedOnRay`, and `alone`
-marks on a batch are dropped with a warning, once.
+Samples re-run alone on an idle actor (the asynchronous profiler):
+app.runtime.ray_alone.
+
+Not on Ray: reshares, which raise `NotSupportedOnRay`.
 """
 
 from __future__ import annotations
@@ -73,6 +74,7 @@ from app.runtime.events import (
 from app.runtime.messages import AloneMark, Cancelled, Ran, config_to_dict
 from app.runtime.pool import LatencyOf
 from app.runtime.pool_records import DeviceRecords, ExecutorRecord
+from app.runtime.ray_alone import ActorAloneRuns
 from app.runtime.ray_faults import ActorBeat, ActorFaults, clock_offset, measure_paths
 from app.runtime.ray_models import ActorModelChanges
 from app.runtime.ray_parking import ActorParking
@@ -121,9 +123,12 @@ class Actor:
     serving_since: float = 0.0  # when it had loaded its models
     progress_at: float = 0.0  # its last reply, or work given to it idle
     sizes: dict[int, tuple[int, float]] = field(default_factory=dict)  # batch → (size, start)
+    # The asynchronous profiler (app.runtime.ray_alone):
+    samples_left: int = 0  # samples the actor keeps to re-run alone (≥ 1: some)
+    rerunning: bool = False  # a re-run loop is under way
 
 
-class RayExecutorPool(DeviceRecords, ActorFaults, ActorParking, ActorModelChanges):
+class RayExecutorPool(DeviceRecords, ActorFaults, ActorParking, ActorModelChanges, ActorAloneRuns):
     """Ray actors for `devices`, serving `configs` through `arenas` (see the
     module docstring; the arguments are `ExecutorPool`'s). `nodes`: a node
     id per device id to pin its actor to; `all_remote`: every actor takes
@@ -182,7 +187,6 @@ class RayExecutorPool(DeviceRecords, ActorFaults, ActorParking, ActorModelChange
         self._tasks: set[asyncio.Task] = set()
         self._started = False
         self._stopped = False
-        self._warned_alone = False
 
     # ----------------------------------------------------------- placement
     def _records(self) -> Mapping[int, ExecutorRecord]:
@@ -334,25 +338,26 @@ class RayExecutorPool(DeviceRecords, ActorFaults, ActorParking, ActorModelChange
             raise ExecutorFailed(f"model {model!r} is not loaded on {a.device.name}")
         if batch_id in a.inflight:
             raise ValueError(f"batch {batch_id} is already in flight on {a.device.name}")
-        if alone and not self._warned_alone:
-            self._warned_alone = True
-            log.warning("re-running sampled requests alone is not supported on Ray executors")
         rows = [int(s) for s in slots]
+        marks = tuple(alone)
+        self._interrupt_rerun(a)
         try:
             if a.remote:
                 arena = self.arenas[model]
                 cut = inputs_end(arena.layout)
                 inputs = arena.slot_bytes()[np.asarray(rows, dtype=np.intp), :cut]
                 at = float(start_at) + a.clock_offset
-                ref = a.handle.run_rows.remote(int(batch_id), model, inputs, at)
+                ref = a.handle.run_rows.remote(int(batch_id), model, inputs, at, marks)
             else:
-                ref = a.handle.run.remote(int(batch_id), model, rows, float(start_at))
+                ref = a.handle.run.remote(int(batch_id), model, rows, float(start_at), marks)
         except Exception as exc:
             raise ExecutorFailed(f"executor {a.device.name} is not running: {exc}") from exc
         if not a.inflight:
             a.progress_at = time.monotonic()
         a.inflight[batch_id] = model
         a.sizes[batch_id] = (len(rows), float(start_at))
+        if marks:
+            self._samples_sent(a)
         self._background(self._finish(a, a.generation, batch_id, model, rows, ref))
 
     async def _finish(
@@ -379,6 +384,8 @@ class RayExecutorPool(DeviceRecords, ActorFaults, ActorParking, ActorModelChange
         a.inflight.pop(batch_id, None)
         a.sizes.pop(batch_id, None)
         a.progress_at = time.monotonic()
+        if not a.inflight:
+            self._idle(a)
         offset = a.clock_offset
         if isinstance(reply, Cancelled):
             self._post(BatchStopped(a.device.id, batch_id, reply.stopped_at - offset))
