@@ -89,6 +89,8 @@ NOT_RUN = {
     "pip install -e '.[test]'": _INSTALLS,
     "pip install -e '.[bench]'": _INSTALLS,
     "pip install -e '.[bench,peers]'": _INSTALLS,
+    "python -m bench.peers.bentoml_launcher --setup": "creates .venv-peers/bentoml from the "
+    "package index (.ci/run runs it; tests/test_peer_bentoml.py serves with it)",
     "ruff check .": "CI's own line: .ci/run runs it verbatim (checked here)",
     "python -m pytest -q": "CI's own line: .ci/run runs it verbatim (checked here); this suite",
     "python -m bench.simulate --workload FILE [--policy P ...] [--rate-scale X] [--capacity] "

@@ -12,12 +12,19 @@
 - `triton_launcher`: start/stop the real ``tritonserver`` of the nvidia-pytriton
   wheel on it (``start_triton``/``stop``; CLI) and ``kserve_request`` bodies.
 - `triton_grid`: the (max_queue_delay, queue timeout) grid a careful user tries.
+- `bentoml_service`: a BentoML service with adaptive batching (one batchable
+  ``POST /infer/<model>`` per model, one worker per device); the one
+  deadline-aware peer (it sheds what it predicts will miss ``max_latency_ms``).
+- `bentoml_launcher`: its own venv (``--setup``: BentoML's OpenTelemetry pins
+  conflict with the server's), start/stop (``start_bentoml``/``stop``; CLI).
+- `bentoml_grid`: its (max_batch_size, max_latency_ms) grid and the request
+  body (``bentoml_request``) the load generator sends it.
 
-Nothing here is imported by the server; `ray` is imported lazily, and the
-Triton binary is located without importing `pytriton`. The nvidia-pytriton
-wheel is installed with ``--no-deps`` (``pip install --no-deps
-nvidia-pytriton==0.7.0``), not through the extra: it pins numpy < 2 for its
-own Python API, which the peer does not use, and the server runs numpy 2 (the
-binary and its Python backend do too: bench/peers/triton_model.py moves
-tensors through DLPack for that).
+Nothing here is imported by the server; `ray` is imported lazily, `bentoml`
+only in the peer's own interpreter, and the Triton binary is located without
+importing `pytriton`. The nvidia-pytriton wheel is installed with
+``--no-deps`` (``pip install --no-deps nvidia-pytriton==0.7.0``), not
+through the extra: it pins numpy < 2 for its own Python API, which the peer
+does not use, and the server runs numpy 2 (the binary and its Python backend
+do too: bench/peers/triton_model.py moves tensors through DLPack for that).
 """
