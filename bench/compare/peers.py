@@ -217,7 +217,53 @@ class TritonServer(Peer):
         return targets_for(setup, workload, kserve_request)
 
 
-PEERS: dict[str, Peer] = {peer.name: peer for peer in (RayServe(), TritonServer())}
+class BentoML(Peer):
+    """BentoML's adaptive batching, one worker per device, in its own venv
+    (bench/peers/bentoml_launcher.py)."""
+
+    name, title = "bentoml", "BentoML"
+    install = "python -m bench.peers.bentoml_launcher --setup"
+
+    def check(self) -> None:
+        from bench.peers.bentoml_launcher import PEER_VENV, peer_python_path
+
+        if not peer_python_path(PEER_VENV).exists():
+            raise PeerUnavailable(
+                f"peer {self.name!r} needs its venv at {PEER_VENV}: {self.install}"
+            )
+
+    def grid(self, setup: Setup, workload: Workload, options: Options) -> list[PeerPoint]:
+        from bench.peers.bentoml_grid import bentoml_grid
+
+        points = bentoml_grid(_grid_targets(setup, workload))
+        return [PeerPoint(p.label, p.to_dict(), p) for p in points]
+
+    def start(self, setup: Setup, workload: Workload, point: PeerPoint) -> Running:
+        from bench.peers.bentoml_launcher import start_bentoml
+
+        handle = start_bentoml(
+            setup.repository,
+            free_port(),
+            devices=setup.devices,
+            models=[m.name for m in workload.models],
+            cpu_threads=setup.cpu_threads,
+            cpu_slices=max(setup.cpu_slices, 1),
+            **point.config.start_kwargs(),
+        )
+        return Running(handle.url, handle.startup_s, handle)
+
+    def stop(self, running: Running) -> None:
+        from bench.peers.bentoml_launcher import stop
+
+        stop(running.handle)
+
+    def targets(self, setup: Setup, workload: Workload) -> list[ModelTarget]:
+        from bench.peers.bentoml_grid import bentoml_request
+
+        return targets_for(setup, workload, bentoml_request)
+
+
+PEERS: dict[str, Peer] = {peer.name: peer for peer in (RayServe(), TritonServer(), BentoML())}
 
 
 def screen(
@@ -280,6 +326,7 @@ def run_peer(peer: Peer, setup: Setup, workload: Workload, options: Options) -> 
 
 __all__ = [
     "PEERS",
+    "BentoML",
     "Peer",
     "PeerPoint",
     "PeerUnavailable",
