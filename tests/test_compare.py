@@ -4,7 +4,9 @@ plots from measured results, and a short end-to-end run against the daemon."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
+import jsonschema
 import numpy as np
 import pytest
 
@@ -129,12 +131,26 @@ def test_a_peer_grid_is_screened_at_each_points_own_capacity(monkeypatch):
     assert events == [f"{verb} {k}" for k in capacities for verb in ("start", "stop")]
 
 
+SCHEMA = json.loads((Path(__file__).parent.parent / "bench" / "compare_schema.json").read_text())
+
+
 def test_outputs_are_written(tmp_path):
     setup = SETUPS["a"]
     workload = load_workload(setup.workload)
     results = [_result("symphony", 800.0), _result("ray", 400.0)]
+    results[1].grid = [
+        {
+            "label": "p",
+            "startup_s": 3.0,
+            "capacity_rps": 400.0,
+            "capacity_status": "CONVERGED",
+            "probes": results[1].probes,
+        }
+    ]
     write_outputs(setup, workload, results, tmp_path)
     doc = json.loads((tmp_path / "results.json").read_text())
+    jsonschema.validate(doc, SCHEMA)
+    assert doc["devices"] == 2
     assert [s["system"] for s in doc["systems"]] == ["symphony", "ray"]
     assert doc["systems"][0]["capacity_rps"] == 800.0
     assert doc["nominal_rps"] == pytest.approx(workload.offered_rate())
@@ -190,3 +206,39 @@ def test_short_run_against_the_daemon(tmp_path, capsys):
     run = system["cdf_run"]["overall"]
     assert run["requests"] > 0 and 0.0 <= run["slo_attainment"] <= 1.0
     assert "| daemon, policy symphony |" in capsys.readouterr().out
+
+
+def test_a_peer_that_is_not_installed_is_a_usage_error_naming_the_install(
+    monkeypatch, tmp_path, capsys
+):
+    from bench.peers import bentoml_launcher
+
+    monkeypatch.setattr(bentoml_launcher, "PEER_VENV", tmp_path / "no-venv")
+    assert compare.main(["--systems", "none", "--peers", "bentoml"]) == 2
+    err = capsys.readouterr().err
+    assert "no-venv" in err and "python -m bench.peers.bentoml_launcher --setup" in err
+
+
+@pytest.mark.slow
+def test_a_peer_is_screened_and_measured_end_to_end(tmp_path, capsys):
+    # The real Triton (it starts in well under a second): its 6 grid points
+    # screened with one 0.5-s probe each, the best measured, the table written.
+    code = compare.main(
+        [
+            "--workload", "ceiling", "--systems", "none", "--peers", "tritonserver",
+            "--probe-duration", "0.5", "--max-probes", "1", "--screen-probes", "1",
+            "--out", str(tmp_path),
+        ]
+    )  # fmt: skip
+    assert code == 0
+    doc = json.loads((tmp_path / "live-ceiling" / "results.json").read_text())
+    jsonschema.validate(doc, SCHEMA)
+    (system,) = doc["systems"]
+    assert system["system"] == "tritonserver" and len(system["grid"]) == 6
+    assert len({row["label"] for row in system["grid"]}) == 6
+    # The point measured is the first with the highest screened capacity.
+    top = max(row["capacity_rps"] for row in system["grid"])
+    best = next(row for row in system["grid"] if row["capacity_rps"] == top)
+    assert system["label"] == f"Triton, {best['label']}"
+    assert system["cdf_run"]["overall"]["requests"] > 0
+    assert "| Triton, " in capsys.readouterr().out

@@ -96,7 +96,7 @@ def capacity_search(
 ) -> tuple[Any, list[dict[str, Any]]]:
     """A warm-up run, then the bisection: (CapacityResult, probe rows sorted
     by offered load)."""
-    warm = dataclasses.replace(workload, duration_s=WARM_UP_S)
+    warm = dataclasses.replace(workload, duration_s=min(WARM_UP_S, options.probe_duration_s))
     asyncio.run(run_load(url, warm, WARM_UP_SCALE, targets=targets, workers=options.workers))
     capacity, probes = find_live_capacity(
         url,
