@@ -63,12 +63,12 @@ def main(argv: Sequence[str], out: TextIO = sys.stdout, err: TextIO = sys.stderr
         if args.time_limit is not None:
             time_limit = args.time_limit
         goodput: Goodput = single_device_goodput
-        header = "single-device goodput T_i: analytic (largest b with 2·ℓ(b) ≤ SLO, b/ℓ(b))\n"
+        goodput_text = "single-device goodput T_i: analytic (largest b with 2·ℓ(b) ≤ SLO, b/ℓ(b))\n"
         if args.goodput == "measured":
             measured = MeasuredGoodput()
             began = time.perf_counter()
             model_streams(problem, measured)  # every search, once; the plan reads the cache
-            header = format_measured(problem, measured, time.perf_counter() - began)
+            goodput_text = format_measured(problem, measured, time.perf_counter() - began)
             goodput = measured
         if args.random is not None:
             plan = random_plan(problem, args.random, objective, goodput=goodput)
@@ -77,8 +77,7 @@ def main(argv: Sequence[str], out: TextIO = sys.stdout, err: TextIO = sys.stderr
     except ValueError as error:
         err.write(f"{PROG}: error: {error}\n")
         return 2
-    out.write(header + "\n")
-    out.write(format_plan(plan, problem))
+    out.write(format_plan(plan, problem, goodput_text))
     if args.out is not None:
         write_plan(plan, args.out)
         out.write(f"plan written to {args.out}\n")
@@ -108,8 +107,9 @@ def format_measured(problem: Problem, measured: MeasuredGoodput, wall_s: float) 
     return "\n".join(lines) + "\n"
 
 
-def format_plan(plan: HerdPlan, problem: Problem) -> str:
-    """The plan as a person reads it."""
+def format_plan(plan: HerdPlan, problem: Problem, goodput_text: str = "") -> str:
+    """The plan as a person reads it; `goodput_text` (how T_i was had) goes
+    under its title."""
     s = plan.solver
     how = (
         f"{s['status']} in {s['runtime_s']:.2f} s, gap {s['gap']:.2%}"
@@ -119,6 +119,7 @@ def format_plan(plan: HerdPlan, problem: Problem) -> str:
     lines = [
         f"HERD plan ({plan.method}, {how}; burst tolerance: {plan.objective}) on "
         f"{problem.cluster.devices} devices, groups of ≤ {problem.cluster.max_group_size}",
+        *goodput_text.splitlines(),
         f"least burst tolerance {plan.min_burst_tolerance:.3f}",
         "",
         f"{'group':>5} {'devices':<12} {'streams':>7} {'req/s':>9} {'bt':>7}  models",
