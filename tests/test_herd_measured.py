@@ -131,3 +131,18 @@ def test_cli_default_is_analytic_and_bad_value_is_an_argparse_error(capsys):
 def test_too_few_requests_per_probe_is_refused():
     with pytest.raises(ValueError, match="requests must be ≥ 100"):
         MeasuredGoodput(requests=50)
+
+
+def test_bench_goodput_problem_loads_by_the_given_goodput():
+    from bench.herd import build_parser, goodput_problem
+
+    assert build_parser().parse_args(["--goodput", "measured"]).goodput == "measured"
+
+    def flat(profile: LatencyProfile, slo: float, max_batch: int) -> float:
+        return 100.0
+
+    p = goodput_problem(32, 1, flat)
+    # Σ n_i = Σ rate_i / 100 = 0.7 · 32 devices.
+    assert sum(s.rate for s in p.streams) == pytest.approx(0.7 * 32 * 100.0)
+    analytic = goodput_problem(32, 1)
+    assert sum(ms.devices_needed for ms in model_streams(analytic)) == pytest.approx(0.7 * 32)
