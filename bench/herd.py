@@ -132,9 +132,7 @@ def solve_time(workers: int, time_limit: float, seed: int) -> dict[str, Any]:
     }
 
 
-def goodput_problem(
-    devices: int, seed: int, goodput: Goodput = single_device_goodput
-) -> Problem:
+def goodput_problem(devices: int, seed: int, goodput: Goodput = single_device_goodput) -> Problem:
     rng = np.random.default_rng(seed)
     models = [model_of(e, e["name"]) for e in zoo()]
     weights = rng.exponential(1.0, len(models))
