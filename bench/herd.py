@@ -3,6 +3,7 @@ goodput of HERD's groups + FLEX against random groups + FLEX.
 
     python -m bench.herd            # the full run (minutes)
     python -m bench.herd --quick    # small sizes, short runs (CI)
+    python -m bench.herd --goodput measured   # (b) with measured T_i
 
 Writes bench/results/herd/herd.json and herd.md (`--out-dir`).
 
@@ -25,7 +26,10 @@ mean 3 s (random order; the mean stays the model's rate); the same arrivals
 for every grouping.
 Groupings: HERD (`paper` and `shared` burst tolerance) and random groups
 (seeds 0 … 4, mean and range), each group its own `flex` core
-(app/simulation/grouped.py).
+(app/simulation/grouped.py). `--goodput measured` takes (b)'s T_i from
+app/planning/herd/measured.py (one capacity search per zoo model, seconds
+in all) for the load and the groupings alike; (a) keeps the analytic T, as
+its W variants would cost W searches.
 """
 
 from __future__ import annotations
@@ -43,8 +47,17 @@ import numpy as np
 import yaml
 
 from app.planning.herd.ilp import SolveOptions, solve
+from app.planning.herd.measured import MeasuredGoodput
 from app.planning.herd.plan import HerdPlan
-from app.planning.herd.problem import Cluster, Model, Problem, Stream, model_streams
+from app.planning.herd.problem import (
+    Cluster,
+    Goodput,
+    Model,
+    Problem,
+    Stream,
+    model_streams,
+    single_device_goodput,
+)
 from app.planning.herd.random_groups import random_plan
 from app.scheduling.profile import LatencyProfile
 from app.simulation.grouped import GroupSpec, simulate_groups
@@ -75,14 +88,19 @@ def model_of(entry: dict[str, Any], name: str, scale: float = 1.0) -> Model:
     return Model(name, profile, entry["slo_ms"] * scale / 1000.0, entry["memory_mb"] * MB)
 
 
-def loaded_streams(models: list[Model], weights: np.ndarray, devices: float) -> list[Stream]:
-    """Rates ∝ weights with Σ n_i = `devices`."""
+def loaded_streams(
+    models: list[Model],
+    weights: np.ndarray,
+    devices: float,
+    goodput: Goodput = single_device_goodput,
+) -> list[Stream]:
+    """Rates ∝ weights with Σ n_i = `devices` (n_i from `goodput`'s T_i)."""
     probe = Problem(
         tuple(models),
         tuple(Stream(m.name, float(w)) for m, w in zip(models, weights, strict=True)),
         Cluster(1, 1 << 40, 1),
     )
-    need = sum(ms.devices_needed for ms in model_streams(probe))
+    need = sum(ms.devices_needed for ms in model_streams(probe, goodput))
     return [Stream(m.name, float(w) * devices / need) for m, w in zip(models, weights, strict=True)]
 
 
@@ -114,10 +132,11 @@ def solve_time(workers: int, time_limit: float, seed: int) -> dict[str, Any]:
     }
 
 
-def goodput_problem(devices: int, seed: int) -> Problem:
+def goodput_problem(devices: int, seed: int, goodput: Goodput = single_device_goodput) -> Problem:
     rng = np.random.default_rng(seed)
     models = [model_of(e, e["name"]) for e in zoo()]
-    streams = loaded_streams(models, rng.exponential(1.0, len(models)), 0.7 * devices)
+    weights = rng.exponential(1.0, len(models))
+    streams = loaded_streams(models, weights, 0.7 * devices, goodput)
     cluster = Cluster(devices, 1536 * MB, 8, reserve=512 * MB, groups=6)
     return Problem(tuple(models), tuple(streams), cluster)
 
@@ -161,18 +180,22 @@ def run_grouping(load, arrivals, plan: HerdPlan) -> dict[str, Any]:
 
 
 def goodput(args: argparse.Namespace) -> dict[str, Any]:
-    problem = goodput_problem(args.devices, args.seed)
+    t: Goodput = MeasuredGoodput() if args.goodput == "measured" else single_device_goodput
+    problem = goodput_problem(args.devices, args.seed, t)
     load = bursty_workload(problem, args.duration, args.dwell, args.seed)
     arrivals = generate_arrivals(load)
     out: dict[str, Any] = {}
     for objective in ("paper", "shared"):
-        plan = solve(problem, SolveOptions(objective, args.time_limit))
+        plan = solve(problem, SolveOptions(objective, args.time_limit), t)
         out[f"herd-{objective}"] = run_grouping(load, arrivals, plan)
         print(
             f"  herd-{objective}: {out[f'herd-{objective}']['goodput_rps']:.0f} r/s",
             file=sys.stderr,
         )
-    randoms = [run_grouping(load, arrivals, random_plan(problem, s)) for s in range(args.randoms)]
+    randoms = [
+        run_grouping(load, arrivals, random_plan(problem, s, goodput=t))
+        for s in range(args.randoms)
+    ]
     values = [r["goodput_rps"] for r in randoms]
     out["random"] = {
         "goodput_rps": statistics.mean(values),
@@ -194,7 +217,8 @@ def render(body: dict[str, Any]) -> str:
             f"{r['solver_s']:.2f} | {r['gap']:.2%} | {r['min_burst_tolerance']:.3f} |"
         )
     g = body["goodput"]
-    lines += ["", "## Goodput, Table 5 zoo, bursty arrivals, FLEX per group", ""]
+    kind = body["options"].get("goodput", "analytic")
+    lines += ["", f"## Goodput, Table 5 zoo, bursty arrivals, FLEX per group ({kind} T_i)", ""]
     lines += ["| grouping | goodput r/s | within SLO | least bt |", "|---|---:|---:|---:|"]
     for name in ("herd-paper", "herd-shared"):
         r = g[name]
@@ -219,6 +243,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--quick", action="store_true", help="small sizes, short runs")
     parser.add_argument("--out-dir", type=Path, default=ROOT / "bench/results/herd")
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument(
+        "--goodput",
+        choices=("analytic", "measured"),
+        default="analytic",
+        help="T_i for the goodput part: analytic (default) or measured in the simulator",
+    )
     return parser
 
 

@@ -60,6 +60,7 @@ PLAN_HERD = (
     "python -m app plan herd bench/workloads/herd/example.yaml --time-limit 10 "
     "--out /tmp/herd-plan.json"
 )
+PLAN_HERD_MEASURED = "python -m app plan herd bench/workloads/herd/example.yaml --goodput measured"
 PLAN_INSS = (
     "python -m app plan inss bench/workloads/inss/paper-setting.yaml --out /tmp/inss-plan.json"
 )
@@ -181,6 +182,7 @@ def run_set(commands: list[str]) -> set[str]:
         PLAN_REFERENCE,
         PLAN_INSS,
         PLAN_HERD,
+        PLAN_HERD_MEASURED,
         PLAN_PARTITION,
         RAY_CLUSTER,
         PPIPE_PROFILE,
@@ -409,6 +411,18 @@ def test_herd_planner_command(cli_env) -> None:
     plan = read_plan(out)
     assert sorted(i for g in plan.groups for i in g.streams) == list(range(7))
     assert f"least burst tolerance {plan.min_burst_tolerance:.3f}" in done.stdout.decode()
+
+
+def test_herd_measured_goodput_command(cli_env) -> None:
+    """HERD with measured T_i: named, and a row per model and SLO beside the analytic T."""
+    done = subprocess.run(
+        ["bash", "-c", PLAN_HERD_MEASURED], cwd=ROOT, env=cli_env, capture_output=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr.decode()
+    lines = done.stdout.decode().splitlines()
+    assert lines[1].startswith("single-device goodput T_i: measured (flex")
+    assert "7 capacity searches" in lines[1]  # six models, ResNet50 at two SLOs
+    assert lines[3].split()[:3] == ["ResNet50", "27", "260.2"]
 
 
 def test_partition_planner_command(cli_env) -> None:

@@ -1,29 +1,36 @@
 """`python -m app plan herd CONFIG.yaml [--out FILE] [--time-limit S]
-[--objective paper|shared] [--random SEED]` — HERD's serving groups
-(ilp.py) from the command line.
+[--objective paper|shared] [--random SEED] [--goodput analytic|measured]`
+— HERD's serving groups (ilp.py) from the command line.
 
 Reads the cluster, models and streams from YAML (config.py), prints the plan
 (each group's devices, models, streams and burst tolerance; the minimum)
 and writes it (`--out`, plan.py's JSON). `--random SEED` prints the random
-grouping baseline (random_groups.py) instead. Bad input or an infeasible
-problem: a message on stderr naming the problem, exit status 2.
+grouping baseline (random_groups.py) instead. `--goodput` picks how T_i is
+had: `analytic` (problem.py, the default) or `measured` (measured.py, a
+simulated capacity search per model and SLO); the output names which, and
+with `measured` lists each model's measured T beside the analytic one and
+the seconds the measuring took. Bad input or an infeasible problem: a
+message on stderr naming the problem, exit status 2.
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TextIO
 
 from app.planning.herd.config import load_config
 from app.planning.herd.ilp import SolveOptions, solve
+from app.planning.herd.measured import MeasuredGoodput
 from app.planning.herd.plan import OBJECTIVES, HerdPlan, write_plan
-from app.planning.herd.problem import Problem
+from app.planning.herd.problem import Goodput, Problem, model_streams, single_device_goodput
 from app.planning.herd.random_groups import random_plan
 
 PROG = "python -m app plan herd"
+GOODPUTS = ("analytic", "measured")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -37,6 +44,13 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--time-limit", type=float, help="solver seconds (over the config's)")
     parser.add_argument("--objective", choices=OBJECTIVES, help="over the config's")
     parser.add_argument("--random", type=int, metavar="SEED", help="the random baseline")
+    parser.add_argument(
+        "--goodput",
+        choices=GOODPUTS,
+        default="analytic",
+        help="each stream's single-device goodput T_i: analytic (2·ℓ(b) ≤ SLO, instant) or "
+        "measured (a simulated capacity search with FLEX per model and SLO); default analytic",
+    )
     return parser
 
 
@@ -48,22 +62,54 @@ def main(argv: Sequence[str], out: TextIO = sys.stdout, err: TextIO = sys.stderr
         objective = args.objective or objective
         if args.time_limit is not None:
             time_limit = args.time_limit
+        goodput: Goodput = single_device_goodput
+        goodput_text = "single-device goodput T_i: analytic (largest b with 2·ℓ(b) ≤ SLO, b/ℓ(b))\n"
+        if args.goodput == "measured":
+            measured = MeasuredGoodput()
+            began = time.perf_counter()
+            model_streams(problem, measured)  # every search, once; the plan reads the cache
+            goodput_text = format_measured(problem, measured, time.perf_counter() - began)
+            goodput = measured
         if args.random is not None:
-            plan = random_plan(problem, args.random, objective)
+            plan = random_plan(problem, args.random, objective, goodput=goodput)
         else:
-            plan = solve(problem, SolveOptions(objective, time_limit))
+            plan = solve(problem, SolveOptions(objective, time_limit), goodput)
     except ValueError as error:
         err.write(f"{PROG}: error: {error}\n")
         return 2
-    out.write(format_plan(plan, problem))
+    out.write(format_plan(plan, problem, goodput_text))
     if args.out is not None:
         write_plan(plan, args.out)
         out.write(f"plan written to {args.out}\n")
     return 0
 
 
-def format_plan(plan: HerdPlan, problem: Problem) -> str:
-    """The plan as a person reads it."""
+def format_measured(problem: Problem, measured: MeasuredGoodput, wall_s: float) -> str:
+    """Each model and SLO's measured T beside the analytic one, and the cost."""
+    lines = [
+        f"single-device goodput T_i: measured ({measured.policy} on one simulated device, "
+        f"Poisson arrivals, ≥ {measured.target:.0%} within SLO): {measured.searches} "
+        f"capacity searches in {wall_s:.2f} s",
+        f"{'model':<20} {'SLO ms':>7} {'analytic r/s':>12} {'measured r/s':>12} {'ratio':>6}",
+    ]
+    seen: set[tuple[str, float]] = set()
+    for s in problem.streams:
+        model = problem.model(s.model)
+        slo = model.slo if s.slo is None else s.slo
+        if (model.name, slo) in seen:
+            continue
+        seen.add((model.name, slo))
+        batch = model.profile.max_batch
+        analytic = single_device_goodput(model.profile, slo, batch)
+        t = measured(model.profile, slo, batch)
+        ratio = f"{t / analytic:6.2f}" if analytic > 0 else f"{'–':>6}"
+        lines.append(f"{model.name:<20} {slo * 1e3:>7g} {analytic:>12.1f} {t:>12.1f} {ratio}")
+    return "\n".join(lines) + "\n"
+
+
+def format_plan(plan: HerdPlan, problem: Problem, goodput_text: str = "") -> str:
+    """The plan as a person reads it; `goodput_text` (how T_i was had) goes
+    under its title."""
     s = plan.solver
     how = (
         f"{s['status']} in {s['runtime_s']:.2f} s, gap {s['gap']:.2%}"
@@ -73,6 +119,7 @@ def format_plan(plan: HerdPlan, problem: Problem) -> str:
     lines = [
         f"HERD plan ({plan.method}, {how}; burst tolerance: {plan.objective}) on "
         f"{problem.cluster.devices} devices, groups of ≤ {problem.cluster.max_group_size}",
+        *goodput_text.splitlines(),
         f"least burst tolerance {plan.min_burst_tolerance:.3f}",
         "",
         f"{'group':>5} {'devices':<12} {'streams':>7} {'req/s':>9} {'bt':>7}  models",

@@ -53,7 +53,13 @@ from dataclasses import dataclass
 import numpy as np
 
 from app.planning.herd.plan import OBJECTIVES, HerdPlan, build_groups, burst_tolerances
-from app.planning.herd.problem import ModelStream, Problem, model_streams
+from app.planning.herd.problem import (
+    Goodput,
+    ModelStream,
+    Problem,
+    model_streams,
+    single_device_goodput,
+)
 from app.planning.ppipe.highs import Program
 
 #: Below this a binary's solver value counts as 0.
@@ -97,9 +103,14 @@ def check_feasible(problem: Problem, streams: Sequence[ModelStream]) -> None:
         )
 
 
-def solve(problem: Problem, options: SolveOptions | None = None) -> HerdPlan:
+def solve(
+    problem: Problem,
+    options: SolveOptions | None = None,
+    goodput: Goodput = single_device_goodput,
+) -> HerdPlan:
+    """The plan; `goodput` gives each stream's T_i (problem.py)."""
     options = options or SolveOptions()
-    streams = model_streams(problem)
+    streams = model_streams(problem, goodput)
     if not streams:
         raise Infeasible("no streams to serve")
     check_feasible(problem, streams)

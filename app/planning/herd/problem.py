@@ -2,16 +2,23 @@
 the cluster; and the first step, each stream's single-device goodput T_i and
 its average-load device count n_i = rate_i / T_i.
 
-T_i is computed, not measured: the largest batch b ≤ max_batch with
-2·ℓ(b) ≤ SLO, T = b / ℓ(b). On one device a request that arrives just after
-a batch of b started waits ℓ(b) before its own batch of b runs, so that b is
-the largest that meets every deadline when arrivals are steady — Symphony's
-eq. 1/eq. 2 at N = 1 (app/planning/capacity.py, `devices_for_model` at one
-device), read from the profile's table so measured profiles work too. The
-paper measures "the maximum goodput each stream can achieve on a single
-GPU"; the analytical bound is that measurement's worst-case reading without
-a simulation per stream (the simulator's capacity search costs seconds per
-stream; planning 1,000 streams must take seconds in all).
+T_i is computed by default, not measured: the largest batch b ≤ max_batch
+with 2·ℓ(b) ≤ SLO, T = b / ℓ(b). On one device a request that arrives just
+after a batch of b started waits ℓ(b) before its own batch of b runs, so
+that b is the largest that meets every deadline when arrivals are steady —
+Symphony's eq. 1/eq. 2 at N = 1 (app/planning/capacity.py,
+`devices_for_model` at one device), read from the profile's table so
+measured profiles work too. It costs nothing, so planning 1,000 streams
+takes seconds in all.
+
+The paper measures "the maximum goodput each stream can achieve on a
+single GPU"; measured.py does that in the simulator (a capacity search per
+distinct profile, SLO and max batch; `--goodput measured` on the command
+line), and `model_streams` takes either as its `goodput`. The two differ:
+the analytic T assumes steady arrivals, and under Poisson arrivals one
+device meets a 99 % target at less — 0.56–0.87 of it on Table 5's 35
+profiles with FLEX, most near 0.70 — so with the analytic T the n_i read
+low, and the burst tolerances high, by about that factor.
 
 Streams of one model are aggregated into a *model-stream* (§4, "HERD
 complexity"): n_k = Σ n_i over the model's streams — each stream keeps its
@@ -23,6 +30,7 @@ Units: seconds and bytes; rates in requests/s.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from app.scheduling.profile import LatencyProfile
@@ -96,6 +104,11 @@ class Problem:
         return next(m for m in self.models if m.name == name)
 
 
+#: T(profile, SLO, max batch) → requests/s: `single_device_goodput` or a
+#: measured.MeasuredGoodput.
+Goodput = Callable[[LatencyProfile, float, int], float]
+
+
 def single_device_goodput(profile: LatencyProfile, slo: float, max_batch: int) -> float:
     """T: requests/s one device serves within `slo` (the largest b with
     2·ℓ(b) ≤ SLO, at b / ℓ(b)); 0 when even b = 1 misses."""
@@ -115,24 +128,32 @@ class ModelStream:
     devices_needed: float  # n_k = Σ rate_i / T_i
 
 
-def model_streams(problem: Problem) -> tuple[ModelStream, ...]:
-    """The model-streams, in the models' order; models without streams are
-    left out (nothing to serve). Raises ValueError for a stream whose SLO no
-    single device meets (T = 0: n would be infinite)."""
+def model_streams(
+    problem: Problem, goodput: Goodput = single_device_goodput
+) -> tuple[ModelStream, ...]:
+    """The model-streams, in the models' order, with T_i from `goodput`;
+    models without streams are left out (nothing to serve). Raises
+    ValueError for a stream whose SLO no single device meets (T = 0: n
+    would be infinite)."""
     members: dict[str, list[int]] = {m.name: [] for m in problem.models}
     need: dict[str, float] = {m.name: 0.0 for m in problem.models}
     for i, s in enumerate(problem.streams):
         model = problem.model(s.model)
         slo = model.slo if s.slo is None else s.slo
-        goodput = single_device_goodput(model.profile, slo, model.profile.max_batch)
-        if goodput <= 0.0:
+        t = goodput(model.profile, slo, model.profile.max_batch)
+        if t <= 0.0:
+            why = (
+                "even a batch of one misses half its SLO"
+                if goodput is single_device_goodput
+                else "no rate passes the single-device measurement"
+            )
             raise ValueError(
-                f"stream {i} ({s.model}): even a batch of one misses half its SLO "
+                f"stream {i} ({s.model}): {why} "
                 f"({slo * 1e3:g} ms; ℓ(1) = {model.profile.latency(1) * 1e3:g} ms), "
                 "so no device serves it"
             )
         members[s.model].append(i)
-        need[s.model] += s.rate / goodput
+        need[s.model] += s.rate / t
     return tuple(
         ModelStream(
             m.name,

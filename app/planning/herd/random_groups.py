@@ -17,13 +17,23 @@ import numpy as np
 
 from app.planning.herd.ilp import Infeasible
 from app.planning.herd.plan import HerdPlan, build_groups
-from app.planning.herd.problem import ModelStream, Problem, model_streams
+from app.planning.herd.problem import (
+    Goodput,
+    ModelStream,
+    Problem,
+    model_streams,
+    single_device_goodput,
+)
 
 
 def random_plan(
-    problem: Problem, seed: int = 0, objective: str = "paper", attempts: int = 100
+    problem: Problem,
+    seed: int = 0,
+    objective: str = "paper",
+    attempts: int = 100,
+    goodput: Goodput = single_device_goodput,
 ) -> HerdPlan:
-    streams = model_streams(problem)
+    streams = model_streams(problem, goodput)
     c = problem.cluster
     count = c.candidate_groups
     base, extra = divmod(min(c.devices, count * c.max_group_size), count)
