@@ -32,7 +32,7 @@ from bench.peers.bentoml_launcher import (
     plan_service,
 )
 from bench.peers.ray_grid import ModelTarget
-from bench.peers.ray_serve_launcher import free_port, session_processes
+from bench.peers.session import free_port, session_processes
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 LIVE = REPO_ROOT / "bench" / "repositories" / "live"

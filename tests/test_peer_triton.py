@@ -25,7 +25,7 @@ from tritonclient.grpc import model_config_pb2
 from app.repository import BUNDLED_REPOSITORY
 from app.repository.loader import load_repository
 from bench.peers.ray_grid import target_from_config
-from bench.peers.ray_serve_launcher import free_port, session_processes
+from bench.peers.session import free_port, session_processes
 from bench.peers.triton_grid import pick_best, triton_grid
 from bench.peers.triton_launcher import (
     KSERVE_HEADERS,

@@ -96,7 +96,8 @@ def ray_serve(tmp_path_factory):
 
 @pytest.mark.slow
 def test_ray_serve_echoes_each_row_batches_and_stops_cleanly(ray_serve):
-    from bench.peers.ray_serve_launcher import session_processes, stop
+    from bench.peers.ray_serve_launcher import stop
+    from bench.peers.session import session_processes
 
     handle = ray_serve
     assert handle.info["deployments"][0]["replicas"] == 1

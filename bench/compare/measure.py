@@ -14,7 +14,7 @@ import numpy as np
 from app.runtime.realtime import fifo_while
 from app.workloads.spec import Workload
 from bench.compare.setups import Setup
-from bench.daemon_launcher import start_daemon, stop_daemon
+from bench.daemon_launcher import free_port, start_daemon, stop_daemon
 from bench.loadgen import LiveResult, ModelTarget, find_live_capacity, prepare_targets, run_load
 
 
@@ -142,12 +142,6 @@ def measure(
         cdf_run={"rate_scale": cdf_scale, **cdf.summary, "generator": cdf.generator},
         latencies_ms=_latencies(cdf),
     )
-
-
-def free_port() -> int:
-    from bench.peers.ray_serve_launcher import free_port as _free_port
-
-    return _free_port()
 
 
 def run_daemon(setup: Setup, workload: Workload, policy: str, options: Options) -> SystemResult:

@@ -57,7 +57,7 @@ from typing import Any
 
 import httpx
 
-from bench.peers.ray_serve_launcher import _set_pdeathsig, free_port, session_processes
+from bench.peers.session import end_session, free_port, set_pdeathsig
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 PEER_VENV = REPO_ROOT / ".venv-peers" / "bentoml"
@@ -301,7 +301,7 @@ def start_bentoml(
         cwd=str(REPO_ROOT),
         env=env,
         start_new_session=True,
-        preexec_fn=_set_pdeathsig,
+        preexec_fn=set_pdeathsig,
     )
     url = f"http://127.0.0.1:{port}"
     handle = BentoMLHandle(proc, port, url, 0.0, config, log_path, log, tmp)
@@ -339,25 +339,8 @@ def stop(handle: BentoMLHandle, timeout_s: float = 20.0) -> dict[str, Any]:
     """SIGTERM the peer's process group, wait, then SIGKILL anything left in its
     session. Returns {"stop_s", "killed": [leftover commands]}."""
     proc = handle.process
-    sid = proc.pid  # start_new_session: session and group id are the child's pid
     t0 = time.monotonic()
-    if proc.poll() is None:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(sid, signal.SIGTERM)
-        try:
-            proc.wait(timeout_s)
-        except subprocess.TimeoutExpired:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(sid, signal.SIGKILL)
-            proc.wait(10)
-    killed: list[str] = []
-    grace = time.monotonic() + 5.0
-    while session_processes(sid) and time.monotonic() < grace:
-        time.sleep(0.1)
-    for pid, cmd in session_processes(sid):
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGKILL)
-            killed.append(cmd)
+    killed = end_session(proc, timeout_s, whole_group=True)
     if handle._log is not None:
         handle._log.close()
         handle._log = None

@@ -52,12 +52,10 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import ctypes
 import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -69,6 +67,8 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+
+from bench.peers.session import end_session, free_port, set_pdeathsig
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 READY_PREFIX = "READY "
@@ -89,13 +89,6 @@ def _quiet_ray_env() -> None:
     path = os.environ.get("PYTHONPATH", "")
     if str(REPO_ROOT) not in path.split(os.pathsep):
         os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), path) if p)
-
-
-def free_port() -> int:
-    """A free TCP port on 127.0.0.1 (free now; bind it soon)."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def _probe_body(config: Any) -> bytes:
@@ -382,12 +375,6 @@ class RayServeHandle:
         return d
 
 
-def _set_pdeathsig() -> None:  # runs in the child before exec
-    with contextlib.suppress(Exception):
-        libc = ctypes.CDLL("libc.so.6", use_errno=True)
-        libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-
-
 def start_ray_serve(
     repository: Path,
     port: int,
@@ -459,7 +446,7 @@ def start_ray_serve(
         cwd=str(REPO_ROOT),
         env=env,
         start_new_session=True,
-        preexec_fn=_set_pdeathsig,
+        preexec_fn=set_pdeathsig,
     )
     handle = RayServeHandle(proc, port, f"http://127.0.0.1:{port}", 0.0, {}, log_path, log, tmp)
     deadline = t0 + startup_timeout_s + 30
@@ -485,50 +472,13 @@ def _tail(path: Path, n: int = 4000) -> str:
     return ""
 
 
-def session_processes(sid: int) -> list[tuple[int, str]]:
-    """(pid, command) of live processes in session `sid` (Linux /proc)."""
-    out = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-            fields = stat[stat.rindex(")") + 2 :].split()
-            state, session = fields[0], int(fields[3])
-            if session != sid or state == "Z":
-                continue
-            cmd = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-            out.append((int(entry.name), cmd.strip()))
-        except (OSError, ValueError, IndexError):
-            continue
-    return out
-
-
 def stop(handle: RayServeHandle, timeout_s: float = 30.0) -> dict[str, Any]:
     """SIGTERM the launcher, wait for Ray to shut down, then SIGKILL anything
     left in its session. Returns {"stop_s", "killed": [leftover commands]}."""
     proc = handle.process
-    sid = proc.pid  # start_new_session: the session id is the child's pid
     t0 = time.monotonic()
-    if proc.poll() is None:
-        with contextlib.suppress(ProcessLookupError):
-            proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout_s)
-        except subprocess.TimeoutExpired:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(sid, signal.SIGKILL)
-            proc.wait(10)
-    # Ray's processes share the launcher's fate (prctl), but give them a moment
-    # and make sure: nothing of this session may outlive stop().
-    killed: list[str] = []
-    grace = time.monotonic() + 5.0
-    while session_processes(sid) and time.monotonic() < grace:
-        time.sleep(0.1)
-    for pid, cmd in session_processes(sid):
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGKILL)
-            killed.append(cmd)
+    # Ray's processes share the launcher's fate (prctl); end_session makes sure.
+    killed = end_session(proc, timeout_s)
     if handle._log is not None:
         handle._log.close()
         handle._log = None

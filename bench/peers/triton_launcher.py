@@ -50,7 +50,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import ctypes
 import importlib.util
 import json
 import os
@@ -69,7 +68,7 @@ from typing import Any
 import httpx
 import numpy as np
 
-from bench.peers.ray_serve_launcher import free_port, session_processes
+from bench.peers.session import end_session, free_port, set_pdeathsig
 from bench.peers.triton_repository import write_triton_repository
 
 READY_PREFIX = "READY "
@@ -237,12 +236,6 @@ class TritonHandle:
         }
 
 
-def _set_pdeathsig() -> None:  # runs in the child before exec
-    with contextlib.suppress(Exception):
-        libc = ctypes.CDLL("libc.so.6", use_errno=True)
-        libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG: the server dies with its caller
-
-
 def _tail(path: Path | None, n: int = 4000) -> str:
     with contextlib.suppress(OSError, TypeError):
         return Path(path).read_bytes()[-n:].decode(errors="replace")  # type: ignore[arg-type]
@@ -320,7 +313,7 @@ def start_triton(
         cwd=str(run_dir),
         env=stub_environment(install),
         start_new_session=True,
-        preexec_fn=_set_pdeathsig,
+        preexec_fn=set_pdeathsig,
     )
     url = f"http://127.0.0.1:{int(port)}"
     handle = TritonHandle(
@@ -359,25 +352,8 @@ def stop(
     its session (server and stubs). Removes the run directory unless the server
     had to be killed or `keep_run_dir`. Returns {"stop_s", "returncode", "killed"}."""
     proc = handle.process
-    sid = proc.pid  # start_new_session: the session id is the server's pid
     t0 = time.monotonic()
-    if proc.poll() is None:
-        with contextlib.suppress(ProcessLookupError):
-            proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout_s)
-        except subprocess.TimeoutExpired:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(sid, signal.SIGKILL)
-            proc.wait(10)
-    killed: list[str] = []
-    grace = time.monotonic() + 5.0
-    while session_processes(sid) and time.monotonic() < grace:
-        time.sleep(0.05)
-    for pid, cmd in session_processes(sid):
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGKILL)
-            killed.append(cmd)
+    killed = end_session(proc, timeout_s, poll_s=0.05)
     if handle._log is not None:
         handle._log.close()
         handle._log = None
