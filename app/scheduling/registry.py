@@ -14,7 +14,11 @@ from app.scheduling.types import DeviceInfo
 # name → (module, class name, fixed keyword arguments)
 _POLICIES: dict[str, tuple[str, str, dict[str, Any]]] = {
     "symphony": ("app.scheduling.symphony", "SymphonyScheduler", {}),
-    "symphony-wc": ("app.scheduling.symphony", "SymphonyScheduler", {"work_conserving": True}),
+    "symphony-wc": (
+        "app.scheduling.symphony",
+        "WorkConservingSymphonyScheduler",
+        {"work_conserving": True},
+    ),
     "flex": ("app.scheduling.flex", "FlexScheduler", {}),
     "flex-np": ("app.scheduling.flex", "FlexScheduler", {"preemption": False}),
     "clockwork": ("app.scheduling.clockwork", "ClockworkScheduler", {}),

@@ -46,6 +46,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from app.compiled import mypyc_attr
 from app.results import DROP_REASONS, Outcome
 from app.scheduling.autoscaler import Autoscaler, ScaleDown, ScaleUp
 from app.scheduling.base import Scheduler
@@ -102,6 +103,7 @@ class Trace:
     scaling: list[tuple[float, int]] | None = None
 
 
+@mypyc_attr(native_class=False)  # compiled, an exception class stays a Python one
 class SimulationError(RuntimeError):
     pass
 
@@ -237,8 +239,7 @@ def run_simulation(
     def apply(decisions: list[Decision], now: float) -> None:
         nonlocal preemptions
         for decision in decisions:
-            kind = type(decision)
-            if kind is Dispatch:
+            if isinstance(decision, Dispatch):
                 batch = decision.batch
                 c0 = dynamic_c0.get(batch.model) if dynamic_c0 else None
                 if c0 is None:
@@ -253,7 +254,7 @@ def run_simulation(
                 device.waiting.append(batch)
                 if device.running is None:
                     begin_next(device, batch.device, now)
-            elif kind is Complete:
+            elif isinstance(decision, Complete):
                 batch = decision.batch
                 end, begin = now, begins.pop(batch.id)
                 size = batch.size
@@ -273,7 +274,7 @@ def run_simulation(
                             if jitter:
                                 alone *= math.exp(profile_rng.normal(jitter_mu, jitter))
                             profiled.append((batch.model, request.app, alone))
-            elif kind is Drop:
+            elif isinstance(decision, Drop):
                 code = reason_code[decision.reason]
                 for request in decision.requests:
                     rid = request.id
@@ -282,7 +283,7 @@ def run_simulation(
                     status[rid] = DROPPED
                     finish[rid] = now
                     reason[rid] = code
-            elif kind is Preempt:
+            elif isinstance(decision, Preempt):
                 device = emulated[decision.device]
                 running = device.running
                 if running is not None and running.id == decision.batch_id:
