@@ -77,15 +77,18 @@ def compiled_modules() -> dict[str, bool]:
 
 
 def stale_modules(root: Path = ROOT) -> list[str]:
-    """Modules whose compiled extension is older than their source."""
-    stale: list[str] = []
-    for path in MODULES:
-        source = root / path
-        for suffix in importlib.machinery.EXTENSION_SUFFIXES:
-            built = source.with_name(source.stem + suffix)
-            if built.exists() and built.stat().st_mtime < source.stat().st_mtime:
-                stale.append(module_name(path))
-    return stale
+    """Modules changed since the build: their source is newer than the shared
+    library that holds the compiled code (the per-module extensions are stubs
+    that a rebuild may leave as they were)."""
+    libraries = [
+        root / f"{_SHARED_LIB}{suffix}"
+        for suffix in importlib.machinery.EXTENSION_SUFFIXES
+        if (root / f"{_SHARED_LIB}{suffix}").exists()
+    ]
+    if not libraries:
+        return []
+    built_at = max(p.stat().st_mtime for p in libraries)
+    return [module_name(p) for p in MODULES if (root / p).stat().st_mtime > built_at]
 
 
 def build(root: Path = ROOT) -> list[Path]:
@@ -123,6 +126,8 @@ def build(root: Path = ROOT) -> list[Path]:
     built = extensions(root)
     if len(built) != len(MODULES) + 1:
         raise BuildError(f"mypyc wrote {len(built)} extensions, expected {len(MODULES) + 1}")
+    for path in built:  # the build's time (an unchanged one is copied with its old time)
+        os.utime(path)
     return built
 
 

@@ -93,6 +93,22 @@ class Candidate:
     # Queue positions of its requests; None: the first `bs` (one item each).
     positions: list[int] | None = None
 
+    # Written out (the dataclass keeps it): compiled (app/build_fast.py), the
+    # generated __init__ would stay interpreted, and one is made per arrival.
+    def __init__(
+        self,
+        bs: int,
+        exec_at: float,
+        invalid_after: float,
+        deadline: float,
+        positions: list[int] | None = None,
+    ) -> None:
+        self.bs = bs
+        self.exec_at = exec_at
+        self.invalid_after = invalid_after
+        self.deadline = deadline
+        self.positions = positions
+
 
 class SymphonyScheduler(Scheduler):
     """Symphony's non-work-conserving centralised batching (symphony.txt §4.3)."""

@@ -43,6 +43,7 @@ import math
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Protocol, cast
 
 import numpy as np
 
@@ -70,6 +71,24 @@ PENDING, GOOD, LATE, DROPPED = (
 )
 _INF = float("inf")
 _END, _STOP = 0, 1  # device event kinds
+
+
+class DrivenCore(Protocol):
+    """What the engine calls on the core: `Scheduler`'s driver API. A
+    protocol rather than the class, so that a wrapper around a core (one that
+    records the calls, tests/fakes_live.py) drives the compiled engine too."""
+
+    def add_request(self, request: Request, now: float) -> list[Decision]: ...
+    def batch_finished(self, device: int, batch_id: int, now: float) -> list[Decision]: ...
+    def batch_stopped(self, device: int, batch_id: int, now: float) -> list[Decision]: ...
+    def advance(self, now: float) -> list[Decision]: ...
+    def next_wakeup(self) -> float | None: ...
+    def device_down(self, device: int, now: float) -> list[Decision]: ...
+    def device_up(self, device: int, now: float) -> list[Decision]: ...
+    def record_alone_time(
+        self, model: str, app: str, seconds: float, now: float
+    ) -> list[Decision]: ...
+    def queued(self) -> int: ...
 
 
 @dataclass(frozen=True)
@@ -123,7 +142,7 @@ class _Device:
 
 
 def run_simulation(
-    scheduler: Scheduler,
+    scheduler: DrivenCore,
     models: Sequence[ModelInfo],
     devices: Sequence[DeviceInfo],
     arrival_times: np.ndarray,
@@ -357,7 +376,8 @@ def run_simulation(
     def scale(now: float) -> None:
         """The autoscaler's tick: start parked devices, release idle ones."""
         assert autoscaler is not None
-        action = autoscaler.tick(scheduler, now)
+        # The autoscaler reads the core's state, beyond the driver API.
+        action = autoscaler.tick(cast(Scheduler, scheduler), now)
         if isinstance(action, ScaleUp):
             for device_id in action.devices:
                 up = DeviceFault(now + startup_s, device_id, up=True)
