@@ -9,8 +9,8 @@ next to them; Python prefers an extension to the .py file of the same
 module, so once built they are used wherever the package is imported from
 this checkout, and `--clean` (removing the extensions) is the way back. The
 pure-Python modules stay the reference: the compiled ones make the same
-decisions, only faster (BENCHMARKS.md). Policies other than Symphony stay
-interpreted and subclass the compiled `Scheduler` (app/compiled.py).
+decisions, only faster (`python -m bench.sim_speed`). Policies other than Symphony stay
+interpreted and subclass the compiled `Scheduler` (app/scheduling/compiled.py).
 
 The build writes its C sources under build/mypyc and one shared library,
 `app/core__mypyc.*.so`, that the per-module extensions load; all are

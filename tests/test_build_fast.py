@@ -63,7 +63,7 @@ def test_the_core_imports_without_mypy_installed() -> None:
     # decorator must leave Scheduler an ordinary class that policies subclass.
     code = (
         "import sys; sys.modules['mypy_extensions'] = None\n"
-        "from app.compiled import mypyc_attr\n"
+        "from app.scheduling.compiled import mypyc_attr\n"
         "from app.scheduling.registry import make_scheduler\n"
         "@mypyc_attr(allow_interpreted_subclasses=True)\n"
         "class Plain: pass\n"

@@ -59,8 +59,8 @@ from collections.abc import Hashable, Iterable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, ClassVar
 
-from app.compiled import mypyc_attr
 from app.scheduling.autoscale import AutoscaleMonitor
+from app.scheduling.compiled import mypyc_attr
 from app.scheduling.model import ModelInfo
 from app.scheduling.queue import DeadlineQueue
 from app.scheduling.rate import RateMeter

@@ -47,10 +47,10 @@ from typing import Protocol, cast
 
 import numpy as np
 
-from app.compiled import mypyc_attr
 from app.results import DROP_REASONS, Outcome
 from app.scheduling.autoscaler import Autoscaler, ScaleDown, ScaleUp
 from app.scheduling.base import Scheduler
+from app.scheduling.compiled import mypyc_attr
 from app.scheduling.model import ModelInfo
 from app.scheduling.types import (
     Batch,
