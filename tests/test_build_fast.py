@@ -20,18 +20,20 @@ from tests.conftest import ROOT
 WORKLOAD = ROOT / "bench" / "workloads" / "symphony-table4-resnet50.yaml"
 
 # Runs in a child whose `app` is a copy: one simulation per policy (Symphony,
-# compiled; Clockwork, interpreted on the compiled Scheduler), its trace hashed.
+# compiled; Clockwork, interpreted on the compiled Scheduler), its trace
+# hashed; and the options each policy takes (read from its signature).
 _SIMULATE = """
 import hashlib, json, sys
 import numpy as np
 from app.build_fast import compiled_modules
+from app.scheduling.registry import policy_names, policy_options
 from app.simulation.run import simulate
 from app.workloads.arrivals import generate_arrivals
 from app.workloads.spec import load_workload
 
 workload = load_workload(sys.argv[1])
 arrivals = generate_arrivals(workload, 0.5)
-out = {"compiled": compiled_modules()}
+out = {"compiled": compiled_modules(), "options": {p: policy_options(p) for p in policy_names()}}
 for policy in ("symphony", "symphony-wc", "clockwork"):
     trace = simulate(workload, policy, arrivals=arrivals).trace
     digest = hashlib.sha256()
@@ -122,5 +124,6 @@ def test_a_compiled_core_decides_as_the_pure_python_one(tmp_path: Path) -> None:
     assert not any(a.pop("compiled").values())
     assert all(b.pop("compiled").values())
     assert a == b
+    assert "pruning" in a["options"]["symphony"] and "timer_lead" in a["options"]["symphony"]
     assert a["symphony"]["requests"] > 40_000 and a["symphony"]["good"] > 0.9 * 40_000
     assert build_fast.clean(compiled) == built and not build_fast.extensions(compiled)
