@@ -4,7 +4,8 @@
 
 Runs the policy on the same arrival sequence N times in this process (one
 core) and prints the best and median rate; the machine's speed varies from
-run to run, so both are reported.
+run to run, so both are reported. The line says whether the core ran
+compiled (python -m app.build_fast) or as pure Python.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import argparse
 import statistics
 from pathlib import Path
 
+from app.build_fast import compiled_modules
 from app.simulation.run import simulate
 from app.workloads.arrivals import generate_arrivals
 from app.workloads.spec import load_workload
@@ -30,11 +32,13 @@ def main(argv: list[str] | None = None) -> None:
     arrivals = generate_arrivals(workload)
     walls = [simulate(workload, args.policy, arrivals=arrivals).wall_s for _ in range(args.repeat)]
     requests = len(arrivals)
+    compiled = compiled_modules().values()
+    core = "compiled" if all(compiled) else "partly compiled" if any(compiled) else "pure Python"
     print(
         f"{args.policy} on {workload.name}: {requests} requests, "
         f"best {requests / min(walls):,.0f} req/s, "
         f"median {requests / statistics.median(walls):,.0f} req/s "
-        f"(wall s: {', '.join(f'{w:.3f}' for w in walls)})"
+        f"(wall s: {', '.join(f'{w:.3f}' for w in walls)}; {core} core)"
     )
 
 

@@ -92,6 +92,13 @@ NOT_RUN = {
     "pip install -e '.[bench,peers]'": _INSTALLS,
     "python -m bench.peers.bentoml_launcher --setup": "creates .venv-peers/bentoml from the "
     "package index (.ci/run runs it; tests/test_peer_bentoml.py serves with it)",
+    "pip install -e '.[fast]'": _INSTALLS,
+    "python -m app.build_fast": "compiles the core in this checkout, ~30 s "
+    "(tests/test_build_fast.py builds a copy and checks its decisions)",
+    "python -m app.build_fast --status": "tests/test_build_fast.py checks what it reports "
+    "(compiled_modules)",
+    "python -m app.build_fast --clean": "removes a build from this checkout "
+    "(tests/test_build_fast.py cleans its copy)",
     "ruff check .": "CI's own line: .ci/run runs it verbatim (checked here)",
     "python -m pytest -q": "CI's own line: .ci/run runs it verbatim (checked here); this suite",
     "python -m bench.simulate --workload FILE [--policy P ...] [--rate-scale X] [--capacity] "

@@ -21,7 +21,6 @@ from app.planning.partition.problem import PartitionModel, PartitionProblem, mea
 from app.planning.partition.random_solver import solve_random
 from app.results import Outcome
 from app.scheduling.profile import LatencyProfile
-from app.scheduling.registry import make_scheduler
 from app.simulation.partitioned import simulate_partitioned, split_devices
 from app.simulation.run import simulate
 from app.workloads.arrivals import generate_arrivals
@@ -301,25 +300,16 @@ def test_a_partitioned_run_answers_every_request_once_on_its_own_core(monkeypatc
     import app.simulation.partitioned as partitioned
 
     seen: list[tuple[list[str], list[str], set[str]]] = []  # (models, devices, requests' models)
+    run_core = partitioned.run_simulation
 
-    def recording(policy, models, devices, **params):
-        core = make_scheduler(policy, models, devices, **params)
-        record = (
-            [m.name for m in models],
-            [d.name for d in devices],
-            set(),
-        )
-        seen.append(record)
-        add = core.add_request
+    # Recorded where each core is driven (not by wrapping the core's
+    # add_request: a compiled core's methods cannot be replaced).
+    def recording(core, models, devices, arrival_times, model_index, **options):
+        names = [m.name for m in models]
+        seen.append((names, [d.name for d in devices], {names[i] for i in model_index.tolist()}))
+        return run_core(core, models, devices, arrival_times, model_index, **options)
 
-        def add_request(request, now):
-            record[2].add(request.model)
-            return add(request, now)
-
-        core.add_request = add_request  # type: ignore[method-assign]
-        return core
-
-    monkeypatch.setattr(partitioned, "make_scheduler", recording)
+    monkeypatch.setattr(partitioned, "run_simulation", recording)
     workload = _workload()
     arrivals = generate_arrivals(workload)
     assignment = {"a": 1, "b": 0, "c": 0, "d": 1}

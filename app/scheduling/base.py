@@ -60,6 +60,7 @@ from dataclasses import dataclass, replace
 from typing import Any, ClassVar
 
 from app.scheduling.autoscale import AutoscaleMonitor
+from app.scheduling.compiled import mypyc_attr
 from app.scheduling.model import ModelInfo
 from app.scheduling.queue import DeadlineQueue
 from app.scheduling.rate import RateMeter
@@ -89,6 +90,7 @@ class Stopping:
     held: list[Request]
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)
 class Scheduler:
     """Shared state and plumbing; policies override the `_on_*` hooks."""
 
@@ -563,4 +565,6 @@ class Scheduler:
 
     @classmethod
     def describe(cls) -> dict[str, Any]:
-        return {"name": cls.name, "doc": (cls.__doc__ or "").strip().splitlines()[0]}
+        # getattr: a compiled (native) class's docstring is not a typed attribute.
+        doc = getattr(cls, "__doc__", None) or ""
+        return {"name": cls.name, "doc": doc.strip().splitlines()[0]}

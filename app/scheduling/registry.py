@@ -14,7 +14,11 @@ from app.scheduling.types import DeviceInfo
 # name → (module, class name, fixed keyword arguments)
 _POLICIES: dict[str, tuple[str, str, dict[str, Any]]] = {
     "symphony": ("app.scheduling.symphony", "SymphonyScheduler", {}),
-    "symphony-wc": ("app.scheduling.symphony", "SymphonyScheduler", {"work_conserving": True}),
+    "symphony-wc": (
+        "app.scheduling.symphony",
+        "WorkConservingSymphonyScheduler",
+        {"work_conserving": True},
+    ),
     "flex": ("app.scheduling.flex", "FlexScheduler", {}),
     "flex-np": ("app.scheduling.flex", "FlexScheduler", {"preemption": False}),
     "clockwork": ("app.scheduling.clockwork", "ClockworkScheduler", {}),
@@ -46,13 +50,17 @@ def policy_options(name: str) -> list[str]:
     cls = scheduler_class(name)
     options: set[str] = set()
     for klass in cls.__mro__:
-        init = klass.__dict__.get("__init__")
-        if init is None or klass is object:
+        if klass is object or "__init__" not in klass.__dict__:
             continue
+        # Every __init__ takes (models, devices, *, options...). The class's
+        # signature, not its __init__'s: a compiled class's __init__ is a slot
+        # wrapper with none; and its signature may show the options as
+        # positional-only (the core's, compiled), hence "after the first two".
+        parameters = list(inspect.signature(klass).parameters.values())[2:]
         options.update(
             p.name
-            for p in inspect.signature(init).parameters.values()
-            if p.kind is inspect.Parameter.KEYWORD_ONLY
+            for p in parameters
+            if p.kind not in (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)
         )
     return sorted(options - set(_POLICIES[name][2]))
 

@@ -71,6 +71,7 @@ from __future__ import annotations
 import math
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
+from typing import ClassVar
 
 from app.scheduling.base import Scheduler
 from app.scheduling.model import ModelInfo
@@ -92,12 +93,30 @@ class Candidate:
     # Queue positions of its requests; None: the first `bs` (one item each).
     positions: list[int] | None = None
 
+    # Written out (the dataclass keeps it): compiled (app/build_fast.py), the
+    # generated __init__ would stay interpreted, and one is made per arrival.
+    def __init__(
+        self,
+        bs: int,
+        exec_at: float,
+        invalid_after: float,
+        deadline: float,
+        positions: list[int] | None = None,
+    ) -> None:
+        self.bs = bs
+        self.exec_at = exec_at
+        self.invalid_after = invalid_after
+        self.deadline = deadline
+        self.positions = positions
+
 
 class SymphonyScheduler(Scheduler):
     """Symphony's non-work-conserving centralised batching (symphony.txt §4.3)."""
 
     name = "symphony"
     speed_changes = True  # speeds are read when a batch is planned on a device
+    # Set by the work-conserving variant (its own class, for its name).
+    always_work_conserving: ClassVar[bool] = False
 
     def __init__(
         self,
@@ -111,27 +130,25 @@ class SymphonyScheduler(Scheduler):
         grant_by: str = "slack",
         **options: float,
     ) -> None:
-        super().__init__(models, devices, **options)
+        # Not super().__init__(..., **options): compiled, that call passes the
+        # dict as one argument (mypyc/mypyc#1162).
+        Scheduler.__init__(self, models, devices, **options)
         if pruning not in PRUNING_RULES:
             raise ValueError(f"pruning must be one of {PRUNING_RULES}, got {pruning!r}")
         if grant_by not in ("exec_at", "slack"):
             raise ValueError(f"grant_by must be 'exec_at' or 'slack', got {grant_by!r}")
         self.grant_by = grant_by
-        self.work_conserving = work_conserving
+        self.work_conserving = work_conserving or self.always_work_conserving
         self.pruning = pruning
         self._window = pruning != "prefix"
         # Timer keys, built once: they are used on every arrival.
         # Timer keys are strings (their hash is cached, unlike a tuple's);
-        # `_timer_target` maps each back to (kind, model).
+        # `_timer_target` maps each back to (kind, model; "" for the device timer).
         self._model_key: dict[str, str] = {}
         self._drop_key: dict[str, str] = {}
-        self._timer_target: dict[Hashable, tuple[str, str | None]] = {
-            _DEVICE_TIMER: ("device", None)
-        }
+        self._timer_target: dict[Hashable, tuple[str, str]] = {_DEVICE_TIMER: ("device", "")}
         for name in self.models:
             self._add_timer_keys(name)
-        if work_conserving:
-            self.name = "symphony-wc"
         self.queues = ModelQueues(list(self.models))
         self.candidates: dict[str, Candidate | None] = dict.fromkeys(self.models)
         # Schedulable candidates waiting for a device (App. C's `mc`).
@@ -507,6 +524,16 @@ class SymphonyScheduler(Scheduler):
             self.free_at[device] = _INF
             self._granted_device(name, device, free_at, now)
         self._set_device_timer()
+
+
+class WorkConservingSymphonyScheduler(SymphonyScheduler):
+    """Symphony with every candidate schedulable as soon as it is formed.
+
+    A class of its own for its name ("symphony-wc"): a policy's name is a
+    class attribute (`Scheduler.name`), never set per instance."""
+
+    name = "symphony-wc"
+    always_work_conserving = True
 
 
 def _intercept(model: ModelInfo) -> float:

@@ -41,8 +41,10 @@ def first_instant_after(deadline: float, cost: float) -> float:
 
 class Timers:
     """The heap holds `(at, seq, key)` entries; `_due` maps each key to its
-    live entry, so an entry is live exactly when it is the one `_due` holds
-    (an identity test: no second tuple per timer)."""
+    live entry, so an entry is live exactly when it equals the one `_due`
+    holds (no second tuple per timer). Equal, not identical: sequence numbers
+    are unique, and the compiled build (app/build_fast.py) keeps a fixed-size
+    tuple unboxed, making a new object each time it stores one."""
 
     __slots__ = ("_due", "_heap", "_seq")
 
@@ -82,7 +84,7 @@ class Timers:
         heap, due = self._heap, self._due
         while heap:
             entry = heap[0]
-            if due.get(entry[2]) is entry:
+            if due.get(entry[2]) == entry:
                 return entry[0]
             heapq.heappop(heap)
         return None
@@ -96,7 +98,7 @@ class Timers:
         while heap:
             entry = heap[0]
             at, _, key = entry
-            if due.get(key) is not entry:
+            if due.get(key) != entry:
                 heapq.heappop(heap)
                 continue
             if at - lead > now:

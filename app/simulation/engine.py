@@ -43,12 +43,14 @@ import math
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Protocol, cast
 
 import numpy as np
 
 from app.results import DROP_REASONS, Outcome
 from app.scheduling.autoscaler import Autoscaler, ScaleDown, ScaleUp
 from app.scheduling.base import Scheduler
+from app.scheduling.compiled import mypyc_attr
 from app.scheduling.model import ModelInfo
 from app.scheduling.types import (
     Batch,
@@ -69,6 +71,24 @@ PENDING, GOOD, LATE, DROPPED = (
 )
 _INF = float("inf")
 _END, _STOP = 0, 1  # device event kinds
+
+
+class DrivenCore(Protocol):
+    """What the engine calls on the core: `Scheduler`'s driver API. A
+    protocol rather than the class, so that a wrapper around a core (one that
+    records the calls, tests/fakes_live.py) drives the compiled engine too."""
+
+    def add_request(self, request: Request, now: float) -> list[Decision]: ...
+    def batch_finished(self, device: int, batch_id: int, now: float) -> list[Decision]: ...
+    def batch_stopped(self, device: int, batch_id: int, now: float) -> list[Decision]: ...
+    def advance(self, now: float) -> list[Decision]: ...
+    def next_wakeup(self) -> float | None: ...
+    def device_down(self, device: int, now: float) -> list[Decision]: ...
+    def device_up(self, device: int, now: float) -> list[Decision]: ...
+    def record_alone_time(
+        self, model: str, app: str, seconds: float, now: float
+    ) -> list[Decision]: ...
+    def queued(self) -> int: ...
 
 
 @dataclass(frozen=True)
@@ -102,6 +122,7 @@ class Trace:
     scaling: list[tuple[float, int]] | None = None
 
 
+@mypyc_attr(native_class=False)  # compiled, an exception class stays a Python one
 class SimulationError(RuntimeError):
     pass
 
@@ -121,7 +142,7 @@ class _Device:
 
 
 def run_simulation(
-    scheduler: Scheduler,
+    scheduler: DrivenCore,
     models: Sequence[ModelInfo],
     devices: Sequence[DeviceInfo],
     arrival_times: np.ndarray,
@@ -237,8 +258,7 @@ def run_simulation(
     def apply(decisions: list[Decision], now: float) -> None:
         nonlocal preemptions
         for decision in decisions:
-            kind = type(decision)
-            if kind is Dispatch:
+            if isinstance(decision, Dispatch):
                 batch = decision.batch
                 c0 = dynamic_c0.get(batch.model) if dynamic_c0 else None
                 if c0 is None:
@@ -253,7 +273,7 @@ def run_simulation(
                 device.waiting.append(batch)
                 if device.running is None:
                     begin_next(device, batch.device, now)
-            elif kind is Complete:
+            elif isinstance(decision, Complete):
                 batch = decision.batch
                 end, begin = now, begins.pop(batch.id)
                 size = batch.size
@@ -273,7 +293,7 @@ def run_simulation(
                             if jitter:
                                 alone *= math.exp(profile_rng.normal(jitter_mu, jitter))
                             profiled.append((batch.model, request.app, alone))
-            elif kind is Drop:
+            elif isinstance(decision, Drop):
                 code = reason_code[decision.reason]
                 for request in decision.requests:
                     rid = request.id
@@ -282,7 +302,7 @@ def run_simulation(
                     status[rid] = DROPPED
                     finish[rid] = now
                     reason[rid] = code
-            elif kind is Preempt:
+            elif isinstance(decision, Preempt):
                 device = emulated[decision.device]
                 running = device.running
                 if running is not None and running.id == decision.batch_id:
@@ -356,7 +376,8 @@ def run_simulation(
     def scale(now: float) -> None:
         """The autoscaler's tick: start parked devices, release idle ones."""
         assert autoscaler is not None
-        action = autoscaler.tick(scheduler, now)
+        # The autoscaler reads the core's state, beyond the driver API.
+        action = autoscaler.tick(cast(Scheduler, scheduler), now)
         if isinstance(action, ScaleUp):
             for device_id in action.devices:
                 up = DeviceFault(now + startup_s, device_id, up=True)
