@@ -106,8 +106,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return profile_main(argv)
     if argv[:1] == ["plan"]:
         from app.planning.cli import main as plan_main
+        from app.simulation.herd_goodput import MeasuredGoodput
 
-        return plan_main(argv[1:])
+        return plan_main(argv[1:], herd_measurer=MeasuredGoodput)
     try:
         command = parse_command(argv, os.environ)
     except ValueError as exc:

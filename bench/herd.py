@@ -27,7 +27,7 @@ for every grouping.
 Groupings: HERD (`paper` and `shared` burst tolerance) and random groups
 (seeds 0 … 4, mean and range), each group its own `flex` core
 (app/simulation/grouped.py). `--goodput measured` takes (b)'s T_i from
-app/planning/herd/measured.py (one capacity search per zoo model, seconds
+app/simulation/herd_goodput.py (one capacity search per zoo model, seconds
 in all) for the load and the groupings alike; (a) keeps the analytic T, as
 its W variants would cost W searches.
 """
@@ -47,7 +47,6 @@ import numpy as np
 import yaml
 
 from app.planning.herd.ilp import SolveOptions, solve
-from app.planning.herd.measured import MeasuredGoodput
 from app.planning.herd.plan import HerdPlan
 from app.planning.herd.problem import (
     Cluster,
@@ -61,6 +60,7 @@ from app.planning.herd.problem import (
 from app.planning.herd.random_groups import random_plan
 from app.scheduling.profile import LatencyProfile
 from app.simulation.grouped import GroupSpec, simulate_groups
+from app.simulation.herd_goodput import MeasuredGoodput
 from app.workloads.arrivals import generate_arrivals
 from app.workloads.spec import parse_workload
 

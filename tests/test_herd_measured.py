@@ -1,4 +1,4 @@
-"""HERD's measured single-device goodput (app/planning/herd/measured.py):
+"""HERD's measured single-device goodput (app/simulation/herd_goodput.py):
 T from a simulated capacity search, cached per (profile, SLO, max batch),
 and `python -m app plan herd --goodput`."""
 
@@ -11,10 +11,10 @@ import pytest
 
 from app.planning.cli import main as plan_main
 from app.planning.herd.ilp import SolveOptions, solve
-from app.planning.herd.measured import MeasuredGoodput
 from app.planning.herd.problem import Problem, Stream, model_streams, single_device_goodput
 from app.planning.herd.random_groups import random_plan
 from app.scheduling.profile import LatencyProfile
+from app.simulation.herd_goodput import MeasuredGoodput
 from tests.test_herd import problem
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "bench/workloads/herd/example.yaml"
@@ -104,7 +104,10 @@ def test_ilp_and_random_baseline_solve_with_measured_goodput():
 
 def test_cli_measured_names_it_and_lists_both_goodputs():
     out, err = io.StringIO(), io.StringIO()
-    assert plan_main(["herd", str(EXAMPLE), "--goodput", "measured"], out, err) == 0, err.getvalue()
+    code = plan_main(
+        ["herd", str(EXAMPLE), "--goodput", "measured"], out, err, herd_measurer=MeasuredGoodput
+    )
+    assert code == 0, err.getvalue()
     text = out.getvalue()
     assert text.splitlines()[1].startswith(
         "single-device goodput T_i: measured (flex on one simulated device"
@@ -122,6 +125,10 @@ def test_cli_default_is_analytic_and_bad_value_is_an_argparse_error(capsys):
     assert plan_main(["herd", str(EXAMPLE)], out, err) == 0
     assert out.getvalue().splitlines()[1].startswith("single-device goodput T_i: analytic")
     assert "capacity searches" not in out.getvalue()
+    # Without a measurer (planning alone does not run the simulator): a clear error.
+    err = io.StringIO()
+    assert plan_main(["herd", str(EXAMPLE), "--goodput", "measured"], io.StringIO(), err) == 2
+    assert "--goodput measured runs the simulator: use `python -m app plan herd`" in err.getvalue()
     with pytest.raises(SystemExit) as exit_:
         plan_main(["herd", str(EXAMPLE), "--goodput", "simulated"], io.StringIO(), io.StringIO())
     assert exit_.value.code == 2

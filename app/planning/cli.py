@@ -5,8 +5,8 @@
 from __future__ import annotations
 
 import sys
-from collections.abc import Sequence
-from typing import TextIO
+from collections.abc import Callable, Sequence
+from typing import Any, TextIO
 
 USAGE = (
     "usage: python -m app plan {ppipe,inss,herd,partition} ...\n\n"
@@ -21,8 +21,14 @@ USAGE = (
 )
 
 
-def main(argv: Sequence[str], out: TextIO = sys.stdout, err: TextIO = sys.stderr) -> int:
-    """`argv` is what follows `plan`."""
+def main(
+    argv: Sequence[str],
+    out: TextIO = sys.stdout,
+    err: TextIO = sys.stderr,
+    herd_measurer: Callable[[], Any] | None = None,
+) -> int:
+    """`argv` is what follows `plan`; `herd_measurer` makes HERD's measured
+    T_i (app/simulation/herd_goodput.py; `python -m app` passes it)."""
     argv = list(argv)
     if argv[:1] == ["inss"]:
         from app.planning.inss.cli import main as inss_main
@@ -31,7 +37,7 @@ def main(argv: Sequence[str], out: TextIO = sys.stdout, err: TextIO = sys.stderr
     if argv[:1] == ["herd"]:
         from app.planning.herd.cli import main as herd_main
 
-        return herd_main(argv[1:], out, err)
+        return herd_main(argv[1:], out, err, herd_measurer)
     if argv[:1] == ["ppipe"]:
         from app.planning.ppipe.cli import main as ppipe_main
 

@@ -2,7 +2,7 @@
 request streams, models and devices into serving groups, each served by its
 own FLEX core (app/simulation/grouped.py runs them in the simulator).
 
-problem.py (inputs, T_i and n_i), measured.py (T_i measured in the
-simulator, an option), plan.py (groups, burst tolerance, plan
+problem.py (inputs, T_i and n_i), plan.py (groups, burst tolerance, plan
 files), ilp.py (the ILP on HiGHS), random_groups.py (the baseline),
-config.py (YAML), cli.py (`python -m app plan herd`)."""
+config.py (YAML), cli.py (`python -m app plan herd`). T_i measured in the
+simulator, an option, is app/simulation/herd_goodput.py."""

@@ -6,7 +6,8 @@ Reads the cluster, models and streams from YAML (config.py), prints the plan
 (each group's devices, models, streams and burst tolerance; the minimum)
 and writes it (`--out`, plan.py's JSON). `--random SEED` prints the random
 grouping baseline (random_groups.py) instead. `--goodput` picks how T_i is
-had: `analytic` (problem.py, the default) or `measured` (measured.py, a
+had: `analytic` (problem.py, the default) or `measured`
+(app/simulation/herd_goodput.py, passed in by `python -m app`, a
 simulated capacity search per model and SLO); the output names which, and
 with `measured` lists each model's measured T beside the analytic one and
 the seconds the measuring took. Bad input or an infeasible problem: a
@@ -18,19 +19,29 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TextIO
+from typing import Protocol, TextIO
 
 from app.planning.herd.config import load_config
 from app.planning.herd.ilp import SolveOptions, solve
-from app.planning.herd.measured import MeasuredGoodput
 from app.planning.herd.plan import OBJECTIVES, HerdPlan, write_plan
 from app.planning.herd.problem import Goodput, Problem, model_streams, single_device_goodput
 from app.planning.herd.random_groups import random_plan
+from app.scheduling.profile import LatencyProfile
 
 PROG = "python -m app plan herd"
 GOODPUTS = ("analytic", "measured")
+
+
+class GoodputMeasurer(Protocol):
+    """Measured T_i (app/simulation/herd_goodput.py's `MeasuredGoodput`): the
+    planner takes it from its caller, since planning sits below the
+    simulator in the layout (`python -m app` passes it)."""
+
+    def __call__(self, profile: LatencyProfile, slo: float, max_batch: int) -> float: ...
+
+    def report(self, problem: Problem, wall_s: float) -> str: ...
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -54,8 +65,14 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: Sequence[str], out: TextIO = sys.stdout, err: TextIO = sys.stderr) -> int:
-    """`argv` is what follows `plan herd`."""
+def main(
+    argv: Sequence[str],
+    out: TextIO = sys.stdout,
+    err: TextIO = sys.stderr,
+    measurer: Callable[[], GoodputMeasurer] | None = None,
+) -> int:
+    """`argv` is what follows `plan herd`; `measurer` makes the measured T_i
+    of `--goodput measured`."""
     args = build_parser().parse_args(list(argv))
     try:
         problem, objective, time_limit = load_config(args.config)
@@ -65,10 +82,14 @@ def main(argv: Sequence[str], out: TextIO = sys.stdout, err: TextIO = sys.stderr
         goodput: Goodput = single_device_goodput
         goodput_text = "single-device goodput T_i: analytic (largest b with 2·ℓ(b) ≤ SLO, b/ℓ(b))\n"
         if args.goodput == "measured":
-            measured = MeasuredGoodput()
+            if measurer is None:
+                raise ValueError(
+                    "--goodput measured runs the simulator: use `python -m app plan herd`"
+                )
+            measured = measurer()
             began = time.perf_counter()
             model_streams(problem, measured)  # every search, once; the plan reads the cache
-            goodput_text = format_measured(problem, measured, time.perf_counter() - began)
+            goodput_text = measured.report(problem, time.perf_counter() - began)
             goodput = measured
         if args.random is not None:
             plan = random_plan(problem, args.random, objective, goodput=goodput)
@@ -82,29 +103,6 @@ def main(argv: Sequence[str], out: TextIO = sys.stdout, err: TextIO = sys.stderr
         write_plan(plan, args.out)
         out.write(f"plan written to {args.out}\n")
     return 0
-
-
-def format_measured(problem: Problem, measured: MeasuredGoodput, wall_s: float) -> str:
-    """Each model and SLO's measured T beside the analytic one, and the cost."""
-    lines = [
-        f"single-device goodput T_i: measured ({measured.policy} on one simulated device, "
-        f"Poisson arrivals, ≥ {measured.target:.0%} within SLO): {measured.searches} "
-        f"capacity searches in {wall_s:.2f} s",
-        f"{'model':<20} {'SLO ms':>7} {'analytic r/s':>12} {'measured r/s':>12} {'ratio':>6}",
-    ]
-    seen: set[tuple[str, float]] = set()
-    for s in problem.streams:
-        model = problem.model(s.model)
-        slo = model.slo if s.slo is None else s.slo
-        if (model.name, slo) in seen:
-            continue
-        seen.add((model.name, slo))
-        batch = model.profile.max_batch
-        analytic = single_device_goodput(model.profile, slo, batch)
-        t = measured(model.profile, slo, batch)
-        ratio = f"{t / analytic:6.2f}" if analytic > 0 else f"{'–':>6}"
-        lines.append(f"{model.name:<20} {slo * 1e3:>7g} {analytic:>12.1f} {t:>12.1f} {ratio}")
-    return "\n".join(lines) + "\n"
 
 
 def format_plan(plan: HerdPlan, problem: Problem, goodput_text: str = "") -> str:

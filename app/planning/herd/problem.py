@@ -12,9 +12,9 @@ measured profiles work too. It costs nothing, so planning 1,000 streams
 takes seconds in all.
 
 The paper measures "the maximum goodput each stream can achieve on a
-single GPU"; measured.py does that in the simulator (a capacity search per
-distinct profile, SLO and max batch; `--goodput measured` on the command
-line), and `model_streams` takes either as its `goodput`. The two differ:
+single GPU"; app/simulation/herd_goodput.py does that in the simulator (a
+capacity search per distinct profile, SLO and max batch; `--goodput
+measured` on the command line), and `model_streams` takes either as its `goodput`. The two differ:
 the analytic T assumes steady arrivals, and under Poisson arrivals one
 device meets a 99 % target at less — 0.56–0.87 of it on Table 5's 35
 profiles with FLEX, most near 0.70 — so with the analytic T the n_i read

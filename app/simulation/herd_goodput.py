@@ -5,6 +5,10 @@ single GPU"): the highest Poisson rate one simulated device serves with
 (app/simulation/capacity_search.py) under the groups' own policy (`flex`,
 Shepherd's scheduler, by default).
 
+It lives beside the simulator, not in app/planning/herd/, because planning
+sits below the simulator in the layout; `python -m app plan herd` hands it
+to the planner (`--goodput measured`).
+
 The analytic T (problem.py, `single_device_goodput`) stays the default:
 it costs nothing, where this costs a capacity search — about ten simulated
 runs — per distinct (profile, SLO, max batch). `MeasuredGoodput` caches
@@ -30,7 +34,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
-from app.planning.herd.problem import single_device_goodput
+from app.planning.herd.problem import Problem, single_device_goodput
 from app.scheduling.profile import LatencyProfile
 from app.simulation.capacity_search import CapacityResult, find_capacity
 from app.simulation.run import SimResult, simulate
@@ -84,6 +88,28 @@ class MeasuredGoodput:
     def wall_s(self) -> float:
         """Seconds all searches so far took."""
         return sum(m.wall_s for m in self.measurements.values())
+
+    def report(self, problem: Problem, wall_s: float) -> str:
+        """Each model and SLO's measured T beside the analytic one, and the cost."""
+        lines = [
+            f"single-device goodput T_i: measured ({self.policy} on one simulated device, "
+            f"Poisson arrivals, ≥ {self.target:.0%} within SLO): {self.searches} "
+            f"capacity searches in {wall_s:.2f} s",
+            f"{'model':<20} {'SLO ms':>7} {'analytic r/s':>12} {'measured r/s':>12} {'ratio':>6}",
+        ]
+        seen: set[tuple[str, float]] = set()
+        for s in problem.streams:
+            model = problem.model(s.model)
+            slo = model.slo if s.slo is None else s.slo
+            if (model.name, slo) in seen:
+                continue
+            seen.add((model.name, slo))
+            batch = model.profile.max_batch
+            analytic = single_device_goodput(model.profile, slo, batch)
+            t = self(model.profile, slo, batch)
+            ratio = f"{t / analytic:6.2f}" if analytic > 0 else f"{'–':>6}"
+            lines.append(f"{model.name:<20} {slo * 1e3:>7g} {analytic:>12.1f} {t:>12.1f} {ratio}")
+        return "\n".join(lines) + "\n"
 
     def measure(self, profile: LatencyProfile, slo: float, max_batch: int) -> Measurement:
         """One capacity search, uncached."""
