@@ -146,6 +146,9 @@ def measure(
 
 def run_daemon(setup: Setup, workload: Workload, policy: str, options: Options) -> SystemResult:
     """The daemon with `policy` on the setup's devices."""
+    # The bundled repository also holds emulated models, which a CPU setup has
+    # no device for: the daemon serves the others (the workload's).
+    cpu_only = {"EXIT_ON_ERROR": "0", "STRICT_READINESS": "0"} if not setup.emulated_devices else {}
     handle = start_daemon(
         setup.repository,
         free_port(),
@@ -153,7 +156,16 @@ def run_daemon(setup: Setup, workload: Workload, policy: str, options: Options) 
         emulated_devices=setup.emulated_devices,
         cpu_slices=setup.cpu_slices,
         threads_per_slice=setup.cpu_threads,
-        extra_env={"REALTIME_PRIORITY": str(options.realtime_priority)},
+        extra_env={
+            "REALTIME_PRIORITY": str(options.realtime_priority),
+            # The bundled repository also holds emulated models, which a CPU
+            # setup has no device for: serve the others (the workload's).
+            **(
+                {"EXIT_ON_ERROR": "0", "STRICT_READINESS": "0"}
+                if not setup.emulated_devices
+                else {}
+            ),
+        },
     )
     try:
         targets = asyncio.run(prepare_targets(handle.url, short(workload, options)))
