@@ -158,13 +158,7 @@ def run_daemon(setup: Setup, workload: Workload, policy: str, options: Options) 
         threads_per_slice=setup.cpu_threads,
         extra_env={
             "REALTIME_PRIORITY": str(options.realtime_priority),
-            # The bundled repository also holds emulated models, which a CPU
-            # setup has no device for: serve the others (the workload's).
-            **(
-                {"EXIT_ON_ERROR": "0", "STRICT_READINESS": "0"}
-                if not setup.emulated_devices
-                else {}
-            ),
+            **cpu_only,
         },
     )
     try:
