@@ -10,14 +10,17 @@ executors leave no shared memory behind."""
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 import subprocess
 import sys
 import threading
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
-from typing import Any
+from types import FrameType
+from typing import Any, NoReturn
 
 import httpx
 import pytest
@@ -210,3 +213,28 @@ def guarded_serve(uvicorn_in_thread: Callable[..., str]) -> Callable[..., tuple[
         return host, int(port)
 
     return start
+
+
+@contextlib.contextmanager
+def time_limit(seconds: int, what: str) -> Iterator[None]:
+    """Raise TimeoutError in the test past `seconds` (SIGALRM): for tests that
+    start processes that could hang."""
+
+    def expire(signum: int, frame: FrameType | None) -> None:
+        raise TimeoutError(f"{what} ran over {seconds} s")
+
+    previous = signal.signal(signal.SIGALRM, expire)
+    signal.alarm(seconds)
+    try:
+        yield
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+def peer_missing(why: str) -> NoReturn:
+    """A peer's install is missing: skip saying why, but fail under CI, which
+    installs it (.ci/run)."""
+    if os.environ.get("CI"):
+        pytest.fail(why)
+    pytest.skip(why)

@@ -10,12 +10,9 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import re
-import signal
 from collections.abc import Iterator
 from pathlib import Path
-from types import FrameType
 
 import httpx
 import numpy as np
@@ -33,6 +30,7 @@ from bench.peers.bentoml_launcher import (
 )
 from bench.peers.ray_grid import ModelTarget
 from bench.peers.session import free_port, session_processes
+from tests.conftest import peer_missing, time_limit
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 LIVE = REPO_ROOT / "bench" / "repositories" / "live"
@@ -128,26 +126,17 @@ def test_request_body_is_the_daemons_inputs_with_the_same_data():
 
 
 def _require_peer_venv() -> None:
-    if peer_python_path(PEER_VENV).exists():
-        return
-    why = (
-        f"no BentoML peer venv at {PEER_VENV}: run `python -m bench.peers.bentoml_launcher --setup`"
-    )
-    if os.environ.get("CI"):
-        pytest.fail(why)
-    pytest.skip(why)
+    if not peer_python_path(PEER_VENV).exists():
+        peer_missing(
+            f"no BentoML peer venv at {PEER_VENV}: "
+            "run `python -m bench.peers.bentoml_launcher --setup`"
+        )
 
 
 @pytest.fixture
 def hard_timeout() -> Iterator[None]:
-    def expire(signum: int, frame: FrameType | None) -> None:
-        raise TimeoutError(f"BentoML peer test ran over {TEST_LIMIT_S} s")
-
-    previous = signal.signal(signal.SIGALRM, expire)
-    signal.alarm(TEST_LIMIT_S)
-    yield
-    signal.alarm(0)
-    signal.signal(signal.SIGALRM, previous)
+    with time_limit(TEST_LIMIT_S, "BentoML peer test"):
+        yield
 
 
 @pytest.fixture

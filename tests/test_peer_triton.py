@@ -10,11 +10,9 @@ import asyncio
 import contextlib
 import json
 import os
-import signal
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from types import FrameType
 
 import httpx
 import numpy as np
@@ -37,6 +35,7 @@ from bench.peers.triton_launcher import (
     stop,
 )
 from bench.peers.triton_repository import write_triton_repository
+from tests.conftest import peer_missing, time_limit
 
 LIVE = Path(__file__).resolve().parents[1] / "bench" / "repositories" / "live"
 SERVER_TEST_LIMIT_S = 120
@@ -178,22 +177,13 @@ def triton_available() -> None:
     try:
         find_triton()
     except TritonUnavailable as exc:
-        why = f"Triton peer not installed: {exc}"
-        if os.environ.get("CI"):  # CI installs it: missing there is a failure
-            pytest.fail(why)
-        pytest.skip(why)
+        peer_missing(f"Triton peer not installed: {exc}")
 
 
 @pytest.fixture
 def hard_timeout() -> Iterator[None]:
-    def expire(signum: int, frame: FrameType | None) -> None:
-        raise TimeoutError(f"Triton test ran over {SERVER_TEST_LIMIT_S} s")
-
-    previous = signal.signal(signal.SIGALRM, expire)
-    signal.alarm(SERVER_TEST_LIMIT_S)
-    yield
-    signal.alarm(0)
-    signal.signal(signal.SIGALRM, previous)
+    with time_limit(SERVER_TEST_LIMIT_S, "Triton test"):
+        yield
 
 
 @contextlib.contextmanager

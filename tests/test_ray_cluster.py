@@ -10,17 +10,16 @@ timeouts, and a SIGALRM per test for anything else that could hang.
 from __future__ import annotations
 
 import os
-import signal
 import socket
 from collections.abc import Iterator
 from pathlib import Path
-from types import FrameType
 
 import pytest
 import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from bench.ray_cluster import HEAD, HEAD_RESOURCE, LocalRayCluster, RayClusterError, is_live
+from tests.conftest import time_limit
 
 pytestmark = pytest.mark.slow
 
@@ -30,14 +29,8 @@ GET_TIMEOUT_S = 30
 
 @pytest.fixture(autouse=True)
 def hard_timeout() -> Iterator[None]:
-    def expire(signum: int, frame: FrameType | None) -> None:
-        raise TimeoutError(f"Ray cluster test ran over {TEST_LIMIT_S} s")
-
-    previous = signal.signal(signal.SIGALRM, expire)
-    signal.alarm(TEST_LIMIT_S)
-    yield
-    signal.alarm(0)
-    signal.signal(signal.SIGALRM, previous)
+    with time_limit(TEST_LIMIT_S, "Ray cluster test"):
+        yield
 
 
 def where() -> tuple[str, int]:
