@@ -92,6 +92,7 @@ from app.repository.block_profile import DeviceClass, prepartition, profile_bloc
 from app.repository.chain_model import CHAIN_MODEL, write_chain
 from app.repository.partition import run, session, synthetic_inputs, verify_chain
 from app.scheduling.ppipe import PPipeScheduler
+from app.scheduling.ppipe.sequencer import LIVE_HOLD, live_lead
 from app.server.pipeline_setup import LivePipelines, wait_answered
 from app.server.pipeline_types import DriverCounts
 from app.simulation.ppipe_run import plan_arrivals, simulate_plan
@@ -494,9 +495,14 @@ def main(argv: list[str] | None = None) -> int:
     )
 
     def make_core(handoff_s: float, scale: dict[str, float] | None = None) -> PPipeScheduler:
+        layout = build_layout(
+            plan, {partitioning.name: scaled(profile, scale)}, handoff_s=handoff_s
+        )
         return PPipeScheduler(
-            build_layout(plan, {partitioning.name: scaled(profile, scale)}, handoff_s=handoff_s),
+            layout,
             deadline_margin=args.deadline_margin_ms / 1000.0,
+            lead=live_lead(layout),
+            hold=LIVE_HOLD,
         )
 
     setup = {

@@ -21,11 +21,22 @@ from app.scheduling.ppipe import (
     PoolStage,
     PPipeScheduler,
     ReservationTable,
+    StageStart,
+    TransferStart,
     earliest_common_slot,
 )
 from app.scheduling.types import Drop, DropReason, Request
 
 MS = 1e-3
+
+
+class PlanOnly(PPipeScheduler):
+    """The core's planning decisions only: these tests check Algorithm 1,
+    the reservations and re-routing; handing the stages over is
+    tests/test_ppipe_sequencing.py's."""
+
+    def _take(self) -> list:
+        return [d for d in super()._take() if not isinstance(d, StageStart | TransferStart)]
 
 
 def make_layout(
@@ -99,7 +110,7 @@ def test_correct_moves_the_reservations_a_late_report_overlaps() -> None:
 # ---------------------------------------------------------------- Figure 5
 
 
-def figure5() -> PPipeScheduler:
+def figure5() -> PlanOnly:
     """Figure 5: partition 1 on one GPU (node 0), partition 2 on two GPUs
     (nodes 1 and 2). Stage 1 takes 10 ms (t1), the transfer 2 ms (t2),
     stage 2 5 ms (t3). Node 1's downlink is taken over [10, 13) ms; the GPU
@@ -110,7 +121,7 @@ def figure5() -> PPipeScheduler:
         batch=1,
         nodes=3,
     )
-    core = PPipeScheduler(layout, admit_floor=0.0)
+    core = PlanOnly(layout, admit_floor=0.0)
     core.downlinks[1].reserve(10 * MS, 13 * MS, "other")
     core.device_tables[2].reserve(5 * MS, 22 * MS, "other")
     return core
@@ -159,7 +170,7 @@ LAT = (1.0, 2.0, 3.5, 4.0)  # seconds at batch 1..4: round numbers for the test
 
 def single_stage(admit_floor: float) -> PPipeScheduler:
     layout = make_layout([(LAT, (0.0,) * 4, [0])], slo=8.0, batch=4, nodes=1)
-    core = PPipeScheduler(layout, admit_floor=admit_floor)
+    core = PlanOnly(layout, admit_floor=admit_floor)
     core.device_tables[0].reserve(0.0, 5.0, "busy")  # the device is free from 5 s
     return core
 
@@ -177,12 +188,12 @@ def test_step2_lowers_the_batch_size_until_the_oldest_deadline_holds() -> None:
     run = decision.batch.stages[0]
     assert decision.batch.size == 2
     assert (run.start, run.finish) == (5.0, 7.0)
-    assert core.next_wakeup() is None
+    assert core.next_wakeup() == 5.0  # no more waiting; its stage is due at its start
 
 
 def test_arrivals_below_the_size_found_do_not_probe_again() -> None:
     layout = make_layout([(LAT, (0.0,) * 4, [0])], slo=8.0, batch=4, nodes=1)
-    core = PPipeScheduler(layout, admit_floor=0.0)
+    core = PlanOnly(layout, admit_floor=0.0)
     assert core.add_request(request(1, 0.0, 8.0), 0.0) == []  # batch 4 fits: wait for 4
     probes = core.probes
     assert core.add_request(request(2, 0.5, 8.0), 0.5) == []
@@ -231,7 +242,7 @@ def test_a_request_of_more_items_than_the_planned_batch_runs_whole() -> None:
     # Planned batch 1; a request of 3 items needs a batch of 3 (3.5 s on the
     # idle device): it goes at once, never split and never in a batch of 1.
     layout = make_layout([(LAT, (0.0,) * 4, [0])], slo=8.0, batch=1, nodes=1)
-    core = PPipeScheduler(layout)
+    core = PlanOnly(layout)
     (decision,) = core.add_request(Request(1, "m", 0.0, 8.0, items=3), 0.0)
     assert isinstance(decision, PipelineDispatch) and decision.batch.size == 3
     assert decision.batch.stages[0].finish == pytest.approx(3.5)
@@ -248,14 +259,14 @@ def test_a_hand_over_delays_each_later_stage_and_counts_as_work() -> None:
         [(LAT, (0.0,) * 4, [0]), (LAT, (0.0,) * 4, [0])], slo=8.0, batch=1, nodes=1, handoff=0.25
     )
     assert layout.pipelines[0].work(1) == pytest.approx(2.25)
-    core = PPipeScheduler(layout)
+    core = PlanOnly(layout)
     (decision,) = core.add_request(request(1, 0.0, 8.0), 0.0)
     assert isinstance(decision, PipelineDispatch)
     first, second = decision.batch.stages
     assert (first.start, first.finish, second.start, second.finish) == pytest.approx(
         (0.0, 1.0, 1.25, 2.25)
     )
-    found = PPipeScheduler(layout)._probe(layout.pipelines[0], 1, 0.0)
+    found = PlanOnly(layout)._probe(layout.pipelines[0], 1, 0.0)
     assert found is not None and found.wait == pytest.approx(0.0)
 
 
@@ -264,7 +275,7 @@ def test_a_hand_over_delays_each_later_stage_and_counts_as_work() -> None:
 
 def test_a_late_stage_report_moves_the_next_reservation() -> None:
     layout = make_layout([((1.0,), (0.0,), [0])], slo=10.0, batch=1, nodes=1)
-    core = PPipeScheduler(layout, admit_floor=0.0)
+    core = PlanOnly(layout, admit_floor=0.0)
     (first,) = core.add_request(request(1, 0.0, 10.0), 0.0)
     (second,) = core.add_request(request(2, 0.0, 10.0), 0.0)
     assert isinstance(first, PipelineDispatch) and isinstance(second, PipelineDispatch)
@@ -290,7 +301,7 @@ def two_pools() -> PPipeScheduler:
     layout = make_layout(
         [((1.0,), (0.0,), [0]), ((1.0,), (0.5,), [1, 2])], slo=10.0, batch=1, nodes=3
     )
-    return PPipeScheduler(layout, admit_floor=0.0)
+    return PlanOnly(layout, admit_floor=0.0)
 
 
 def test_device_down_reroutes_its_batches_exactly_once() -> None:

@@ -18,18 +18,19 @@ of app/server/dispatcher.py's driver of the single-device core:
   an error; a `DeviceDown` goes to the core, which re-routes or drops the
   batches that needed the instance.
 
-Rules it keeps, the simulator's (pipeline_engine.py), so that live runs and
-simulated ones can be compared:
+The core decides everything the simulator's emulated devices are told
+(app/scheduling/ppipe/sequencer.py): which stage goes to which instance and
+when, in the order of the reservations, each only once its input is there.
+This driver keeps no scheduling state of its own; it hands each
+`StageStart` to its executor at once, with the stage's start
+(`Run.start_at`: the executor holds it until then). For the daemon the core
+is built with `live_lead(layout)` and `LIVE_HOLD`:
 
-* an instance runs its stages in the order of their reserved starts, one at
-  a time, never before a stage's input is there (stage k + 1 waits for
-  stage k's `Ran`: it reads what stage k wrote into the request's slots);
-* a stage is handed to its executor `lead_s` before its reserved start, and
-  the executor holds it until that start (`Run.start_at`). The lead is
-  shorter than any stage, so no batch reserved later can fit before a stage
-  already handed over: the order of the reservations is kept;
-* an executor holds at most `HANDED_AHEAD` (2) runs: the one it runs and
-  the next, waiting in its inbox. Handing the next one over only after the
+* a stage is handed over `lead` before its reserved start, shorter than
+  any stage, so no batch reserved later can fit before a stage already
+  handed over: the order of the reservations is kept;
+* an executor holds at most `LIVE_HOLD` (2) runs: the one it runs and the
+  next, waiting in its inbox. Handing the next one over only after the
   current one's report would leave the instance idle for a round trip
   through this process per stage (1–4 ms on a busy two-core box, as long
   as a stage of the chain model on the fast class): the pipeline's busiest
@@ -37,8 +38,11 @@ simulated ones can be compared:
 * transfers between stages are shared memory on one machine: the next stage
   reads the slots the previous one wrote, nothing is copied, so a transfer
   takes no time. The plan's cluster should say so (a bandwidth high enough
-  that `transfer_seconds` is ~0); where the core planned a transfer, it is
-  reported as done the moment the previous stage ended.
+  that `transfer_seconds` is ~0); a `TransferStart` the core still makes is
+  reported as done the moment it is handed over;
+* a request that can no longer meet its deadline is dropped by the core
+  when its next stage is due (503 `deadline`), as every other policy
+  drops it, rather than served late.
 
 Exactly once: every request gets one answer — its outputs, or an error.
 A request's slots are released only once no executor can touch them any
@@ -47,9 +51,9 @@ been reported (a stage still running for a route the core replaced writes
 the same values into the same slots; the slots must not be given to
 another request before it ends).
 
-A stage that fails (`Ran.error`) fails its batch: its requests are answered
-with the error at once and the rest of the batch's stages are reported to
-the core as done at that moment, so its reservations are given back.
+A stage that fails (`Ran.error`) fails its batch: the core gives its
+reservations back and drops its requests, which are answered with the
+executor's error.
 A stage the core thinks lost with its device (an output "held" by the dead
 instance) is in fact still in the arena; the core re-runs it anyway (its
 rule, kept: on a cluster of machines it would be lost).
@@ -58,13 +62,11 @@ rule, kept: on a cluster of machines it would be lost).
 from __future__ import annotations
 
 import asyncio
-import heapq
 import itertools
 import logging
-import math
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -75,6 +77,8 @@ from app.scheduling.ppipe.batches import (
     PipelineComplete,
     PipelineDecision,
     PipelineDispatch,
+    StageStart,
+    TransferStart,
 )
 from app.scheduling.ppipe.policy import PPipeScheduler
 from app.scheduling.types import Drop, DropReason, Request
@@ -90,9 +94,6 @@ from app.server.wakeup import WakeupTimer
 
 log = logging.getLogger(__name__)
 
-# Runs an executor holds at once: the one it runs and the next (see above).
-HANDED_AHEAD = 2
-
 
 @dataclass
 class _Pending:
@@ -102,27 +103,13 @@ class _Pending:
     batch: int | None = None  # the batch it was dispatched in
 
 
-@dataclass
-class _Device:
-    # (reserved start, batch, stage, route) of the stages planned on it
-    queue: list[tuple[float, int, int, int]] = field(default_factory=list)
-    handed: list[int] = field(default_factory=list)  # runs handed over, not reported yet
-    wake: float = math.inf  # when its queue's head is due to be handed over
-
-
 @dataclass(frozen=True)
 class _RunOf:
+    """A stage run handed to an executor and not reported yet."""
+
     batch: int
     stage: int
-    gen: int
     device: int
-
-
-def default_lead(scheduler: PPipeScheduler) -> float:
-    """Half the shortest stage of the layout at batch 1 (see the module
-    docstring), at most 1 ms."""
-    shortest = min(s.latency[0] for p in scheduler.layout.pipelines for s in p.stages)
-    return min(0.001, 0.5 * shortest)
 
 
 class PipelineDriver(EventDriver):
@@ -138,43 +125,37 @@ class PipelineDriver(EventDriver):
         *,
         clock: Callable[[], float] = time.monotonic,
         timer_factory: Callable[[], Timer] | None = None,
-        lead_s: float | None = None,
     ) -> None:
         layout = scheduler.layout
         for name in layout.slo_s:
             if name not in models:
                 raise ValueError(f"the layout serves {name!r}, which has no pipeline model")
+        # (pipeline, stage) → the partition its executors run
+        self._partitions: dict[tuple[int, int], str] = {}
         for pipeline in layout.pipelines:
             ranges = models[pipeline.model].partitions
-            for stage in pipeline.stages:
+            for k, stage in enumerate(pipeline.stages):
                 if (stage.start, stage.end) not in ranges:
                     raise ValueError(
                         f"model {pipeline.model!r}: pipeline {pipeline.id} runs blocks "
                         f"[{stage.start}, {stage.end}), which no partition holds "
                         f"(have {sorted(ranges)})"
                     )
+                self._partitions[(pipeline.id, k)] = ranges[(stage.start, stage.end)]
         super().__init__()
         self.core = scheduler
+        self.layout = layout
+        self.slo_s = dict(layout.slo_s)
         self.models = dict(models)
         self._executors = executors
         self._clock = clock
         self._wakeup = WakeupTimer(
             timer_factory or (lambda: make_timer(asyncio.get_running_loop())), self._on_wakeup
         )
-        self.lead_s = default_lead(scheduler) if lead_s is None else lead_s
-        if not 0.0 <= self.lead_s < math.inf:
-            raise ValueError(f"lead_s must be a finite number ≥ 0, got {self.lead_s}")
-        self._devices = [_Device() for _ in layout.devices]
-        self._gen: dict[tuple[int, int], int] = {}  # (batch, stage) → its current route
-        self._ready: set[tuple[int, int]] = set()  # stages whose input is in the arena
         self._runs: dict[int, _RunOf] = {}  # run id → what it runs
         self._open_runs: dict[int, int] = {}  # batch → its runs not reported yet
         # batch → (model, slots) of its answered requests, freed after its last run
         self._held: dict[int, tuple[str, list[int]]] = {}
-        self._stages = max(len(p.stages) for p in layout.pipelines)
-        self._failed: set[int] = set()  # batches a stage error failed
-        self._seen: set[int] = set()  # batches dispatched at least once
-        self._run_ids = itertools.count(1)
         self._request_ids = itertools.count()
         self.pending: dict[int, _Pending] = {}
         self.counts = DriverCounts()
@@ -190,6 +171,7 @@ class PipelineDriver(EventDriver):
         *,
         slo_s: float | None = None,
         received_at: float | None = None,
+        app: str = "",
     ) -> asyncio.Future:
         """Serve one request: `inputs` (arrays with the batch dimension
         first: its items) are written into the model's arena. The future
@@ -219,8 +201,8 @@ class PipelineDriver(EventDriver):
             raise
         now = self._clock()
         arrival = now if received_at is None else min(received_at, now)
-        slo = self.core.layout.slo_s[model] if slo_s is None else slo_s
-        request = Request(next(self._request_ids), model, arrival, arrival + slo, items)
+        slo = self.slo_s[model] if slo_s is None else slo_s
+        request = Request(next(self._request_ids), model, arrival, arrival + slo, items, app)
         self.pending[request.id] = _Pending(request, slots, future)
         self._run(lambda: self._apply(self.core.add_request(request, now)))
         return future
@@ -233,16 +215,24 @@ class PipelineDriver(EventDriver):
             self._stage_report(event.batch_id, event.started_at, event.finished_at, event.error)
         elif isinstance(event, BatchStopped):  # never cancelled by this driver
             self._stage_report(event.batch_id, event.at, event.at, "stopped")
-        elif isinstance(event, DeviceDown) and 0 <= event.device < len(self._devices):
+        elif isinstance(event, DeviceDown) and 0 <= event.device < len(self.layout.devices):
             self._apply(self.core.device_down(event.device, now))
-        elif isinstance(event, DeviceUp) and 0 <= event.device < len(self._devices):
+        elif isinstance(event, DeviceUp) and 0 <= event.device < len(self.layout.devices):
             self._apply(self.core.device_up(event.device, now))
-            self._try_device(event.device, now)
 
     def _apply(self, decisions: list[PipelineDecision]) -> None:
         for decision in decisions:
-            if isinstance(decision, PipelineDispatch):
-                self._dispatch(decision.batch, decision.from_stage)
+            if isinstance(decision, StageStart):
+                self._hand_over(decision)
+            elif isinstance(decision, TransferStart):
+                # Shared memory: the stage it feeds reads the slots in place.
+                now = self._clock()
+                batch_id, stage = decision.batch.id, decision.stage
+                self._apply(
+                    self.core.transfer_finished(batch_id, stage, now, now, now, run=decision.run)
+                )
+            elif isinstance(decision, PipelineDispatch):
+                self._dispatched(decision.batch)
             elif isinstance(decision, PipelineComplete):
                 self._complete(decision.batch, decision.requests)
             elif isinstance(decision, Drop):
@@ -250,75 +240,35 @@ class PipelineDriver(EventDriver):
 
     # ---------------------------------------------------------------- stages
 
-    def _dispatch(self, batch: PipelineBatch, first: int) -> None:
-        if batch.id in self._seen:
+    def _dispatched(self, batch: PipelineBatch) -> None:
+        requests = [self.pending.get(r.id) for r in batch.requests]
+        if any(p is not None and p.batch == batch.id for p in requests):
             self.counts.rerouted += 1
-        else:
-            self._seen.add(batch.id)
-            self.counts.dispatched += 1
-            for request in batch.requests:
-                pending = self.pending.get(request.id)
-                if pending is not None:
-                    pending.batch = batch.id
-        for run in batch.stages[first:]:
-            key = (batch.id, run.stage)
-            gen = self._gen.get(key, 0) + 1
-            self._gen[key] = gen
-            self._ready.discard(key)
-            heapq.heappush(self._devices[run.device].queue, (run.start, batch.id, run.stage, gen))
-        # Its input is in the arena: the request's own (stage 0) or what the
-        # stage before wrote (shared memory is not lost with an instance).
-        self._ready.add((batch.id, first))
-        now = self._clock()
-        for device in {run.device for run in batch.stages[first:]}:
-            self._try_device(device, now)
+            return
+        self.counts.dispatched += 1
+        for pending in requests:
+            if pending is not None:
+                pending.batch = batch.id
 
-    def _live(self, job: tuple[float, int, int, int]) -> bool:
-        _, batch_id, stage, gen = job
-        return (
-            batch_id in self.core.in_flight
-            and batch_id not in self._failed
-            and self._gen.get((batch_id, stage)) == gen
-        )
-
-    def _try_device(self, device: int, now: float) -> None:
-        """Hand the device's next stages over, as many as are due and ready
-        and the executor may hold."""
-        state = self._devices[device]
-        queue = state.queue
-        while len(state.handed) < HANDED_AHEAD and self.core.alive[device]:
-            while queue and not self._live(queue[0]):
-                heapq.heappop(queue)
-            if not queue:
-                return
-            start, batch_id, stage, gen = queue[0]
-            if (batch_id, stage) not in self._ready:
-                return
-            if start - self.lead_s > now:
-                state.wake = start - self.lead_s
-                return
-            heapq.heappop(queue)
-            state.wake = math.inf
-            self._hand_over(device, batch_id, stage, gen, start, now)
-
-    def _hand_over(
-        self, device: int, batch_id: int, stage: int, gen: int, start: float, now: float
-    ) -> None:
-        batch = self.core.in_flight[batch_id]
-        pipeline = self.core.layout.pipelines[batch.pipeline]
-        blocks = pipeline.stages[stage]
-        partition = self.models[batch.model].partitions[(blocks.start, blocks.end)]
+    def _hand_over(self, start: StageStart) -> None:
+        batch = start.batch
+        partition = self._partitions[(batch.pipeline, start.stage)]
         slots = [s for r in batch.requests for s in self._slots_of(r)]
-        run_id = next(self._run_ids)
-        self._runs[run_id] = _RunOf(batch_id, stage, gen, device)
-        self._open_runs[batch_id] = self._open_runs.get(batch_id, 0) + 1
-        self._devices[device].handed.append(run_id)
+        self._runs[start.run] = _RunOf(batch.id, start.stage, start.device)
+        self._open_runs[batch.id] = self._open_runs.get(batch.id, 0) + 1
         self.counts.stage_runs += 1
         try:
-            self._executors.submit(device, run_id, partition, slots, start)
+            self._executors.submit(start.device, start.run, partition, slots, start.start_at)
         except Exception as exc:  # its executor is gone: a DeviceDown, if any, comes first
-            log.warning("device %d refused stage %d of batch %d: %s", device, stage, batch_id, exc)
-            self._events.append(BatchFinished(device, run_id, now, now, str(exc)))
+            log.warning(
+                "device %d refused stage %d of batch %d: %s",
+                start.device,
+                start.stage,
+                batch.id,
+                exc,
+            )
+            now = self._clock()
+            self._events.append(BatchFinished(start.device, start.run, now, now, str(exc)))
 
     def _slots_of(self, request: Request) -> list[int]:
         pending = self.pending.get(request.id)
@@ -331,59 +281,20 @@ class PipelineDriver(EventDriver):
         if of is None:
             log.warning("report of unknown stage run %d", run_id)
             return
-        state = self._devices[of.device]
-        if run_id in state.handed:
-            state.handed.remove(run_id)
-        self._close_run(of.batch)
         now = self._clock()
-        batch = self.core.in_flight.get(of.batch)
-        current = batch is not None and self._gen.get((of.batch, of.stage)) == of.gen
-        if current and batch is not None:
-            if error is not None:
-                self._fail_batch(batch, of.stage, started, finished, error, now)
-            else:
-                self._apply(
-                    self.core.stage_finished(
-                        of.batch, of.stage, started, finished, now, device=of.device
-                    )
-                )
-                if of.batch in self.core.in_flight:
-                    self._next_stage(batch, of.stage + 1, finished, now)
-        self._try_device(of.device, now)
-
-    def _next_stage(self, batch: PipelineBatch, stage: int, ready_at: float, now: float) -> None:
-        run = batch.stages[stage]
-        if run.source_node is not None:
-            # Shared memory: the "transfer" ended with the stage that wrote it.
-            self._apply(self.core.transfer_finished(batch.id, stage, ready_at, ready_at, now))
-        self._ready.add((batch.id, stage))
-        self._try_device(run.device, now)
-
-    def _fail_batch(
-        self,
-        batch: PipelineBatch,
-        stage: int,
-        started: float,
-        finished: float,
-        error: str,
-        now: float,
-    ) -> None:
-        """A stage failed: answer the batch's requests with the error, and
-        report its remaining stages done now so that the core completes it
-        and frees what it reserved."""
-        self.counts.stage_errors += 1
-        self._failed.add(batch.id)
-        self._fail(batch.requests, ExecutorFailed(f"stage {stage} of its batch failed: {error}"))
-        decisions = self.core.stage_finished(
-            batch.id, stage, started, finished, now, device=batch.stages[stage].device
-        )
-        for later in range(stage + 1, len(batch.stages)):
-            if batch.id not in self.core.in_flight:
-                break
-            decisions += self.core.stage_finished(
-                batch.id, later, now, now, now, device=batch.stages[later].device
+        if error is None:
+            decisions = self.core.stage_finished(
+                of.batch, of.stage, started, finished, now, device=of.device, run=run_id
             )
+        else:
+            self.counts.stage_errors += 1
+            decisions = self.core.stage_failed(of.batch, of.stage, now, run=run_id)
+            failure = ExecutorFailed(f"stage {of.stage} of its batch failed: {error}")
+            for decision in decisions:
+                if isinstance(decision, Drop) and decision.reason is DropReason.DEVICE_FAILED:
+                    self._fail(decision.requests, failure)
         self._apply(decisions)
+        self._close_run(of.batch)
 
     def _close_run(self, batch_id: int) -> None:
         left = self._open_runs.get(batch_id, 0) - 1
@@ -391,22 +302,17 @@ class PipelineDriver(EventDriver):
             self._open_runs[batch_id] = left
             return
         self._open_runs.pop(batch_id, None)
-        self._forget_if_over(batch_id)
+        self._free_held(batch_id)
 
-    def _forget_if_over(self, batch_id: int) -> None:
-        """Once a batch is out of the core and no executor runs anything of
-        it: free its answered requests' slots and its bookkeeping."""
-        if batch_id in self.core.in_flight or batch_id in self._open_runs:
+    def _free_held(self, batch_id: int) -> None:
+        """Once no executor runs anything of a batch: free the slots of its
+        answered requests."""
+        if batch_id in self._open_runs:
             return
         held = self._held.pop(batch_id, None)
         if held is not None:
             model, slots = held
             self.models[model].arena.release_rows(slots)
-        self._failed.discard(batch_id)
-        self._seen.discard(batch_id)
-        for stage in range(self._stages):
-            self._gen.pop((batch_id, stage), None)
-            self._ready.discard((batch_id, stage))
 
     # ---------------------------------------------------------------- answers
 
@@ -414,27 +320,26 @@ class PipelineDriver(EventDriver):
         now = self._clock()
         arena = self.models[batch.model].arena
         devices = tuple(run.device for run in batch.stages)
-        if batch.id not in self._failed:
-            for run in batch.stages:
-                key = f"{batch.pipeline}.{run.stage}"
-                seconds = self.counts.stage_seconds
-                took = run.finish - run.start
-                seconds[key] = seconds.get(key, 0.0) + took
-                self.counts.stage_batches[key] = self.counts.stage_batches.get(key, 0) + 1
-                planned = self.core.layout.pipelines[batch.pipeline].stages[run.stage]
-                ratio = took / planned.latency[batch.size - 1]
-                ratios, squares = self.counts.stage_ratio_sum, self.counts.stage_ratio_squares
-                ratios[key] = ratios.get(key, 0.0) + ratio
-                squares[key] = squares.get(key, 0.0) + ratio * ratio
-            for before, after in itertools.pairwise(batch.stages):
-                self.counts.handoff_seconds += after.start - before.finish
-                self.counts.handoffs += 1
-            if self.on_batch is not None:
-                self.on_batch(batch)
+        for run in batch.stages:
+            key = f"{batch.pipeline}.{run.stage}"
+            seconds = self.counts.stage_seconds
+            took = run.finish - run.start
+            seconds[key] = seconds.get(key, 0.0) + took
+            self.counts.stage_batches[key] = self.counts.stage_batches.get(key, 0) + 1
+            planned = self.layout.pipelines[batch.pipeline].stages[run.stage]
+            ratio = took / planned.latency[batch.size - 1]
+            ratios, squares = self.counts.stage_ratio_sum, self.counts.stage_ratio_squares
+            ratios[key] = ratios.get(key, 0.0) + ratio
+            squares[key] = squares.get(key, 0.0) + ratio * ratio
+        for before, after in itertools.pairwise(batch.stages):
+            self.counts.handoff_seconds += after.start - before.finish
+            self.counts.handoffs += 1
+        if self.on_batch is not None:
+            self.on_batch(batch)
         for request in requests:
             pending = self.pending.pop(request.id, None)
             if pending is None:
-                continue  # answered already (its batch failed)
+                continue
             outputs = arena.read_rows(pending.slots)
             answer = PipelineAnswer(
                 outputs, batch.id, batch.size, batch.pipeline, devices, batch.stages[0].start, now
@@ -443,15 +348,14 @@ class PipelineDriver(EventDriver):
             if not pending.future.done():
                 pending.future.set_result(answer)
             self._free(pending)
-        self._forget_if_over(batch.id)
 
     def _drop(self, requests: list[Request], reason: DropReason) -> None:
-        for _ in requests:
-            self.counts.dropped[reason.value] = self.counts.dropped.get(reason.value, 0) + 1
+        for request in requests:
+            if request.id in self.pending:
+                self.counts.dropped[reason.value] = self.counts.dropped.get(reason.value, 0) + 1
         self._fail(requests, dropped(reason.value))
 
     def _fail(self, requests: list[Request], error: Exception) -> None:
-        batches: set[int] = set()
         for request in requests:
             pending = self.pending.pop(request.id, None)
             if pending is None:
@@ -461,16 +365,12 @@ class PipelineDriver(EventDriver):
             if not pending.future.done():
                 pending.future.set_exception(error)
             self._free(pending)
-            if pending.batch is not None:
-                batches.add(pending.batch)
-        for batch_id in batches:
-            self._forget_if_over(batch_id)
 
     def _free(self, pending: _Pending) -> None:
-        """Release a request's slots now, or hold them until its batch is
-        over and no executor can touch them (see the module docstring)."""
+        """Release a request's slots now, or hold them until no executor
+        can touch them (see the module docstring)."""
         batch = pending.batch
-        if batch is None:
+        if batch is None or batch not in self._open_runs:
             self.models[pending.request.model].arena.release_rows(pending.slots)
             return
         held = self._held.setdefault(batch, (pending.request.model, []))
@@ -479,24 +379,9 @@ class PipelineDriver(EventDriver):
     # ------------------------------------------------------------------ timer
 
     def _rearm(self) -> None:
-        wakes = [d.wake for d in self._devices if d.wake < math.inf]
-        core = self.core.next_wakeup()
-        if core is not None:
-            wakes.append(core)
-        wake_at = min(wakes) if wakes else None
         if not self.closing:
-            self._wakeup.arm(wake_at)
+            self._wakeup.arm(self.core.next_wakeup())
 
     def _on_wakeup(self) -> None:
         now = self._wakeup.fired(self._clock())
-
-        def wake() -> None:
-            wake_core = self.core.next_wakeup()
-            if wake_core is not None and wake_core <= now:
-                self._apply(self.core.advance(now))
-            for device, state in enumerate(self._devices):
-                if state.wake <= now:
-                    state.wake = math.inf
-                    self._try_device(device, now)
-
-        self._run(wake)
+        self._run(lambda: self._apply(self.core.advance(now)))

@@ -271,6 +271,7 @@ def _build(
     from app.planning.ppipe.reference import timings_root
     from app.repository.partition import load_partitioning
     from app.scheduling.ppipe import PPipeScheduler
+    from app.scheduling.ppipe.sequencer import LIVE_HOLD, live_lead
 
     assert settings.ppipe_plan is not None
     plan = read_plan(settings.ppipe_plan)
@@ -331,8 +332,12 @@ def _build(
     local = dataclasses.replace(
         plan, cluster=dataclasses.replace(plan.cluster, bandwidth_gbps=SHARED_MEMORY_GBPS)
     )
+    layout = build_layout(local, profiles)
     core = PPipeScheduler(
-        build_layout(local, profiles), deadline_margin=settings.deadline_margin_ms / 1000.0
+        layout,
+        deadline_margin=settings.deadline_margin_ms / 1000.0,
+        lead=live_lead(layout),
+        hold=LIVE_HOLD,
     )
     workdir = Path(tempfile.mkdtemp(prefix="deadline-serve-ppipe-"))
     try:

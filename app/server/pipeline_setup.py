@@ -167,7 +167,6 @@ class LivePipelines:
         capacity: int = 64,
         respawn: bool = True,
         clock: Callable[[], float] = time.monotonic,
-        lead_s: float | None = None,
     ) -> None:
         layout = scheduler.layout
         self.devices = instance_devices(layout, classes)
@@ -196,7 +195,7 @@ class LivePipelines:
             self._post,
             respawn=respawn,
         )
-        self.driver = PipelineDriver(scheduler, models, self.pool, clock=clock, lead_s=lead_s)
+        self.driver = PipelineDriver(scheduler, models, self.pool, clock=clock)
         # Sees every executor event before the driver does (logs, metrics).
         self.on_event: Callable[[Any], None] | None = None
 

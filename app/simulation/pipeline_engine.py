@@ -3,9 +3,12 @@ simulated clusters) driving the `ppipe` data plane.
 
 The engine is the core's driver, as the daemon will be: it hands arrivals to
 `PPipeScheduler.add_request`, fires its timers (`next_wakeup`/`advance`),
-carries out its decisions and reports every stage's and transfer's actual
-start and end (`stage_finished`, `transfer_finished`), which the core uses
-for feedback correction.
+carries out its decisions — hands each `StageStart` to its instance and
+each `TransferStart` to its links — and reports every stage's and
+transfer's actual start and end (`stage_finished`, `transfer_finished`),
+which the core uses for feedback correction. The core decides when each
+piece of work is handed over (app/scheduling/ppipe/sequencer.py), for this
+engine and for the daemon's driver alike (app/server/pipeline_driver.py).
 
 What it emulates (`Layout`, app/scheduling/ppipe/layout.py):
 
@@ -23,14 +26,16 @@ What it emulates (`Layout`, app/scheduling/ppipe/layout.py):
 A resource runs its work in the order of the reserved starts, never before
 a reserved start, and never before the work's input is there — a
 pipeline's hand-over (`PoolPipeline.handoff_s`) after the previous stage's
-end or the transfer's. Without
-jitter everything then runs exactly as reserved; with it, late work delays
-what follows on the same resource. A batch re-dispatched after a device
+end or the transfer's (the core hands it over then). Without jitter
+everything then runs exactly as reserved; with it, late work delays what
+follows on the same resource, and a request whose batch falls too far
+behind is dropped when its next stage is due (policy.py, "Late work is
+shed"). A batch re-dispatched after a device
 fault replaces its stages from the re-dispatched one on; what the failed
 device was running is lost.
 
-At equal times: ends of work first, then starts, faults, the core's timers,
-and arrivals last.
+At equal times: ends of stages first, then of transfers, faults, the core's
+timers (work that became due is handed over there), and arrivals last.
 """
 
 from __future__ import annotations
@@ -38,6 +43,7 @@ from __future__ import annotations
 import heapq
 import math
 import time
+from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -45,10 +51,10 @@ import numpy as np
 
 from app.results import DROP_REASONS
 from app.scheduling.ppipe.batches import (
-    PipelineBatch,
     PipelineComplete,
     PipelineDecision,
-    PipelineDispatch,
+    StageStart,
+    TransferStart,
 )
 from app.scheduling.ppipe.layout import Layout
 from app.scheduling.ppipe.policy import PPipeScheduler
@@ -56,7 +62,7 @@ from app.scheduling.types import Drop, Request
 from app.simulation.engine import DROPPED, GOOD, LATE, PENDING
 
 # Event kinds, in the order they are handled at equal times.
-_STAGE_END, _XFER_END, _WAKE_DEVICE, _WAKE_XFER, _FAULT, _TIMER, _ARRIVAL = range(7)
+_STAGE_END, _XFER_END, _FAULT, _TIMER = range(4)
 
 
 @dataclass(frozen=True)
@@ -86,7 +92,8 @@ class PipelineTrace:
 
 
 class _Run:
-    """The engine's state; one per simulation."""
+    """The engine's state; one per simulation: the emulated instances and
+    links, carrying out the core's `StageStart`s and `TransferStart`s."""
 
     def __init__(self, scheduler: PPipeScheduler, jitter: float, seed: int) -> None:
         self.core = scheduler
@@ -96,43 +103,38 @@ class _Run:
         n_dev = len(self.layout.devices)
         self.events: list[tuple[float, int, int, tuple]] = []
         self.seq = 0
-        self.dev_queue: list[list[tuple[float, int, int, int]]] = [[] for _ in range(n_dev)]
-        self.dev_busy = [False] * n_dev
-        self.dev_epoch = [0] * n_dev
-        self.dev_wake = [math.inf] * n_dev
-        self.up_queue: list[list[tuple[float, int, int, int]]] = [
-            [] for _ in range(self.layout.nodes)
-        ]
-        self.down_queue: list[list[tuple[float, int, int, int]]] = [
-            [] for _ in range(self.layout.nodes)
-        ]
-        self.up_busy = [False] * self.layout.nodes
-        self.down_busy = [False] * self.layout.nodes
+        # Per instance: the stages handed to it and not begun, in order, and
+        # when it is free of the one it runs.
+        self.waiting: list[deque[StageStart]] = [deque() for _ in range(n_dev)]
+        self.running: list[StageStart | None] = [None] * n_dev
+        self.epoch = [0] * n_dev  # bumped by a fault: what ran there is lost
         self.busy_s = [0.0] * n_dev
         self.intervals: list[list[tuple[float, float]]] = [[] for _ in range(n_dev)]
-        self.generation: dict[tuple[int, int], int] = {}
-        self.input_ready: dict[tuple[int, int], float] = {}  # compute may start
-        self.data_ready: dict[tuple[int, int], float] = {}  # transfer may start
         self.core_seconds = 0.0
         self.timer_at = math.inf
         self.completed = 0
         self.outcomes: list[tuple[Request, int, float, int, int]] = []
 
-    # ------------------------------------------------------------- plumbing
-
     def push(self, at: float, kind: int, payload: tuple) -> None:
         self.seq += 1
         heapq.heappush(self.events, (at, kind, self.seq, payload))
 
-    def call(self, method, *args, **kwargs) -> None:  # type: ignore[no-untyped-def]
+    def call(self, method, now: float, *args, **kwargs) -> None:  # type: ignore[no-untyped-def]
+        """Call the core at `now` and carry out its decisions."""
         t0 = time.perf_counter()
         decisions: list[PipelineDecision] = method(*args, **kwargs)
         wake = self.core.next_wakeup()
         self.core_seconds += time.perf_counter() - t0
-        now = self.core.clock
         for decision in decisions:
-            if isinstance(decision, PipelineDispatch):
-                self.dispatch(decision, now)
+            if isinstance(decision, StageStart):
+                self.waiting[decision.device].append(decision)
+                self.begin_next(decision.device, now)
+            elif isinstance(decision, TransferStart):
+                batch = decision.batch
+                pipeline = self.layout.pipelines[batch.pipeline]
+                length = pipeline.stages[decision.stage].transfer_in[batch.size - 1]
+                payload = (batch.id, decision.stage, decision.run, now)
+                self.push(now + length, _XFER_END, payload)
             elif isinstance(decision, PipelineComplete):
                 size = decision.batch.size
                 self.completed += 1
@@ -142,152 +144,60 @@ class _Run:
                 code = DROP_REASONS.index(decision.reason)
                 for r in decision.requests:
                     self.outcomes.append((r, DROPPED, now, code, 0))
-        if wake is not None and wake < self.timer_at:
+        # One timer, re-armed for the core's next wakeup after every call, as
+        # the daemon's driver arms its own: an earlier arming is void.
+        wake = math.inf if wake is None else wake
+        if wake != self.timer_at:
             self.timer_at = wake
-            self.push(wake, _TIMER, ())
+            if wake < math.inf:
+                self.push(wake, _TIMER, (wake,))
 
-    # ------------------------------------------------------------- decisions
-
-    def dispatch(self, decision: PipelineDispatch, now: float) -> None:
-        batch = decision.batch
-        first = decision.from_stage
-        for run in batch.stages[first:]:
-            key = (batch.id, run.stage)
-            gen = self.generation.get(key, 0) + 1
-            self.generation[key] = gen
-            self.input_ready.pop(key, None)
-            self.data_ready.pop(key, None)
-            heapq.heappush(self.dev_queue[run.device], (run.start, batch.id, run.stage, gen))
-            if run.source_node is not None:
-                assert run.transfer_start is not None
-                job = (run.transfer_start, batch.id, run.stage, gen)
-                heapq.heappush(self.up_queue[run.source_node], job)
-                heapq.heappush(self.down_queue[run.node], job)
-        head = batch.stages[first]
-        if head.source_node is None:
-            self.input_ready[(batch.id, first)] = now
-        else:
-            self.data_ready[(batch.id, first)] = now
-            self.try_transfer(head.source_node, head.node, now)
-        for run in batch.stages[first:]:
-            self.try_device(run.device, now)
-
-    # ------------------------------------------------------------- devices
-
-    def live(self, job: tuple[float, int, int, int]) -> bool:
-        _, batch_id, stage, gen = job
-        return batch_id in self.core.in_flight and self.generation.get((batch_id, stage)) == gen
-
-    def try_device(self, device: int, now: float) -> None:
-        if self.dev_busy[device] or not self.core.alive[device]:
+    def begin_next(self, device: int, now: float) -> None:
+        """The instance begins the next stage handed to it, if it is free:
+        from the stage's start, or now if that has passed."""
+        if self.running[device] is not None or not self.waiting[device]:
             return
-        queue = self.dev_queue[device]
-        while queue and not self.live(queue[0]):
-            heapq.heappop(queue)
-        if not queue:
-            return
-        planned, batch_id, stage, gen = queue[0]
-        ready_at = self.input_ready.get((batch_id, stage))
-        if ready_at is None:
-            return
-        start_at = max(planned, ready_at)  # ready_at: after the hand-over
-        if start_at > now:
-            if start_at < self.dev_wake[device]:
-                self.dev_wake[device] = start_at
-                self.push(start_at, _WAKE_DEVICE, (device,))
-            return
-        heapq.heappop(queue)
-        batch = self.core.in_flight[batch_id]
-        pipeline = self.layout.pipelines[batch.pipeline]
-        latency = pipeline.stages[stage].latency[batch.size - 1]
+        start = self.waiting[device].popleft()
+        batch = start.batch
+        begin = max(start.start_at, now)
+        latency = self.layout.pipelines[batch.pipeline].stages[start.stage].latency[batch.size - 1]
         if self.jitter > 0.0:
             latency *= float(self.rng.lognormal(-0.5 * self.jitter**2, self.jitter))
-        self.dev_busy[device] = True
-        self.push(
-            now + latency, _STAGE_END, (device, self.dev_epoch[device], batch_id, stage, gen, now)
-        )
+        self.running[device] = start
+        payload = (device, self.epoch[device], batch.id, start.stage, start.run, begin)
+        self.push(begin + latency, _STAGE_END, payload)
 
     def stage_end(self, payload: tuple, now: float) -> None:
-        device, epoch, batch_id, stage, gen, started = payload
-        if epoch != self.dev_epoch[device]:
-            return  # the device failed meanwhile: the work is lost
-        self.dev_busy[device] = False
+        device, epoch, batch_id, stage, run, started = payload
+        if epoch != self.epoch[device]:
+            return  # the instance failed meanwhile: the work is lost
+        self.running[device] = None
         self.busy_s[device] += now - started
         self.intervals[device].append((started, now))
-        batch = self.core.in_flight.get(batch_id)
-        if batch is not None and self.generation.get((batch_id, stage)) == gen:
-            self.call(self.core.stage_finished, batch_id, stage, started, now, now, device=device)
-            if batch_id in self.core.in_flight:
-                nxt = batch.stages[stage + 1]
-                key = (batch_id, stage + 1)
-                if nxt.source_node is None:
-                    self.input_ready[key] = now + self.layout.pipelines[batch.pipeline].handoff_s
-                    self.try_device(nxt.device, now)
-                else:
-                    self.data_ready[key] = now
-                    self.try_transfer(nxt.source_node, nxt.node, now)
-            else:
-                self.forget(batch)
-        self.try_device(device, now)
-
-    def forget(self, batch: PipelineBatch) -> None:
-        for k in range(len(batch.stages)):
-            self.input_ready.pop((batch.id, k), None)
-            self.data_ready.pop((batch.id, k), None)
-            self.generation.pop((batch.id, k), None)
-
-    # ------------------------------------------------------------- links
-
-    def try_transfer(self, up_node: int, down_node: int, now: float) -> None:
-        """Start the transfer at the head of both links' queues, if it is the
-        same one, both links are idle, its data is there and its time came."""
-        if self.up_busy[up_node] or self.down_busy[down_node]:
-            return
-        ups, downs = self.up_queue[up_node], self.down_queue[down_node]
-        while ups and not self.live(ups[0]):
-            heapq.heappop(ups)
-        while downs and not self.live(downs[0]):
-            heapq.heappop(downs)
-        if not ups or not downs or ups[0] != downs[0]:
-            return
-        planned, batch_id, stage, gen = ups[0]
-        if (batch_id, stage) not in self.data_ready:
-            return
-        if planned > now:
-            self.push(planned, _WAKE_XFER, (up_node, down_node))
-            return
-        heapq.heappop(ups)
-        heapq.heappop(downs)
-        batch = self.core.in_flight[batch_id]
-        pipeline = self.layout.pipelines[batch.pipeline]
-        length = pipeline.stages[stage].transfer_in[batch.size - 1]
-        self.up_busy[up_node] = self.down_busy[down_node] = True
-        self.push(now + length, _XFER_END, (up_node, down_node, batch_id, stage, gen, now))
+        report = self.core.stage_finished
+        self.call(report, now, batch_id, stage, started, now, now, device=device, run=run)
+        self.begin_next(device, now)
 
     def transfer_end(self, payload: tuple, now: float) -> None:
-        up_node, down_node, batch_id, stage, gen, started = payload
-        self.up_busy[up_node] = self.down_busy[down_node] = False
-        batch = self.core.in_flight.get(batch_id)
-        if batch is not None and self.generation.get((batch_id, stage)) == gen:
-            self.call(self.core.transfer_finished, batch_id, stage, started, now, now)
-            run = batch.stages[stage]
-            handoff = self.layout.pipelines[batch.pipeline].handoff_s
-            self.input_ready[(batch_id, stage)] = now + handoff
-            self.try_device(run.device, now)
-        self.wake_links(up_node, down_node, now)
+        batch_id, stage, run, started = payload
+        self.call(self.core.transfer_finished, now, batch_id, stage, started, now, now, run=run)
 
-    def wake_links(self, up_node: int, down_node: int, now: float) -> None:
-        """A link freed: its queue's head may go now."""
-        for queue, is_up in ((self.up_queue[up_node], True), (self.down_queue[down_node], False)):
-            while queue and not self.live(queue[0]):
-                heapq.heappop(queue)
-            if queue:
-                run = self.core.in_flight[queue[0][1]].stages[queue[0][2]]
-                assert run.source_node is not None
-                if is_up:
-                    self.try_transfer(up_node, run.node, now)
-                else:
-                    self.try_transfer(run.source_node, down_node, now)
+    def fault(self, device: int, up: bool, now: float) -> None:
+        """The instance fails (what it held is lost; as the daemon's pool
+        does, the failure is reported first, then each lost run as failed)
+        or comes back."""
+        if up:
+            self.call(self.core.device_up, now, device, now)
+            return
+        lost = [self.running[device], *self.waiting[device]]
+        self.running[device] = None
+        self.epoch[device] += 1
+        self.waiting[device].clear()
+        self.call(self.core.device_down, now, device, now)
+        for start in lost:
+            if start is not None:
+                failed = self.core.stage_failed
+                self.call(failed, now, start.batch.id, start.stage, now, run=start.run)
 
 
 def run_pipeline_simulation(
@@ -322,30 +232,16 @@ def run_pipeline_simulation(
                 run.stage_end(payload, now)
             elif kind == _XFER_END:
                 run.transfer_end(payload, now)
-            elif kind == _WAKE_DEVICE:
-                (device,) = payload
-                run.dev_wake[device] = math.inf
-                run.try_device(device, now)
-            elif kind == _WAKE_XFER:
-                run.try_transfer(payload[0], payload[1], now)
             elif kind == _FAULT:
-                device, up = payload
-                if up:
-                    run.call(scheduler.device_up, device, now)
-                    run.try_device(device, now)
-                else:
-                    run.dev_epoch[device] += 1
-                    run.dev_busy[device] = False
-                    run.call(scheduler.device_down, device, now)
-            else:  # _TIMER
-                if now >= run.timer_at:
-                    run.timer_at = math.inf
-                    run.call(scheduler.advance, now)
+                run.fault(payload[0], payload[1], now)
+            elif payload[0] == run.timer_at:  # _TIMER, still armed
+                run.timer_at = math.inf
+                run.call(scheduler.advance, now, now)
         else:
             now = arrivals[i]
             request = Request(i, model_names[midx[i]], now, deadline[i])
             i += 1
-            run.call(scheduler.add_request, request, now)
+            run.call(scheduler.add_request, now, request, now)
     status = np.full(n, PENDING, dtype=np.int8)
     finish = np.full(n, math.nan)
     reason = np.full(n, -1, dtype=np.int16)

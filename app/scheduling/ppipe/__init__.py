@@ -7,6 +7,8 @@ from app.scheduling.ppipe.batches import (
     PipelineDecision,
     PipelineDispatch,
     StageRun,
+    StageStart,
+    TransferStart,
 )
 from app.scheduling.ppipe.layout import (
     DeviceInstance,
@@ -31,6 +33,8 @@ __all__ = [
     "Probe",
     "ReservationTable",
     "StageRun",
+    "StageStart",
+    "TransferStart",
     "earliest_common_slot",
     "probe",
 ]

@@ -20,7 +20,19 @@ Decisions (the driver carries them out, in order):
   `from_stage` = 0).
 * `PipelineComplete(batch, requests)` — the last stage finished: answer the
   requests with its outputs.
+* `StageStart(batch, stage, device, start_at, run)` — hand stage `stage`
+  of `batch` to `device` now; it runs from `start_at`, or as soon as the
+  device is free after that, reading what the stage before it wrote. Its
+  report (`stage_finished`, or `stage_failed`) names `run`. The core hands
+  stages over in the order of their reservations and only once their
+  input is there (app/scheduling/ppipe/sequencer.py).
+* `TransferStart(batch, stage, run)` — move the output of stage `stage − 1`
+  to stage `stage`'s node now; report its start and end
+  (`transfer_finished`) naming `run`.
 * `Drop(requests, reason)` (app/scheduling/types.py) — answer with an error.
+  A request of a dispatched batch that can no longer meet its deadline is
+  dropped when its next stage is due (`DropReason.DEADLINE`), not served
+  late; the rest of its batch goes on without it.
 """
 
 from __future__ import annotations
@@ -79,4 +91,20 @@ class PipelineComplete:
     requests: list[Request]
 
 
-PipelineDecision = PipelineDispatch | PipelineComplete | Drop
+@dataclass(slots=True)
+class StageStart:
+    batch: PipelineBatch
+    stage: int
+    device: int
+    start_at: float
+    run: int
+
+
+@dataclass(slots=True)
+class TransferStart:
+    batch: PipelineBatch
+    stage: int
+    run: int
+
+
+PipelineDecision = PipelineDispatch | PipelineComplete | StageStart | TransferStart | Drop

@@ -16,9 +16,12 @@ changes (an arrival) or its timer fires, the core runs Algorithm 1 on it:
    in the tables (`reservations.py`) and dispatch the oldest requests as one
    batch along it (`PipelineDispatch`).
 
-The executors report each stage's actual start and end (`stage_finished`,
-and `transfer_finished` for transfers); the core writes them into the tables
-and moves the reservations they now overlap (feedback correction, §5.4).
+The core also hands the planned work over (`sequencer.py`): each device
+instance and link runs its reservations in order, a stage once its input is
+there (`StageStart`, `TransferStart`). The executors report each stage's
+actual start and end (`stage_finished`, and `transfer_finished` for
+transfers); the core writes them into the tables and moves the reservations
+they now overlap (feedback correction, §5.4).
 
 **Why its own class.** `app.scheduling.base.Scheduler` is built around
 batches that run whole on one device: `Batch.device`, per-device run order,
@@ -59,6 +62,18 @@ Deviations from the pseudo-code, each for a reason:
   above the planned size when the head alone exceeds it, up to the
   largest batch the profile covers; a head beyond that is dropped
   (`DropReason.NOT_SERVED`).
+* *Late work is shed, not served* (not in the paper, whose simulator runs
+  every stage exactly as reserved). Live, a stage may run longer than its
+  profile, or an instance may still be busy with an earlier stage, so a
+  batch can fall behind its plan after it was admitted. When a stage is due
+  to be handed over, the core projects the batch's end — the later of its
+  planned end and (the stage's earliest start: its reserved start, now,
+  and the planned ends of what the instance still holds) + the remaining
+  stages' and transfers' times — and drops (`DropReason.DEADLINE`) each
+  request whose deadline that end misses; a batch left empty gives its
+  reservations back. As every other policy answers a request that cannot
+  make it at once, a pipeline does not serve it late. Without jitter the
+  projection never exceeds the plan, so simulated runs are unchanged.
 * *Re-routing on a device failure*: a batch that still needs the failed
   device, or whose intermediate output it held, is probed again from its
   first unfinished stage (from the start if the output it needs is lost),
@@ -82,10 +97,13 @@ from app.scheduling.ppipe.batches import (
     PipelineDecision,
     PipelineDispatch,
     StageRun,
+    StageStart,
+    TransferStart,
 )
 from app.scheduling.ppipe.layout import Layout, PoolPipeline
 from app.scheduling.ppipe.probe import Probe, probe
 from app.scheduling.ppipe.reservations import ReservationTable
+from app.scheduling.ppipe.sequencer import Handed, StageSequencer
 from app.scheduling.types import Drop, DropReason, Request
 
 _INF = math.inf
@@ -110,8 +128,18 @@ class PPipeScheduler:
     name: ClassVar[str] = "ppipe"
 
     def __init__(
-        self, layout: Layout, *, admit_floor: float = 0.95, deadline_margin: float = 0.0
+        self,
+        layout: Layout,
+        *,
+        admit_floor: float = 0.95,
+        deadline_margin: float = 0.0,
+        lead: float = 0.0,
+        hold: int = 1,
     ) -> None:
+        """`lead` and `hold`: how stages are handed over (sequencer.py): `lead`
+        seconds before their reserved start, at most `hold` per instance not
+        reported yet (the simulator: 0 and 1; the daemon's executors:
+        `live_lead(layout)` and `LIVE_HOLD`)."""
         if not 0.0 <= admit_floor <= 1.0:
             raise ValueError(f"admit_floor must be in [0, 1], got {admit_floor}")
         if not (deadline_margin >= 0.0 and math.isfinite(deadline_margin)):
@@ -141,6 +169,7 @@ class PPipeScheduler:
                     self._device_models[d].add(p.model)
                     self._node_models[self.node_of[d]].add(p.model)
         self.in_flight: dict[int, PipelineBatch] = {}
+        self._sequencer = StageSequencer(n_dev, layout.nodes, lead=lead, hold=hold)
         self._admitted: set[int] = set()
         self._out: list[PipelineDecision] = []
         self._next_batch_id = 1
@@ -186,49 +215,98 @@ class PPipeScheduler:
         now: float,
         *,
         device: int | None = None,
+        run: int | None = None,
     ) -> list[PipelineDecision]:
         """Stage `stage` of batch `batch_id` ran over [started, finished)
-        (on `device`, when given: a report from a route the core replaced
-        is ignored). The last stage's report completes the batch."""
+        (as run `run` of a `StageStart`, on `device`, when given: a report
+        of a route the core replaced is ignored). The last stage's report
+        completes the batch; another hands the next stage over when due."""
         now = self._tick(now)
+        holder, live = self._report(batch_id, stage, run)
         batch = self.in_flight.get(batch_id)
-        if batch is None or not 0 <= stage < len(batch.stages):
+        if not live or batch is None or not 0 <= stage < len(batch.stages):
+            if holder is not None and holder.device >= 0:
+                self._pump_device(holder.device, now)
             return self._take()
-        run = batch.stages[stage]
-        if run.done or (device is not None and device != run.device):
+        step = batch.stages[stage]
+        if step.done or (device is not None and device != step.device):
             return self._take()
-        run.done = True
-        table = self.device_tables[run.device]
+        step.done = True
+        table = self.device_tables[step.device]
         self._apply_moves(table.correct((batch_id, stage), started, finished), link=False)
         table.prune(now)
-        run.start, run.finish = started, finished
-        self._touch(self._device_models[run.device])
+        step.start, step.finish = started, finished
+        self._touch(self._device_models[step.device])
         if stage == len(batch.stages) - 1:
             del self.in_flight[batch_id]
+            self._sequencer.forget(batch)
             self._out.append(PipelineComplete(batch, batch.requests))
+        else:
+            handoff = self._pipelines[batch.pipeline].handoff_s
+            self._sequencer.stage_done(batch, stage, finished, handoff)
+            nxt = batch.stages[stage + 1]
+            if nxt.source_node is None:
+                self._pump_device(nxt.device, now)
+            else:
+                self._pump_link(nxt.source_node, nxt.node, now)
+        self._pump_device(step.device, now)
+        return self._take()
+
+    def stage_failed(
+        self, batch_id: int, stage: int, now: float, *, run: int | None = None
+    ) -> list[PipelineDecision]:
+        """Stage `stage` of batch `batch_id` failed on its executor: its
+        requests are dropped (`DropReason.DEVICE_FAILED`) and its
+        reservations given back."""
+        now = self._tick(now)
+        holder, live = self._report(batch_id, stage, run)
+        batch = self.in_flight.get(batch_id)
+        if live and batch is not None:
+            self._abandon(batch, list(batch.requests), DropReason.DEVICE_FAILED)
+        if holder is not None and holder.device >= 0:
+            self._pump_device(holder.device, now)
         return self._take()
 
     def transfer_finished(
-        self, batch_id: int, stage: int, started: float, finished: float, now: float
+        self,
+        batch_id: int,
+        stage: int,
+        started: float,
+        finished: float,
+        now: float,
+        *,
+        run: int | None = None,
     ) -> list[PipelineDecision]:
         """The transfer into stage `stage` of batch `batch_id` ran over
-        [started, finished): corrects both links' tables."""
+        [started, finished): corrects both links' tables, and hands the
+        stage over when due."""
         now = self._tick(now)
+        holder, live = self._report(batch_id, stage, run)
         batch = self.in_flight.get(batch_id)
-        if batch is None or not 0 <= stage < len(batch.stages):
+        step = batch.stages[stage] if batch is not None and 0 <= stage < len(batch.stages) else None
+        if not live or step is None or step.source_node is None or step.done:
+            if holder is not None and holder.link is not None:
+                self._pump_links(*holder.link, now)
             return self._take()
-        run = batch.stages[stage]
-        if run.source_node is None or run.done:
-            return self._take()
-        for table in (self.uplinks[run.source_node], self.downlinks[run.node]):
+        assert batch is not None
+        up, down = step.source_node, step.node
+        for table in (self.uplinks[up], self.downlinks[down]):
             self._apply_moves(table.correct((batch_id, stage), started, finished), link=True)
             table.prune(now)
-        run.transfer_start, run.transfer_finish = started, finished
-        self._touch(self._node_models[run.source_node] | self._node_models[run.node])
+        step.transfer_start, step.transfer_finish = started, finished
+        self._touch(self._node_models[up] | self._node_models[down])
+        handoff = self._pipelines[batch.pipeline].handoff_s
+        self._sequencer.transfer_done(batch_id, stage, finished, handoff)
+        self._pump_device(step.device, now)
+        self._pump_links(up, down, now)
         return self._take()
 
     def advance(self, now: float) -> list[PipelineDecision]:
         now = self._tick(now)
+        for device in self._sequencer.due_devices(now):
+            self._pump_device(device, now)
+        for up, down in self._sequencer.due_links(now):
+            self._pump_link(up, down, now)
         for state in self.models.values():
             if state.wake is not None and state.wake <= now:
                 state.wake = None
@@ -237,17 +315,21 @@ class PPipeScheduler:
 
     def next_wakeup(self) -> float | None:
         wakes = [s.wake for s in self.models.values() if s.wake is not None]
+        due = self._sequencer.next_due()
+        if due is not None:
+            wakes.append(due)
         return min(wakes) if wakes else None
 
     def device_down(self, device: int, now: float) -> list[PipelineDecision]:
         """Instance `device` failed: its batches are re-routed or dropped,
-        each exactly once."""
+        each exactly once; what it held is lost."""
         now = self._tick(now)
         if not 0 <= device < len(self.alive):
             raise ValueError(f"unknown device {device}")
         if not self.alive[device]:
             return self._take()
         self.alive[device] = False
+        self._sequencer.device_down(device)
         for batch in list(self.in_flight.values()):
             first = next(k for k, run in enumerate(batch.stages) if not run.done)
             needs = any(run.device == device for run in batch.stages[first:])
@@ -271,6 +353,7 @@ class PPipeScheduler:
         self._touch_all()
         for state in self.models.values():
             self._schedule(state, now)
+        self._pump_device(device, now)
         return self._take()
 
     @property
@@ -403,6 +486,7 @@ class PPipeScheduler:
         self.in_flight[batch_id] = batch
         self.batches_dispatched += 1
         self._out.append(PipelineDispatch(batch, 0))
+        self._start(batch, 0, now)
 
     def _reserve(self, batch_id: int, steps: list[StageRun], now: float) -> None:
         for run in steps:
@@ -449,6 +533,7 @@ class PPipeScheduler:
                     best = found
         if best is None or best.finish > deadline:
             del self.in_flight[batch.id]
+            self._sequencer.forget(batch)
             self._out.append(Drop(batch.requests, DropReason.DEVICE_FAILED))
             return
         if j == 0:
@@ -459,6 +544,7 @@ class PPipeScheduler:
         self._reserve(batch.id, best.steps, now)
         batch.stages.extend(best.steps)
         self._out.append(PipelineDispatch(batch, j))
+        self._start(batch, j, now)
 
     def _apply_moves(self, moved: list[tuple[Hashable, float, float]], *, link: bool) -> None:
         """Write reservations a correction moved into their batches' plans."""
@@ -472,6 +558,94 @@ class PPipeScheduler:
                 run.transfer_start, run.transfer_finish = start, end
             else:
                 run.start, run.finish = start, end
+
+    # ----------------------------------------------------------------- handing over
+
+    def _start(self, batch: PipelineBatch, first: int, now: float) -> None:
+        """Queue the batch's stages from `first` on and hand over what is due."""
+        self._sequencer.plan(batch, first, now)
+        head = batch.stages[first]
+        if head.source_node is not None:
+            self._pump_link(head.source_node, head.node, now)
+        for device in dict.fromkeys(run.device for run in batch.stages[first:]):
+            self._pump_device(device, now)
+
+    def _pump_device(self, device: int, now: float) -> None:
+        """Hand the instance the stages that are due, while it may hold more."""
+        if not self.alive[device]:
+            return
+        sequencer = self._sequencer
+        while (work := sequencer.next_device_work(device, now)) is not None:
+            batch_id, stage, start_at = work
+            batch = self.in_flight[batch_id]
+            if not self._on_time(batch, stage, device, start_at, now):
+                sequencer.skip_device_work(device)
+                continue
+            handed = sequencer.hand_device_work(device)
+            self._out.append(StageStart(batch, stage, device, start_at, handed.run))
+
+    def _pump_link(self, up: int, down: int, now: float) -> None:
+        found = self._sequencer.next_transfer(up, down, now)
+        if found is None:
+            return
+        batch_id, stage = found
+        handed = self._sequencer.hand_transfer(batch_id, stage)
+        self._out.append(TransferStart(self.in_flight[batch_id], stage, handed.run))
+
+    def _pump_links(self, up: int, down: int, now: float) -> None:
+        """Links `up` and `down` are free: the transfers at their heads may go."""
+        for pair in self._sequencer.link_pairs(up, down):
+            self._pump_link(*pair, now)
+
+    def _on_time(
+        self, batch: PipelineBatch, stage: int, device: int, start_at: float, now: float
+    ) -> bool:
+        """Shed what can no longer make it (see "Late work is shed" in the
+        module docstring). False: the whole batch was given up."""
+        earliest = max(start_at, now)
+        for held in self._sequencer.held_by(device):
+            other = self.in_flight.get(held.batch_id)
+            if other is not None and held.stage < len(other.stages):
+                earliest = max(earliest, other.stages[held.stage].finish)
+        pipeline = self._pipelines[batch.pipeline]
+        size = batch.size
+        remaining = 0.0
+        for k in range(stage, len(batch.stages)):
+            step = pipeline.stages[k]
+            remaining += step.latency[size - 1]
+            if k > stage:
+                remaining += pipeline.handoff_s
+                if batch.stages[k].source_node is not None:
+                    remaining += step.transfer_in[size - 1]
+        end = max(batch.stages[-1].finish, earliest + remaining)
+        late = [r for r in batch.requests if r.due < end]
+        if not late:
+            return True
+        if len(late) == len(batch.requests):
+            self._abandon(batch, late, DropReason.DEADLINE)
+            return False
+        batch.requests = [r for r in batch.requests if r.due >= end]
+        self._out.append(Drop(late, DropReason.DEADLINE))
+        return True
+
+    def _abandon(self, batch: PipelineBatch, requests: list[Request], reason: DropReason) -> None:
+        """Give the batch up: its unfinished stages' reservations back, its
+        requests dropped."""
+        self._release(batch.id, [run for run in batch.stages if not run.done])
+        del self.in_flight[batch.id]
+        self._sequencer.forget(batch)
+        self._touch_all()
+        self._out.append(Drop(requests, reason))
+
+    def _report(self, batch_id: int, stage: int, run: int | None) -> tuple[Handed | None, bool]:
+        """A report of `run` (None: of whatever (batch, stage) has handed
+        over, for callers that drive stages by hand): what held it, and
+        whether it is the piece's live run."""
+        if run is None:
+            run = self._sequencer.current_run(batch_id, stage)
+            if run is None:
+                return None, True
+        return self._sequencer.reported(run)
 
     # ----------------------------------------------------------------- plumbing
 
