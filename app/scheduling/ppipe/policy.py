@@ -68,12 +68,17 @@ Deviations from the pseudo-code, each for a reason:
   batch can fall behind its plan after it was admitted. When a stage is due
   to be handed over, the core projects the batch's end — the later of its
   planned end and (the stage's earliest start: its reserved start, now,
-  and the planned ends of what the instance still holds) + the remaining
+  and the expected ends of what the instance still holds) + the remaining
   stages' and transfers' times — and drops (`DropReason.DEADLINE`) each
   request whose deadline that end misses; a batch left empty gives its
-  reservations back. As every other policy answers a request that cannot
-  make it at once, a pipeline does not serve it late. Without jitter the
-  projection never exceeds the plan, so simulated runs are unchanged.
+  reservations back. A stage's time in the projection is its profile ×
+  its *pace*: an exponential average (weight `PACE_WEIGHT`) of its
+  reported runs over their profile, since executors on a loaded machine
+  run slower than profiled and the last stage is otherwise the one that
+  makes an answer late. As every other policy answers a request that
+  cannot make it at once, a pipeline does not serve it late. Without
+  jitter the projection never exceeds the plan, so simulated runs are
+  unchanged.
 * *Re-routing on a device failure*: a batch that still needs the failed
   device, or whose intermediate output it held, is probed again from its
   first unfinished stage (from the start if the output it needs is lost),
@@ -107,6 +112,10 @@ from app.scheduling.ppipe.sequencer import Handed, StageSequencer
 from app.scheduling.types import Drop, DropReason, Request
 
 _INF = math.inf
+_EPS = 1e-9  # float slack when comparing projected ends with deadlines
+# The weight of a stage's latest run in its pace (how its runs compare with
+# the profile): ~10 runs make most of it.
+PACE_WEIGHT = 0.1
 
 
 @dataclass(slots=True)
@@ -170,6 +179,7 @@ class PPipeScheduler:
                     self._node_models[self.node_of[d]].add(p.model)
         self.in_flight: dict[int, PipelineBatch] = {}
         self._sequencer = StageSequencer(n_dev, layout.nodes, lead=lead, hold=hold)
+        self._pace: dict[tuple[int, int], float] = {}  # (pipeline, stage) → run / profile
         self._admitted: set[int] = set()
         self._out: list[PipelineDecision] = []
         self._next_batch_id = 1
@@ -232,6 +242,7 @@ class PPipeScheduler:
         if step.done or (device is not None and device != step.device):
             return self._take()
         step.done = True
+        self._measure_pace(batch, stage, finished - started)
         table = self.device_tables[step.device]
         self._apply_moves(table.correct((batch_id, stage), started, finished), link=False)
         table.prune(now)
@@ -606,18 +617,18 @@ class PPipeScheduler:
         for held in self._sequencer.held_by(device):
             other = self.in_flight.get(held.batch_id)
             if other is not None and held.stage < len(other.stages):
-                earliest = max(earliest, other.stages[held.stage].finish)
-        pipeline = self._pipelines[batch.pipeline]
-        size = batch.size
+                run = other.stages[held.stage]
+                took = self._stage_time(other, held.stage)
+                earliest = max(earliest, run.finish, run.start + took)
         remaining = 0.0
+        pipeline = self._pipelines[batch.pipeline]
         for k in range(stage, len(batch.stages)):
-            step = pipeline.stages[k]
-            remaining += step.latency[size - 1]
+            remaining += self._stage_time(batch, k)
             if k > stage:
                 remaining += pipeline.handoff_s
                 if batch.stages[k].source_node is not None:
-                    remaining += step.transfer_in[size - 1]
-        end = max(batch.stages[-1].finish, earliest + remaining)
+                    remaining += pipeline.stages[k].transfer_in[batch.size - 1]
+        end = max(batch.stages[-1].finish, earliest + remaining) - _EPS
         late = [r for r in batch.requests if r.due < end]
         if not late:
             return True
@@ -627,6 +638,25 @@ class PPipeScheduler:
         batch.requests = [r for r in batch.requests if r.due >= end]
         self._out.append(Drop(late, DropReason.DEADLINE))
         return True
+
+    def _stage_time(self, batch: PipelineBatch, stage: int) -> float:
+        """How long the stage will take: its profile × how its stages ran
+        lately (`_pace`)."""
+        profiled = self._pipelines[batch.pipeline].stages[stage].latency[batch.size - 1]
+        return profiled * self._pace.get((batch.pipeline, stage), 1.0)
+
+    def _measure_pace(self, batch: PipelineBatch, stage: int, took: float) -> None:
+        """A stage ran for `took`: fold its time over its profile into the
+        stage's pace (an exponential average)."""
+        profiled = self._pipelines[batch.pipeline].stages[stage].latency[batch.size - 1]
+        if profiled <= 0.0:
+            return
+        ratio = took / profiled
+        if abs(ratio - 1.0) < _EPS:
+            ratio = 1.0  # float dust of a run exactly as profiled
+        key = (batch.pipeline, stage)
+        pace = self._pace.get(key, 1.0)
+        self._pace[key] = pace + PACE_WEIGHT * (ratio - pace)
 
     def _abandon(self, batch: PipelineBatch, requests: list[Request], reason: DropReason) -> None:
         """Give the batch up: its unfinished stages' reservations back, its
