@@ -76,6 +76,7 @@ from app.server.management import Management
 from app.server.metrics import Metrics, metric_label
 from app.server.pipeline_service import PipelineService, start_pipelines
 from app.server.service import InferResult, request_items
+from app.server.serving_routes import DispatcherRoute, Route
 from app.server.settings import Settings
 from app.server.startup import ModelState
 from app.server.statistics import Statistics, epoch_ms
@@ -103,6 +104,7 @@ class LiveService(Management):
         self.dispatcher: Dispatcher | None = None
         # Models served as PPipe pipelines (PPIPE_PLAN; app/server/pipeline_service.py).
         self.pipelines: PipelineService | None = None
+        self._dispatcher_route: DispatcherRoute | None = None
         self.ready = False
         self.closing = False
         self._signals_task: asyncio.Task | None = None
@@ -159,6 +161,9 @@ class LiveService(Management):
             on_batch=self._on_batch,
             alone_sample_rate=settings.profile_sample_rate,
         )
+        self._dispatcher_route = DispatcherRoute(
+            self.dispatcher, self.models, lambda d: self._device(d).name, settings.arena_slots
+        )
         # The watchdog judges a batch by the profile the core plans with.
         self.pool.expected_latency = self._expected_latency
         self.scaling = DeviceScaling(self.dispatcher.groups, self.pool, settings)
@@ -174,12 +179,17 @@ class LiveService(Management):
         frozen = freeze_startup_heap()
         log.info("%d start-up objects exempted from garbage collection", frozen)
         self.ready = True
-        log.info(
-            "serving %d models with policy %s: %s",
-            len(self.models),
-            settings.policy,
-            ", ".join(f"{n} on devices {list(s.devices)}" for n, s in self.models.items()),
-        )
+        if self.models or not piped:
+            log.info(
+                "serving %d models with policy %s: %s",
+                len(self.models),
+                settings.policy,
+                ", ".join(f"{n} on devices {list(s.devices)}" for n, s in self.models.items()),
+            )
+        if piped:
+            log.info(
+                "serving %d models as pipelines with policy ppipe: %s", len(piped), ", ".join(piped)
+            )
 
     def _check_loaded(self, models: dict[str, object]) -> None:
         try:
@@ -430,103 +440,78 @@ class LiveService(Management):
                     "the model config does not allow loosening"
                 )
             slo = slo_ms
-        if self.pipelines is not None and model in self.pipelines.configs:
-            return await self.pipelines.serve(
-                config, inputs, slo, request_id=request_id, received_at=received_at, app=app
-            )
-        state = self.models[model]
+        route = self._route(model)
+        label = metric_label(model)
         limit = self.settings.max_queue
         outstanding = self._outstanding.get(model, 0)
         if limit and outstanding >= limit:
-            self.metrics.request_dropped(metric_label(model), "queue_full")
+            self.metrics.request_dropped(label, "queue_full")
             raise Overloaded(
                 f"model {shown_model(model)}: queue full ({limit} requests waiting)", "queue_full"
             )
         items = request_items(config, inputs)
-        slots = state.arena.acquire_rows(items)
-        if slots is None:
-            self.metrics.request_dropped(metric_label(model), "overloaded")
-            raise Overloaded(
-                f"model {shown_model(model)}: {self.settings.arena_slots} items in flight "
-                f"(ARENA_SLOTS; this request has {items})"
-            )
-        self.metrics.request_received(metric_label(model))
-        self._outstanding[model] = outstanding + 1
-        release = True
         try:
-            state.arena.write_rows(slots, inputs)
-            seen_at = time.monotonic()
-            pending = self.dispatcher.submit_request(
-                model, slots, slo / 1000.0, received_at=received_at, app=app
+            future = route.submit(
+                config, inputs, items, slo / 1000.0, received_at=received_at, app=app
             )
-            try:
-                finished: Finished = await asyncio.shield(pending.future)
-            except asyncio.CancelledError:
-                # The client went away; the executor may still write into
-                # the slot, so free it only once the request is answered.
-                release = False
-                pending.future.add_done_callback(
-                    lambda future: self._abandoned(future, model, state, slots)
-                )
-                raise
-            except Dropped as exc:
-                self.metrics.request_dropped(metric_label(model), exc.reason)
-                raise
-            except ShuttingDown:
-                self.metrics.request_dropped(metric_label(model), "shutting_down")
-                raise
-            if finished.error is not None:
-                self.metrics.request_dropped(metric_label(model), "executor_failed")
-                raise ExecutorFailed(f"executor failed: {finished.error}")
-            outputs = state.arena.read_rows(slots)
-            now = time.monotonic()
-            request = pending.request
-            latency = now - request.arrival
-            queue = max(0.0, finished.started_at - request.arrival)
-            self.metrics.request_finished(
-                metric_label(model), latency, queue, finished.batch.size, latency <= slo / 1000.0
-            )
-            self.statistics.request_succeeded(
-                model,
-                items=items,
-                total_s=now - request.arrival,
-                queue_s=queue,
-                input_s=max(0.0, seen_at - request.arrival),
-                infer_s=finished.finished_at - finished.started_at,
-                output_s=max(0.0, now - finished.finished_at),
-                at_ms=epoch_ms(),
-                batch=(finished.batch.device, finished.batch.id),
-            )
-            return InferResult(
-                model=config.model_name,
-                request_id=request_id,
-                outputs=outputs,
-                queue_ms=queue * 1000.0,
-                exec_ms=(finished.finished_at - finished.started_at) * 1000.0,
-                batch_size=finished.batch.size,
-                device=self._device(finished.batch.device).name,
-                intake_ms=max(0.0, seen_at - request.arrival) * 1000.0,
-                answer_ms=max(0.0, now - finished.finished_at) * 1000.0,
-                app=request.app,  # as the core saw it
-            )
-        finally:
-            if release:
-                self._settle(model, state, slots)
+        except Overloaded as exc:
+            self.metrics.request_dropped(label, exc.reason)
+            raise
+        self.metrics.request_received(label)
+        self._outstanding[model] = outstanding + 1
+        future.add_done_callback(lambda answered: self._settle(model, answered))
+        try:
+            served = await asyncio.shield(future)
+        except asyncio.CancelledError:
+            raise  # the client went away; the request is still answered (`_settle`)
+        except (Dropped, Overloaded, ExecutorFailed, ShuttingDown) as exc:
+            self.metrics.request_dropped(label, exc.reason)
+            raise
+        now = time.monotonic()
+        latency = now - served.arrival
+        queue = max(0.0, served.started_at - served.arrival)
+        exec_s = served.finished_at - served.started_at
+        self.metrics.request_finished(
+            label, latency, queue, served.batch_size, latency <= slo / 1000.0
+        )
+        self.statistics.request_succeeded(
+            model,
+            items=items,
+            total_s=latency,
+            queue_s=queue,
+            input_s=max(0.0, served.seen_at - served.arrival),
+            infer_s=exec_s,
+            output_s=max(0.0, now - served.finished_at),
+            at_ms=epoch_ms(),
+            batch=served.batch,
+        )
+        return InferResult(
+            model=config.model_name,
+            request_id=request_id,
+            outputs=served.outputs,
+            queue_ms=queue * 1000.0,
+            exec_ms=exec_s * 1000.0,
+            batch_size=served.batch_size,
+            device=served.device,
+            intake_ms=max(0.0, served.seen_at - served.arrival) * 1000.0,
+            answer_ms=max(0.0, now - served.finished_at) * 1000.0,
+            app=served.app,  # as the core saw it
+        )
 
-    def _abandoned(
-        self, future: asyncio.Future, model: str, state: ModelState, slots: list[int]
-    ) -> None:
-        """A request whose caller went away is answered: no one awaits its
-        error (asyncio would log it as never retrieved); free its slots."""
-        if not future.cancelled():
-            future.exception()
-        self._settle(model, state, slots)
+    def _route(self, model: str) -> Route:
+        if self.pipelines is not None and model in self.pipelines.configs:
+            return self.pipelines.route
+        assert self._dispatcher_route is not None
+        return self._dispatcher_route
 
-    def _settle(self, model: str, state: ModelState, slots: list[int]) -> None:
-        """A request is answered: its slots and its place in the queue are free."""
+    def _settle(self, model: str, answered: asyncio.Future) -> None:
+        """A request is answered: its place in the queue is free. No one
+        may await its error any more (a client that went away): retrieve
+        it, or asyncio logs it as never retrieved."""
+        if not answered.cancelled():
+            answered.exception()
         self._outstanding[model] -= 1
         self.metrics.request_answered(metric_label(model))
-        state.arena.release_rows(slots)
 
     # ---------------------------------------------------------------- events
 

@@ -20,41 +20,36 @@ One machine: stages hand over through shared memory, so the plan's links
 are not used: the layout is built with a bandwidth at which a transfer
 takes ~0 s, as app/server/pipeline_driver.py expects.
 
-Serving (`serve`): what LiveService's `_serve` does for any model — the
-request's SLO (the model config's, or a tighter per-request one; a plan
-made for another SLO is warned about at start-up), MAX_QUEUE, the same
-metrics and statistics — with the pipeline driver in place of the
-dispatcher. An answer's `device` names the instance of each stage in order
-(`cpu2t:0>cpu1t:2`); its `exec_ms` runs from the first stage's start to the
-last one's end. Executors that die are respawned (RESPAWN): the driver
+Serving: LiveService's one admission-and-answer path (`_serve`: the
+request's SLO — the model config's, or a tighter per-request one; a plan
+made for another SLO is warned about at start-up —, MAX_QUEUE, metrics,
+statistics, the answer) sends these models' requests to `route`
+(app/server/serving_routes.py's `PipelineRoute`, the pipeline driver in
+place of the dispatcher). An answer's `device` names the instance of each
+stage in order (`cpu2t:0>cpu1t:2`); its `exec_ms` runs from the first
+stage's start to the last one's end. Executors that die are respawned (RESPAWN): the driver
 takes the instance out of the core's tables at `DeviceDown` and back at
 `DeviceUp`, as for ordinary executors.
 """
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import logging
 import shutil
 import tempfile
-import time
 from pathlib import Path
 
-import numpy as np
-
-from app.errors import Dropped, ExecutorFailed, InvalidInput, Overloaded, ShuttingDown
-from app.repository.config import ModelConfig, shown_model
+from app.repository.config import ModelConfig
 from app.repository.loader import RepositoryIndex
 from app.runtime.events import DeviceDown, DeviceUp, ExecutorEvent
 from app.scheduling.ppipe.batches import PipelineBatch
-from app.server.metrics import Metrics, metric_label
+from app.server.metrics import Metrics
 from app.server.pipeline_setup import LivePipelines
-from app.server.pipeline_types import PipelineAnswer
-from app.server.service import InferResult, request_items
+from app.server.serving_routes import PipelineRoute
 from app.server.settings import Settings
 from app.server.startup import StartupFailed
-from app.server.statistics import Statistics, epoch_ms
+from app.server.statistics import Statistics
 
 log = logging.getLogger("app.server")
 
@@ -80,15 +75,16 @@ class PipelineService:
         self._settings = settings
         self._metrics = metrics
         self._statistics = statistics
-        self._outstanding: dict[str, int] = dict.fromkeys(configs, 0)
         self._names = {d.id: d.name for d in live.devices}
         live.driver.on_batch = self._on_batch
         # The largest batch a pipeline of the model can run: its profile's.
         layout = live.driver.core.layout
-        self._max_items = {
+        max_items = {
             m: min(c.max_batch_size, max(len(p.stages[0].latency) for p in layout.pipelines_of(m)))
             for m, c in configs.items()
         }
+        # Where LiveService's one serving path sends these models' requests.
+        self.route = PipelineRoute(live.driver, max_items, self._names)
 
     @property
     def pending(self) -> int:
@@ -129,88 +125,6 @@ class PipelineService:
             batch_size=batch.size,
             requests=len(batch.requests),
             infer_s=batch.stages[-1].finish - batch.stages[0].start,
-        )
-
-    async def serve(
-        self,
-        config: ModelConfig,
-        inputs: dict[str, np.ndarray],
-        slo_ms: float,
-        *,
-        request_id: str | None,
-        received_at: float | None,
-        app: str,
-    ) -> InferResult:
-        """One request of a pipeline model, its SLO checked by the caller."""
-        model = config.name
-        label = metric_label(model)
-        limit = self._settings.max_queue
-        if limit and self._outstanding[model] >= limit:
-            self._metrics.request_dropped(label, "queue_full")
-            raise Overloaded(
-                f"model {shown_model(model)}: queue full ({limit} requests waiting)", "queue_full"
-            )
-        items = request_items(config, inputs)
-        if items > self._max_items[model]:
-            raise InvalidInput(
-                f"model {shown_model(model)} is served as a pipeline whose block profile covers "
-                f"batches of up to {self._max_items[model]} items; this request has {items}"
-            )
-        seen_at = time.monotonic()
-        future = self.live.driver.submit(
-            model, inputs, slo_s=slo_ms / 1000.0, received_at=received_at
-        )
-        self._metrics.request_received(label)
-        self._outstanding[model] += 1
-        try:
-            answer: PipelineAnswer = await asyncio.shield(future)
-        except asyncio.CancelledError:
-            # The client went away; the driver still answers it (and frees
-            # its slots once no executor can touch them).
-            future.add_done_callback(lambda f: f.cancelled() or f.exception())
-            raise
-        except (Dropped, Overloaded) as exc:
-            self._metrics.request_dropped(label, exc.reason)
-            raise
-        except ShuttingDown:
-            self._metrics.request_dropped(label, "shutting_down")
-            raise
-        except ExecutorFailed:
-            self._metrics.request_dropped(label, "executor_failed")
-            raise
-        finally:
-            self._outstanding[model] -= 1
-            self._metrics.request_answered(label)
-        now = time.monotonic()
-        arrival = seen_at if received_at is None else min(received_at, seen_at)
-        latency = now - arrival
-        queue = max(0.0, answer.started_at - arrival)
-        exec_s = answer.finished_at - answer.started_at
-        self._metrics.request_finished(
-            label, latency, queue, answer.batch_size, latency <= slo_ms / 1000.0
-        )
-        self._statistics.request_succeeded(
-            model,
-            items=items,
-            total_s=latency,
-            queue_s=queue,
-            input_s=max(0.0, seen_at - arrival),
-            infer_s=exec_s,
-            output_s=max(0.0, now - answer.finished_at),
-            at_ms=epoch_ms(),
-            batch=("pipeline", answer.batch_id),
-        )
-        return InferResult(
-            model=config.model_name,
-            request_id=request_id,
-            outputs=answer.outputs,
-            queue_ms=queue * 1000.0,
-            exec_ms=exec_s * 1000.0,
-            batch_size=answer.batch_size,
-            device=">".join(self._names[d] for d in answer.devices),
-            intake_ms=max(0.0, seen_at - arrival) * 1000.0,
-            answer_ms=max(0.0, now - answer.finished_at) * 1000.0,
-            app=app,
         )
 
     def fail_all(self, error: Exception) -> int:
