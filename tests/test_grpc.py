@@ -173,7 +173,7 @@ def _shared_memory(request: pb.ModelInferRequest) -> None:
 
 
 def _parameter(request: pb.ModelInferRequest) -> None:
-    request.parameters["priority"].int64_param = 1
+    request.parameters["priority"].int64_param = -1
 
 
 def _classification(request: pb.ModelInferRequest) -> None:
@@ -203,7 +203,7 @@ BAD_REQUESTS: list[tuple[str, Callable[[pb.ModelInferRequest], Any], str]] = [
     (
         "parameter",
         _parameter,
-        "unsupported request parameter 'priority' (supported: slo_ms, app_id)",
+        "invalid value for 'priority', expected value >= 0.",
     ),
     ("slo", lambda r: setattr(r.parameters["slo_ms"], "double_param", 1e9), "slo_ms 1e+09"),
     (

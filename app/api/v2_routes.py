@@ -36,6 +36,7 @@ from app.api.openapi import (
     json_body,
 )
 from app.api.received import received_at
+from app.api.request_params import note_unused
 from app.api.security import short_repr
 from app.errors import ModelNotReady, ServingError
 
@@ -156,6 +157,8 @@ async def infer(ctx: ApiContext, name: str, version: str | None, request: Reques
     call = v2.v2_call(
         config, req, binary, None if header_value is None else len(header), limit.bytes
     )
+    for where, name in call.unused:
+        note_unused(ctx.metrics, (name,), where)
     result = await service.infer(
         config.name,
         call.inputs,
