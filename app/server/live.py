@@ -148,9 +148,13 @@ class LiveService(Management):
             self.statistics.add_model(name, config.version, config.model_name)
             self.versions[name] = config.version
         self._check_loaded(configs)
-        for state in self.models.values():
-            device = self._device(state.devices[0])
-            await startup.measure_model(settings, self.pool, device, state)
+        unprofiled = await startup.measure_models(settings, self.pool, self.models, self._device)
+        if unprofiled:
+            for name in unprofiled:
+                self.statistics.remove_model(name)
+                configs.pop(name, None)
+            self.unavailable.update(unprofiled)
+            self._check_loaded(configs)
         if settings.colocation_profile:
             await plan_colocated(self.pool, self.models)
         self.dispatcher = Dispatcher(
