@@ -167,7 +167,7 @@ def test_tritonclient_infer_emulated_and_errors(triton):
     with pytest.raises(InferenceServerException) as error:
         triton.infer("nope", [tensor])
     assert error.value.status() == "StatusCode.NOT_FOUND"
-    assert "unknown model 'nope'" in error.value.message()
+    assert "Request for unknown model: 'nope' is not found" in error.value.message()
     assert "mlp" not in error.value.message()  # names only the model asked for
     assert triton.is_server_live()
 

@@ -35,9 +35,9 @@ from app.grpc.status import answer
 from app.server.metrics import Metrics
 from app.server.service import InferenceService
 
-# Triton extensions this endpoint serves (statistics and model control will
-# add theirs; binary tensor data is HTTP's: gRPC always carries raw bytes).
-EXTENSIONS = ["model_configuration", "statistics", "model_repository"]
+# Triton extensions this endpoint serves (binary tensor data is HTTP's: gRPC
+# always carries raw bytes; `parameters`: request parameters, as Triton's).
+EXTENSIONS = ["model_configuration", "statistics", "model_repository", "parameters"]
 
 Context = grpc.aio.ServicerContext
 

@@ -82,6 +82,24 @@ _ONNX = ("onnx", "model.onnx")
 _TORCH = ("torch", "model.pt")
 _PLATFORMS = {"onnxruntime_onnx": _ONNX, "pytorch_libtorch": _TORCH}
 _BACKENDS = {"onnxruntime": _ONNX, "pytorch": _TORCH}
+# Our backend → Triton's (platform, backend) names, as model metadata and
+# model configs report them (Triton's clients and dashboards read them).
+_TRITON_NAMES = {
+    "onnx": ("onnxruntime_onnx", "onnxruntime"),
+    "torch": ("pytorch_libtorch", "pytorch"),
+}
+
+
+def triton_platform(backend: str) -> str:
+    """Triton's `platform` of a model on our `backend` (`onnxruntime_onnx`,
+    `pytorch_libtorch`; others, e.g. `emulated`, keep our name)."""
+    return _TRITON_NAMES.get(backend, (backend, backend))[0]
+
+
+def triton_backend(backend: str) -> str:
+    """Triton's `backend` of a model on our `backend` (`onnxruntime`, `pytorch`)."""
+    return _TRITON_NAMES.get(backend, (backend, backend))[1]
+
 
 _SUPPORTED = frozenset(
     {

@@ -283,6 +283,14 @@ class LiveService(Management):
     def device(self, device_id: int) -> ExecutorDevice:
         return self._device(device_id)
 
+    def pending_of(self, name: str, version: str) -> int:
+        """Requests accepted and not yet answered for `name`'s `version`
+        (Triton's nv_inference_pending_request_count)."""
+        for key, state in self.models.items():
+            if state.config.model_name == name and state.config.version == version:
+                return self.outstanding(key)
+        return 0
+
     def outstanding(self, model: str) -> int:
         """Requests for `model` accepted and not yet answered."""
         return self._outstanding.get(model, 0)

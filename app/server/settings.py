@@ -157,6 +157,15 @@ class Settings:
             "port of the KServe v2 gRPC endpoint, on `HOST` (0: off; needs the `triton` extra)",
         ),
     )
+    metrics_port: int = field(
+        default=8002,
+        metadata=_setting(
+            "METRICS_PORT",
+            Integer(0, 65535),
+            "port of the Triton-compatible metrics endpoint (`/metrics` with the "
+            "`nv_inference_*` families beside ours), on `HOST` (0: off)",
+        ),
+    )
     cpu_slices: int | None = field(
         default=None,
         metadata=_setting(
