@@ -14,7 +14,7 @@ src/grpc/infer_handler.cc), then:
   ordered by its deadline — a tighter `timeout` or `slo_ms` is how a
   request goes first;
 - `sequence_id`, `sequence_start`, `sequence_end` (no model here is a
-  sequence model; Triton ignores them for other models too),
+  sequence model),
   `triton_enable_empty_final_response` (gRPC: Triton's C++ client and
   perf_analyzer set it on every request; it concerns only decoupled
   streams), `headers` and any custom parameter (a string, integer, boolean
