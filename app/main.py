@@ -22,6 +22,7 @@ from app.server.metrics import Metrics
 from app.server.one_process import refuse_several_workers
 from app.server.settings import Settings
 from app.server.stop_signals import StopSignals
+from app.server.triton_metrics import MetricsEndpoint
 
 log = logging.getLogger("app.server")
 
@@ -42,10 +43,11 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         holder["service"] = service
         try:
             await service.start()
-            grpc_endpoint = await start_grpc_endpoint(settings, lambda: service)
+            grpc_endpoint = await start_grpc_endpoint(settings, lambda: service, metrics)
         except BaseException:
             await service.stop()
             raise
+        metrics_endpoint = await start_metrics_endpoint(settings, service, metrics)
         # From here a signal starts the drain at once (app/server/stop_signals.py).
         signals = StopSignals(
             asyncio.get_running_loop(),
@@ -61,6 +63,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                 await service.stop()
             finally:
                 await grpc_endpoint.stop()  # after the drain (app/grpc/lifecycle.py)
+                if metrics_endpoint is not None:
+                    await metrics_endpoint.stop()
                 signals.restore()
 
     def get_service() -> LiveService:
@@ -79,6 +83,28 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         admin_token=settings.admin_token,
         bind_host=settings.host,
     )
+
+
+async def start_metrics_endpoint(
+    settings: Settings, service: LiveService, metrics: Metrics
+) -> MetricsEndpoint | None:
+    """Triton's metrics port (METRICS_PORT; app/server/triton_metrics.py), or
+    None when it is 0 or cannot be bound (a warning: serving goes on)."""
+    if settings.metrics_port == 0:
+        return None
+    endpoint = MetricsEndpoint(metrics.registry, service.model_statistics, service.pending_of)
+    try:
+        port = await endpoint.start(settings.host, settings.metrics_port)
+    except OSError as exc:
+        log.warning(
+            "METRICS_PORT %d cannot be bound (%s): Triton's metrics are not served "
+            "(METRICS_PORT=0 turns this endpoint off)",
+            settings.metrics_port,
+            exc,
+        )
+        return None
+    log.info("Triton-compatible metrics on http://%s:%d/metrics", settings.host, port)
+    return endpoint
 
 
 def _ensure_logging() -> None:

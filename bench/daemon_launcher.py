@@ -54,9 +54,15 @@ def start_daemon(
 ) -> DaemonHandle:
     """Start the daemon on 127.0.0.1:`port`; return once /v2/health/ready is 200."""
     log_path = Path(tempfile.mkdtemp(prefix="daemon-")) / "daemon.log"
-    # GRPC_PORT 0: daemons started side by side must not all bind the
-    # default gRPC port; give one in `extra_env` to serve gRPC.
-    env = dict(os.environ, POLICY=policy, EMULATED_DEVICES=str(emulated_devices), GRPC_PORT="0")
+    # GRPC_PORT and METRICS_PORT 0: daemons started side by side must not
+    # all bind the default ports; give one in `extra_env` to serve it.
+    env = dict(
+        os.environ,
+        POLICY=policy,
+        EMULATED_DEVICES=str(emulated_devices),
+        GRPC_PORT="0",
+        METRICS_PORT="0",
+    )
     if policy_options:
         env["POLICY_OPTIONS"] = json.dumps(policy_options)
     if cpu_slices is not None:

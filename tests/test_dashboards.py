@@ -102,6 +102,7 @@ def _every_family_in_use(metrics: Metrics) -> str:
     metrics.batch_timed("m", 0.01, 0.012)
     metrics.alone_profiled("m", 0.004, 1)
     metrics.alone_profiled("m", None, 0)
+    metrics.parameter_ignored("priority")
     return metrics.render()[0].decode()
 
 

@@ -107,7 +107,10 @@ async def test_unknown_model_404_names_only_that_model(live):
         await live.post("/infer", json={**GOOD, "model": "nope"}),
     ):
         assert r.status_code == 404, r.text
-        assert r.json() == {"error": "unknown model 'nope'", "reason": "model_not_found"}
+        assert r.json() == {
+            "error": "Request for unknown model: 'nope' is not found",
+            "reason": "model_not_found",
+        }
 
 
 # ------------------------------------------------------------------ load errors

@@ -83,7 +83,10 @@ async def test_health_metadata_config_and_index(fake):
     assert (await fake.call("ModelReady", pb.ModelReadyRequest(name="add_one"))).ready
     assert not (await fake.call("ModelReady", pb.ModelReadyRequest(name="cold"))).ready
     code, details = await fake.call("ModelReady", pb.ModelReadyRequest(name="nope"))
-    assert code == grpc.StatusCode.NOT_FOUND and "unknown model 'nope'" in details
+    assert (
+        code == grpc.StatusCode.NOT_FOUND
+        and "Request for unknown model: 'nope' is not found" in details
+    )
 
     typed = await fake.call("ModelMetadata", pb.ModelMetadataRequest(name="typed", version="1"))
     assert typed.name == "typed" and list(typed.versions) == ["1"]
@@ -95,7 +98,7 @@ async def test_health_metadata_config_and_index(fake):
     code, details = await fake.call(
         "ModelMetadata", pb.ModelMetadataRequest(name="typed", version="7")
     )
-    assert code == grpc.StatusCode.NOT_FOUND and "no version '7'" in details
+    assert code == grpc.StatusCode.NOT_FOUND and "'typed' version 7 is not found" in details
 
     config = (await fake.call("ModelConfig", pb.ModelConfigRequest(name="typed"))).config
     assert (config.name, config.platform, config.max_batch_size) == ("typed", "emulated", 32)
@@ -173,7 +176,7 @@ def _shared_memory(request: pb.ModelInferRequest) -> None:
 
 
 def _parameter(request: pb.ModelInferRequest) -> None:
-    request.parameters["priority"].int64_param = 1
+    request.parameters["priority"].int64_param = -1
 
 
 def _classification(request: pb.ModelInferRequest) -> None:
@@ -203,7 +206,7 @@ BAD_REQUESTS: list[tuple[str, Callable[[pb.ModelInferRequest], Any], str]] = [
     (
         "parameter",
         _parameter,
-        "unsupported request parameter 'priority' (supported: slo_ms, app_id)",
+        "invalid value for 'priority', expected value >= 0.",
     ),
     ("slo", lambda r: setattr(r.parameters["slo_ms"], "double_param", 1e9), "slo_ms 1e+09"),
     (
@@ -213,7 +216,11 @@ BAD_REQUESTS: list[tuple[str, Callable[[pb.ModelInferRequest], Any], str]] = [
     ),
     ("output", lambda r: r.outputs.add(name="q"), "unknown output 'q'"),
     ("classification", _classification, "output 'y': the classification extension"),
-    ("version", lambda r: setattr(r, "model_version", "2"), "model 'add_one' has no version '2'"),
+    (
+        "version",
+        lambda r: setattr(r, "model_version", "2"),
+        "Request for unknown model: 'add_one' version 2 is not found",
+    ),
 ]
 
 
@@ -270,7 +277,10 @@ async def test_bad_app_id_is_invalid_argument_naming_it(fake, kind, value, expec
 @pytest.mark.anyio
 async def test_service_errors_map_to_the_status_table(fake):
     cases = {
-        "nope": (grpc.StatusCode.NOT_FOUND, "unknown model 'nope' (reason: model_not_found)"),
+        "nope": (
+            grpc.StatusCode.NOT_FOUND,
+            "Request for unknown model: 'nope' is not found (reason: model_not_found)",
+        ),
         "dropper": (grpc.StatusCode.UNAVAILABLE, "deadline can no longer be met"),
         "busy": (grpc.StatusCode.RESOURCE_EXHAUSTED, "queue of model 'busy' is full"),
         "broken": (grpc.StatusCode.INTERNAL, "internal error (RuntimeError); the server log"),
@@ -296,7 +306,10 @@ async def test_statistics_and_model_control_reach_the_service(fake):
     every = await fake.call("ModelStatistics", pb.ModelStatisticsRequest())
     assert {m.name for m in every.model_stats} == set(fake.service.configs)
     code, details = await fake.call("ModelStatistics", pb.ModelStatisticsRequest(name="nope"))
-    assert code == grpc.StatusCode.NOT_FOUND and "unknown model 'nope'" in details
+    assert (
+        code == grpc.StatusCode.NOT_FOUND
+        and "Request for unknown model: 'nope' is not found" in details
+    )
 
     load = pb.RepositoryModelLoadRequest(model_name="add_one")
     load.parameters["config"].string_param = '{"max_batch_size": 4}'

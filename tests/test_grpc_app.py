@@ -98,7 +98,7 @@ def test_tritonclient_health_metadata_and_config(triton):
     assert triton.is_server_live() and triton.is_server_ready()
     assert triton.is_model_ready("mlp") and triton.is_model_ready("densenet121-emulated")
     meta = triton.get_model_metadata("mlp")
-    assert (meta.name, list(meta.versions), meta.platform) == ("mlp", ["1"], "onnx")
+    assert (meta.name, list(meta.versions), meta.platform) == ("mlp", ["1"], "onnxruntime_onnx")
     assert [(t.name, t.datatype, list(t.shape)) for t in meta.inputs] == [
         ("input", "FP32", [-1, 4096])
     ]
@@ -106,7 +106,12 @@ def test_tritonclient_health_metadata_and_config(triton):
         ("output", "FP32", [-1, 4096])
     ]
     config = triton.get_model_config("mlp").config
-    assert (config.name, config.platform, config.max_batch_size) == ("mlp", "onnx", 32)
+    assert (config.name, config.platform, config.backend) == (
+        "mlp",
+        "onnxruntime_onnx",
+        "onnxruntime",
+    )
+    assert config.max_batch_size == 32
     assert [(t.name, mc.DataType.Name(t.data_type), list(t.dims)) for t in config.input] == [
         ("input", "TYPE_FP32", [4096])
     ]
@@ -167,7 +172,7 @@ def test_tritonclient_infer_emulated_and_errors(triton):
     with pytest.raises(InferenceServerException) as error:
         triton.infer("nope", [tensor])
     assert error.value.status() == "StatusCode.NOT_FOUND"
-    assert "unknown model 'nope'" in error.value.message()
+    assert "Request for unknown model: 'nope' is not found" in error.value.message()
     assert "mlp" not in error.value.message()  # names only the model asked for
     assert triton.is_server_live()
 

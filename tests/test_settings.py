@@ -45,6 +45,7 @@ SAMPLES: dict[str, tuple[str, object]] = {
     "RAY_ADDRESS": ("10.0.0.5:6379", "10.0.0.5:6379"),
     "RAY_NODES": ("0=10.0.0.2,1=10.0.0.3", {0: "10.0.0.2", 1: "10.0.0.3"}),
     "ARENA_SLOTS": ("64", 64),
+    "METRICS_PORT": ("9102", 9102),
     "MAX_QUEUE": ("5", 5),
     "STUCK_FACTOR": ("2.5", 2.5),
     "STUCK_MARGIN_S": ("0.25", 0.25),
@@ -153,7 +154,8 @@ def test_flag_names_come_from_the_variables():
     assert FLAG["MODEL_REPOSITORY"] == "--model-repository"
     assert FLAG["SHUTDOWN_GRACE_S"] == "--shutdown-grace-s"
     assert [setting.name for setting in SETTINGS] == [
-        "repository", "policy", "policy_options", "host", "port", "grpc_port", "cpu_slices",
+        "repository", "policy", "policy_options", "host", "port", "grpc_port", "metrics_port",
+        "cpu_slices",
         "threads_per_slice", "emulated_devices", "device_shares", "colocation_profile",
         "core_groups", "autoscale", "autoscale_window_s", "autoscale_cooldown_s", "ray_address",
         "ray_nodes", "arena_slots",

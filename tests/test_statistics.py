@@ -110,7 +110,7 @@ async def test_routes_in_triton_json(client):
     r = await client.get("/v2/models/add_one/versions/1/stats")
     assert r.status_code == 200 and r.json()["model_stats"] == [stat]
     r = await client.get("/v2/models/add_one/versions/2/stats")
-    assert r.status_code == 404 and "no version '2'" in r.json()["error"]
+    assert r.status_code == 404 and "'add_one' version 2 is not found" in r.json()["error"]
     r = await client.get("/v2/models/nope/stats")
     assert r.status_code == 404 and r.json()["reason"] == "model_not_found"
     r = await client.get("/v2/models/stats/ready")  # a reserved name

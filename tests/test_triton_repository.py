@@ -30,7 +30,7 @@ from app.server.metrics import Metrics
 from app.server.profiling import device_tag, find_or_measure
 from app.server.settings import Settings
 from app.server.startup import ModelState, StartupFailed
-from tests.triton_models import SIMPLE_PBTXT, scale_model, triton_model
+from tests.triton_models import SIMPLE_PBTXT, scale_model, triton_model, triton_string_model
 
 # ------------------------------------------------------------------ config.pbtxt
 
@@ -163,11 +163,62 @@ def test_pbtxt_without_the_triton_extra_names_it(
     assert "pip install 'deadline-serve[triton]'" in index.errors["simple"]
 
 
-def test_directory_without_a_config_is_a_warning(tmp_path: Path) -> None:
+def test_directory_without_a_config_is_completed_from_its_onnx_file(tmp_path: Path) -> None:
     scale_model(tmp_path / "bare" / "1" / "model.onnx", 1.0)
+    (tmp_path / "empty" / "1").mkdir(parents=True)  # nothing to complete from: skipped
     index = load_repository(tmp_path)
-    assert index.models == {} and index.errors == {}
-    assert index.warnings == {"bare": ["skipped: the directory has no config.yaml or config.pbtxt"]}
+    config = index.models["bare"]
+    assert [(t.name, t.datatype, t.shape) for t in config.inputs] == [("INPUT0", "FP32", (-1, 4))]
+    assert config.max_batch_size == 4 and config.slo_ms == 1000.0 and index.errors == {}
+    assert index.warnings["empty"] == [
+        "skipped: the directory has no config.yaml or config.pbtxt (nor a version directory "
+        "with a model.onnx to complete one from)"
+    ]
+
+
+def test_tritons_example_shapes_load_with_default_bounds(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """TYPE_STRING without max_bytes, -1 without max_shape, max_batch_size 0,
+    and no slo_ms in three models: one warning for the default SLO."""
+    triton_string_model(tmp_path)  # Triton's simple_string, unchanged
+    variable = SIMPLE_PBTXT.replace("dims: [ 4 ]", "dims: [ -1 ]").replace(
+        'parameters { key: "slo_ms" value { string_value: "50" } }', ""
+    )
+    triton_model(tmp_path, variable.replace('name: "simple"', 'name: "var"'), name="var")
+    unbatched = (
+        SIMPLE_PBTXT.replace("max_batch_size: 8", "max_batch_size: 0")
+        .replace("dims: [ 4 ]", "dims: [ 1, 4 ]")
+        .replace("dynamic_batching {", "dynamic_batching_off {")
+    )
+    unbatched = (
+        unbatched[: unbatched.index("dynamic_batching_off")]
+        + unbatched[unbatched.index("instance_group") :]
+    )
+    triton_model(tmp_path, unbatched.replace('name: "simple"', 'name: "one"'), name="one")
+    with caplog.at_level(logging.INFO):
+        index = load_repository(tmp_path)
+    assert index.errors == {}
+    strings = index.models["simple_string"]
+    assert [(t.datatype, t.shape, t.max_bytes) for t in strings.inputs] == [
+        ("BYTES", (-1, 16), 256),
+        ("BYTES", (-1, 16), 256),
+    ]
+    var = index.models["var"]
+    assert var.inputs[0].shape == (-1, -1) and var.inputs[0].max_shape == (-1, 4096)
+    one = index.models["one"]
+    assert one.max_batch_size == 1 and one.inputs[0].shape == (-1, 4)
+    slo_warnings = [r.getMessage() for r in caplog.records if "no slo_ms" in r.getMessage()]
+    assert slo_warnings == [
+        "model(s) simple_string, var: no slo_ms: using 1000 ms; set it with parameters "
+        '{ key: "slo_ms" value { string_value: "50" } }'
+    ]
+
+
+def test_max_batch_size_0_needs_a_first_dimension_of_one(tmp_path: Path) -> None:
+    pbtxt = SIMPLE_PBTXT.replace("max_batch_size: 8", "max_batch_size: 0")
+    triton_model(tmp_path, pbtxt)
+    assert "0 (no batching) is served here only when" in load_repository(tmp_path).errors["simple"]
 
 
 def test_config_yaml_takes_tritons_batching_keys(tmp_path: Path) -> None:
@@ -313,7 +364,9 @@ def test_a_name_and_version_resolve_to_the_versions_served_model(tmp_path: Path)
     one = lookup_model(service, "simple", "1")
     assert (one.name, one.model_name, one.version) == ("simple@1", "simple", "1")
     assert one.model_file is not None and one.model_file.parent.name == "1"
-    with pytest.raises(ModelNotFound, match=r"has no version '3' \(available: 1, 2\)"):
+    with pytest.raises(
+        ModelNotFound, match="Request for unknown model: 'simple' version 3 is not found"
+    ):
         lookup_model(service, "simple", "3")
     with pytest.raises(InvalidModelName):  # a key is no model name a request may give
         lookup_model(service, "simple@1")

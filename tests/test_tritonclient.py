@@ -70,7 +70,9 @@ def test_tritonclient_compression_slo_and_errors(live_server, triton):
     with pytest.raises(InferenceServerException) as e:
         triton.infer("busy", [inp])
     assert e.value.status() == "429"
-    with pytest.raises(InferenceServerException, match="unknown model 'nope'"):
+    with pytest.raises(
+        InferenceServerException, match="Request for unknown model: 'nope' is not found"
+    ):
         triton.infer("nope", [inp])
     bad = th.InferInput("x", [1, 4], "INT32")
     bad.set_data_from_numpy(np.zeros((1, 4), np.int32))

@@ -21,6 +21,7 @@ The modules, from the wire inwards:
     statistics_routes  Triton's statistics extension (/v2/models[/{m}]/stats)
     repository_routes  Triton's model load / unload (management: admin token)
     device_routes      the executor devices; a share reallocated (management)
+    unsupported_routes shared memory, trace and logging, answered as Triton without them
     v2          the v2 codec: binary tensor data extension, requested outputs
     bodies      request bodies under the limit, parsing, JSON rendering of tensors
     limits      each model's request-body limit, derived from its input shapes

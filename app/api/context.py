@@ -55,14 +55,25 @@ class ApiContext:
         object.__setattr__(self, "limits", limits)
 
 
+def unknown_model(name: str, version: str | None = None) -> str:
+    """Triton's words for a model or version it does not serve
+    (triton-inference-server/core, model_repository_manager.cc and
+    model_lifecycle.cc), which Triton's example clients look for."""
+    if version is None:
+        return f"Request for unknown model: {short_repr(name)} is not found"
+    shown = version if version.isdigit() and len(version) < 20 else short_repr(version)
+    return f"Request for unknown model: {short_repr(name)} version {shown} is not found"
+
+
 def lookup_model(service: InferenceService, name: str, version: str | None = None) -> ModelConfig:
     """The model's config; `name` is checked to be a safe model name first, so
     the service is never asked about `../x`, absolute paths or NUL bytes.
 
     The answers name only the model asked for: not the other models (a 404
-    is no directory listing). Why a model failed to load is told as the
-    service words it (files relative to the repository), with any absolute
-    path left cut to its last component; the log has the whole text.
+    is no directory listing), in Triton's words (`unknown_model`). Why a
+    model failed to load is told as the service words it (files relative to
+    the repository), with any absolute path left cut to its last component;
+    the log has the whole text.
 
     `version` None is the model's default version (the highest it serves);
     the config's `name` is the served model's key, which the service's
@@ -71,7 +82,7 @@ def lookup_model(service: InferenceService, name: str, version: str | None = Non
     try:
         config = service.model_config(name)
     except (KeyError, ModelNotFound):
-        raise ModelNotFound(f"unknown model {short_repr(name)}") from None
+        raise ModelNotFound(unknown_model(name)) from None
     except ModelUnloaded:
         raise  # unloaded on request: its message names only the model
     except ModelNotReady as exc:
@@ -79,10 +90,7 @@ def lookup_model(service: InferenceService, name: str, version: str | None = Non
     if version is None or version == config.version:
         return config
     if version not in config.served_versions:
-        raise ModelNotFound(
-            f"model {short_repr(name)} has no version {short_repr(version)} "
-            f"(available: {', '.join(config.served_versions)})"
-        )
+        raise ModelNotFound(unknown_model(name, version))
     try:
         return service.model_config(name, version)
     except ModelUnloaded:

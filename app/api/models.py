@@ -193,7 +193,9 @@ class TensorMetadata(BaseModel):
 class ModelMetadata(BaseModel):
     name: str
     versions: list[str]
-    platform: str = Field(description="Backend (onnx, emulated, ...).")
+    platform: str = Field(
+        description="Triton's platform name (onnxruntime_onnx, pytorch_libtorch; emulated)."
+    )
     inputs: list[TensorMetadata]
     outputs: list[TensorMetadata]
 

@@ -40,6 +40,7 @@ from app.api.openapi import add_request_schemas
 from app.api.repository_routes import add_repository_routes
 from app.api.security import require_token
 from app.api.statistics_routes import add_statistics_routes
+from app.api.unsupported_routes import add_unsupported_routes
 from app.api.v2_routes import add_v2_routes
 from app.server.metrics import Metrics
 
@@ -77,6 +78,7 @@ def api_router(ctx: ApiContext) -> APIRouter:
     add_repository_routes(router, ctx, ctx.admin_guard or require_token(None))
     add_device_routes(router, ctx, ctx.admin_guard or require_token(None))
     add_metrics_route(router, ctx)
+    add_unsupported_routes(router)  # shared memory, trace, logging: as Triton without them
     return router
 
 

@@ -16,7 +16,7 @@ and any other front end of the v2 protocol share it.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -24,7 +24,7 @@ from fastapi.responses import Response
 from pydantic import BaseModel
 
 from app.api import models as m
-from app.api.app_id import check_app_id
+from app.api import request_params as rp
 from app.api.bodies import TensorJSONResponse, dumps_json, is_uint, result_output
 from app.api.errors import MalformedRequest
 from app.api.tensors import (
@@ -38,7 +38,6 @@ from app.api.tensors import (
     decode_json_tensor,
     json_data,
     output_bytes,
-    resolve_slo,
     spec_map,
 )
 from app.errors import InvalidInput
@@ -111,10 +110,6 @@ def decode_inputs(
             inp.name, spec, inp.shape, max_elements=max_elements, max_batch=config.max_batch_size
         )
         params = inp.parameters
-        extra = (params.model_extra or {}) if params is not None else {}
-        if "shared_memory_region" in extra:
-            raise InvalidInput(f"input '{inp.name}': the shared-memory extension is not supported")
-        refuse_unknown_parameters(f"input '{inp.name}'", params)
         size = params.binary_data_size if params is not None else None
         if size is not None:
             if inp.data is not None:
@@ -146,18 +141,12 @@ class V2Call:
     request_id: str | None
     app: str  # parameters.app_id ("": the model's default application)
     outputs: list[tuple[str, bool]] | None  # requested_outputs
+    # parameters accepted without effect: [(where, name)] (app/api/request_params.py)
+    unused: list[tuple[str, str]] = field(default_factory=list)
 
 
-def refuse_unknown_parameters(where: str, params: BaseModel | None) -> None:
-    """A parameter this server does not act on is a 400 naming it, never
-    ignored (Triton's priority, timeout and sequence parameters included)."""
-    extra = sorted((params.model_extra or {}) if params is not None else {})
-    if extra:
-        known = ", ".join(name for name in type(params).model_fields)
-        raise InvalidInput(
-            f"{where}: unsupported parameter {', '.join(map(repr, extra))} "
-            f"(this server takes {known})"
-        )
+def _extra(params: BaseModel | None) -> dict[str, Any]:
+    return dict(params.model_extra or {}) if params is not None else {}
 
 
 def v2_call(
@@ -167,18 +156,30 @@ def v2_call(
     header_length: int | None,
     max_elements: int,
 ) -> V2Call:
-    """Decode and check `req` for `config` (the arguments as `decode_inputs`)."""
-    refuse_unknown_parameters("request", req.parameters)
+    """Decode and check `req` for `config` (the arguments as `decode_inputs`).
+    Parameters are taken as Triton takes them (app/api/request_params.py)."""
+    p = req.parameters
+    params = rp.from_json(
+        p.slo_ms if p is not None else None,
+        p.app_id if p is not None else None,
+        _extra(p),
+    )
+    unused = [("request", name) for name in params.unused]
+    for inp in req.inputs:
+        where = f"input '{inp.name}'"
+        unused += [("input", n) for n in rp.tensor_parameters_json(where, _extra(inp.parameters))]
     for out in req.outputs or ():
-        refuse_unknown_parameters(f"output '{out.name}'", out.parameters)
+        where = f"output '{out.name}'"
+        unused += [("output", n) for n in rp.tensor_parameters_json(where, _extra(out.parameters))]
     inputs = decode_inputs(config, req, binary, header_length, max_elements)
     return V2Call(
         inputs=inputs,
         items=batch_items(inputs),
-        slo_ms=resolve_slo(config, req.parameters.slo_ms if req.parameters else None),
+        slo_ms=rp.request_slo(config, params),
         request_id=req.id,
-        app=check_app_id(req.parameters.app_id if req.parameters else None),
+        app=params.app_id,
         outputs=requested_outputs(config, req),
+        unused=unused,
     )
 
 

@@ -36,10 +36,21 @@ from app.api.openapi import (
     json_body,
 )
 from app.api.received import received_at
+from app.api.request_params import note_unused
 from app.api.security import short_repr
 from app.errors import ModelNotReady, ServingError
+from app.repository.triton_config import triton_platform
 
-EXTENSIONS = ["binary_tensor_data", "model_configuration", "statistics", "model_repository"]
+# Triton's extension names for what this server serves (shared memory,
+# trace, logging, classification, sequences and scheduling policies are
+# not: app/api/unsupported_routes.py answers theirs as Triton without them).
+EXTENSIONS = [
+    "binary_tensor_data",
+    "model_configuration",
+    "statistics",
+    "model_repository",
+    "parameters",
+]
 
 
 def server_metadata(ctx: ApiContext) -> m.ServerMetadata:
@@ -87,7 +98,7 @@ def model_metadata(ctx: ApiContext, name: str, version: str | None) -> m.ModelMe
     return m.ModelMetadata(
         name=config.model_name,
         versions=list(config.served_versions),
-        platform=config.backend,
+        platform=triton_platform(config.backend),
         inputs=tensors(config.inputs),
         outputs=tensors(config.outputs),
     )
@@ -156,6 +167,8 @@ async def infer(ctx: ApiContext, name: str, version: str | None, request: Reques
     call = v2.v2_call(
         config, req, binary, None if header_value is None else len(header), limit.bytes
     )
+    for where, name in call.unused:
+        note_unused(ctx.metrics, (name,), where)
     result = await service.infer(
         config.name,
         call.inputs,

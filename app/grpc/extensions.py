@@ -14,7 +14,7 @@ UNIMPLEMENTED with a message saying what is missing.
 
 A mixin's RPCs reach the server through `self.get_service()` and answer
 through app.grpc.status.answer. The shared-memory, streaming, trace and log
-RPCs are not supported.
+RPCs are answered as Triton without them answers (`UnsupportedRpcs`).
 """
 
 from __future__ import annotations
@@ -27,8 +27,9 @@ from tritonclient.grpc import service_pb2 as pb
 
 from app.api.security import check_management, check_model_name
 from app.api.statistics_routes import model_statistics
+from app.api.unsupported_routes import NO_LOGGING, SHM_DISABLED, shm_region_missing
 from app.errors import InvalidInput, ServingError
-from app.grpc.status import answer, unimplemented
+from app.grpc.status import RpcError, answer, unimplemented
 
 Context = grpc.aio.ServicerContext
 
@@ -111,35 +112,53 @@ class ModelControlRpcs:
         return await answer(context, "RepositoryModelUnload", work)
 
 
-_SHARED_MEMORY = "the shared-memory extension is not supported"
+def _unavailable(what: str) -> RpcError:
+    return RpcError(grpc.StatusCode.UNAVAILABLE, f"{what} (reason: unsupported)", "unsupported")
 
 
 class UnsupportedRpcs:
-    """RPCs of the service that this server does not offer."""
+    """RPCs of extensions this server does not offer, answered as Triton
+    answers them when it runs without them (src/grpc/grpc_server.cc): no
+    shared-memory region is registered (the status is empty) and client
+    shared memory is disabled (UNIMPLEMENTED, Triton's UNSUPPORTED);
+    tracing and dynamic logging are UNAVAILABLE; streaming inference is
+    UNIMPLEMENTED."""
 
     async def ModelStreamInfer(self, request_iterator: Any, context: Context) -> Any:
         await unimplemented("ModelStreamInfer: streaming inference is not supported").abort(context)
 
     async def SystemSharedMemoryStatus(self, request: Any, context: Context) -> Any:
-        await unimplemented(f"SystemSharedMemoryStatus: {_SHARED_MEMORY}").abort(context)
+        if request.name:
+            await RpcError(
+                grpc.StatusCode.NOT_FOUND,
+                f"{shm_region_missing('system', request.name)} (reason: not_found)",
+                "not_found",
+            ).abort(context)
+        return pb.SystemSharedMemoryStatusResponse()
 
     async def SystemSharedMemoryRegister(self, request: Any, context: Context) -> Any:
-        await unimplemented(f"SystemSharedMemoryRegister: {_SHARED_MEMORY}").abort(context)
+        await unimplemented(SHM_DISABLED).abort(context)
 
     async def SystemSharedMemoryUnregister(self, request: Any, context: Context) -> Any:
-        await unimplemented(f"SystemSharedMemoryUnregister: {_SHARED_MEMORY}").abort(context)
+        await unimplemented(SHM_DISABLED).abort(context)
 
     async def CudaSharedMemoryStatus(self, request: Any, context: Context) -> Any:
-        await unimplemented(f"CudaSharedMemoryStatus: {_SHARED_MEMORY}").abort(context)
+        if request.name:
+            await RpcError(
+                grpc.StatusCode.NOT_FOUND,
+                f"{shm_region_missing('cuda', request.name)} (reason: not_found)",
+                "not_found",
+            ).abort(context)
+        return pb.CudaSharedMemoryStatusResponse()
 
     async def CudaSharedMemoryRegister(self, request: Any, context: Context) -> Any:
-        await unimplemented(f"CudaSharedMemoryRegister: {_SHARED_MEMORY}").abort(context)
+        await unimplemented(SHM_DISABLED).abort(context)
 
     async def CudaSharedMemoryUnregister(self, request: Any, context: Context) -> Any:
-        await unimplemented(f"CudaSharedMemoryUnregister: {_SHARED_MEMORY}").abort(context)
+        await unimplemented(SHM_DISABLED).abort(context)
 
     async def TraceSetting(self, request: Any, context: Context) -> Any:
-        await unimplemented("TraceSetting: tracing is not supported").abort(context)
+        await _unavailable("the server does not support trace").abort(context)
 
     async def LogSettings(self, request: Any, context: Context) -> Any:
-        await unimplemented("LogSettings: log settings cannot be changed over gRPC").abort(context)
+        await _unavailable(NO_LOGGING).abort(context)

@@ -34,6 +34,7 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
+from app.server.metrics import Metrics
 from app.server.service import InferenceService
 from app.server.settings import Settings
 
@@ -78,7 +79,9 @@ def grpc_address(host: str, port: int) -> str:
 
 
 async def start_grpc_endpoint(
-    settings: Settings, get_service: Callable[[], InferenceService]
+    settings: Settings,
+    get_service: Callable[[], InferenceService],
+    metrics: Metrics | None = None,
 ) -> GrpcEndpoint:
     """Serve `inference.GRPCInferenceService` on GRPC_PORT (see the module
     docstring); raises RuntimeError when the port cannot be bound."""
@@ -121,6 +124,7 @@ async def start_grpc_endpoint(
         server_version(),
         admin_token=settings.admin_token,
         bind_host=settings.host,
+        metrics=metrics,
     )
     service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(servicer, server)
     address = grpc_address(settings.host, settings.grpc_port)

@@ -1,8 +1,9 @@
 """Model metadata and Triton's `ModelConfig` message from our ModelConfig.
 
 The same facts as the HTTP API's `/v2/models/{m}` and `/config` routes
-(app.api.v2_routes): the platform is our backend name (`onnx`, `torch`,
-`emulated`), shapes in metadata carry the batch dimension as -1 and `dims`
+(app.api.v2_routes): the platform and backend are Triton's names
+(`onnxruntime_onnx` / `onnxruntime`, `pytorch_libtorch` / `pytorch`; the
+emulator's `emulated`), shapes in metadata carry the batch dimension as -1 and `dims`
 in the config leave it out (Triton's convention for a model with
 `max_batch_size` > 0). Our own fields that Triton's schema lacks, the SLO and
 whether a request may loosen it, go in the config's `parameters`, as a
@@ -17,6 +18,7 @@ from tritonclient.grpc import model_config_pb2 as mc
 from tritonclient.grpc import service_pb2 as pb
 
 from app.repository.config import ModelConfig, TensorSpec
+from app.repository.triton_config import triton_backend, triton_platform
 
 # Triton's name for a datatype where it is not TYPE_<v2 name>.
 _TRITON_TYPE_NAMES = {"BYTES": "TYPE_STRING"}
@@ -39,7 +41,7 @@ def model_metadata(config: ModelConfig) -> pb.ModelMetadataResponse:
     return pb.ModelMetadataResponse(
         name=config.model_name,
         versions=list(config.served_versions),
-        platform=config.backend,
+        platform=triton_platform(config.backend),
         inputs=tensors(config.inputs),
         outputs=tensors(config.outputs),
     )
@@ -48,8 +50,8 @@ def model_metadata(config: ModelConfig) -> pb.ModelMetadataResponse:
 def model_config(config: ModelConfig) -> mc.ModelConfig:
     out = mc.ModelConfig(
         name=config.model_name,
-        platform=config.backend,
-        backend=config.backend,
+        platform=triton_platform(config.backend),
+        backend=triton_backend(config.backend),
         max_batch_size=config.max_batch_size,
         input=[
             mc.ModelInput(

@@ -27,16 +27,17 @@ from tritonclient.grpc import service_pb2_grpc
 from app.api.context import SERVER_NAME, lookup_model
 from app.api.errors import PayloadTooLarge, hide_paths
 from app.api.limits import RequestLimits
-from app.api.tensors import resolve_slo
+from app.api.request_params import note_unused, request_slo
 from app.errors import InvalidInput, ModelNotReady, ServingError
 from app.grpc import metadata, tensors
 from app.grpc.extensions import ModelControlRpcs, StatisticsRpcs, UnsupportedRpcs
 from app.grpc.status import answer
+from app.server.metrics import Metrics
 from app.server.service import InferenceService
 
-# Triton extensions this endpoint serves (statistics and model control will
-# add theirs; binary tensor data is HTTP's: gRPC always carries raw bytes).
-EXTENSIONS = ["model_configuration", "statistics", "model_repository"]
+# Triton extensions this endpoint serves (binary tensor data is HTTP's: gRPC
+# always carries raw bytes; `parameters`: request parameters, as Triton's).
+EXTENSIONS = ["model_configuration", "statistics", "model_repository", "parameters"]
 
 Context = grpc.aio.ServicerContext
 
@@ -58,8 +59,10 @@ class InferenceServicer(
         *,
         admin_token: str | None = None,
         bind_host: str = "127.0.0.1",
+        metrics: Metrics | None = None,
     ) -> None:
         self.get_service = get_service
+        self.metrics = metrics  # counts parameters accepted without effect
         self.limits = limits
         self.server_version = server_version
         self.admin_token = admin_token  # model control (app.grpc.extensions)
@@ -125,17 +128,18 @@ class InferenceServicer(
             size = request.ByteSize()
             if size > limit.bytes:
                 raise PayloadTooLarge(limit.exceeded(f"request of {size} bytes"))
+            params = tensors.request_parameters(request)
             inputs = tensors.decode_inputs(config, request, limit.bytes)
             chosen = tensors.requested_outputs(config, request)
-            slo_ms = resolve_slo(config, tensors.request_slo_ms(request))
-            app = tensors.request_app_id(request)
+            for where, parameter in tensors.unused_parameters(request, params):
+                note_unused(self.metrics, (parameter,), where)
             result = await service.infer(
                 config.name,
                 inputs,
-                slo_ms=slo_ms,
+                slo_ms=request_slo(config, params),
                 request_id=request.id or None,
                 received_at=received_at,
-                app=app,
+                app=params.app_id,
             )
             return tensors.build_response(config, request, result, chosen)
 

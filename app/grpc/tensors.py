@@ -20,7 +20,12 @@ elements are checked alike (max_bytes, UTF-8).
 Outputs are returned in `raw_output_contents` (BYTES: length-prefixed
 elements), in the order of `outputs`; the answer's `parameters` carry where the request's time went
 (queue_ms, exec_ms, batch_size, device, ...) and its application (app_id), as an HTTP v2
-answer's do.
+answer's do; each time in ms (a double_param) comes also in whole µs as an
+int64_param (`queue_us`, `exec_us`, ...) for clients whose proto has no
+double_param (the KServe SDK's has bool, int64 and string only).
+
+Request, input and output parameters are taken as Triton's gRPC front end
+takes them (app/api/request_params.py).
 """
 
 from __future__ import annotations
@@ -32,7 +37,7 @@ from typing import Any
 import numpy as np
 from tritonclient.grpc import service_pb2 as pb
 
-from app.api.app_id import check_app_id
+from app.api import request_params as rp
 from app.api.bodies import result_output
 from app.api.tensors import (
     batch_items,
@@ -68,9 +73,6 @@ TYPED_FIELDS: dict[str, tuple[str, np.dtype]] = {
     "FP64": ("fp64_contents", np.dtype(np.float64)),
 }
 
-# Request parameters this server takes (the SLO and the application id, as over HTTP).
-REQUEST_PARAMETERS = ("slo_ms", "app_id")
-
 
 def decode_inputs(
     config: ModelConfig, request: pb.ModelInferRequest, max_elements: int
@@ -97,7 +99,7 @@ def decode_inputs(
             max_elements=max_elements,
             max_batch=config.max_batch_size,
         )
-        _check_input_parameters(name, tensor.parameters)
+        input_parameters(name, tensor.parameters)  # shared memory is refused here
         if raw:
             if tensor.HasField("contents"):
                 raise InvalidInput(
@@ -110,14 +112,11 @@ def decode_inputs(
     return inputs
 
 
-def _check_input_parameters(name: str, parameters: Mapping[str, pb.InferParameter]) -> None:
-    if "shared_memory_region" in parameters:
-        raise InvalidInput(f"input '{name}': the shared-memory extension is not supported")
-    if parameters:
-        raise InvalidInput(
-            f"input '{name}': unsupported parameter {', '.join(map(repr, sorted(parameters)))} "
-            "(inputs take none)"
-        )
+def input_parameters(name: str, parameters: Mapping[str, pb.InferParameter]) -> list[str]:
+    """An input's parameters: `binary_data_size` (the KServe SDK's marker
+    that the input's data is in raw_input_contents) is known; shared memory
+    is refused; any other is accepted without effect (its name returned)."""
+    return rp.tensor_parameters_grpc(f"input '{name}'", parameters, ("binary_data_size",))
 
 
 def _decode_raw(
@@ -187,34 +186,33 @@ def _decode_typed_bytes(
     return out
 
 
-def request_slo_ms(request: pb.ModelInferRequest) -> float | None:
-    """The request's `slo_ms` parameter (a number), None when not given; any
-    other request parameter is refused, never ignored."""
-    unknown = sorted(set(request.parameters) - set(REQUEST_PARAMETERS))
-    if unknown:
-        raise InvalidInput(
-            f"unsupported request parameter {', '.join(map(repr, unknown))} "
-            f"(supported: {', '.join(REQUEST_PARAMETERS)})"
-        )
-    if "slo_ms" not in request.parameters:
-        return None
-    param = request.parameters["slo_ms"]
-    kind = param.WhichOneof("parameter_choice")
-    if kind not in ("double_param", "int64_param", "uint64_param"):
-        raise InvalidInput(f"parameter slo_ms must be a number of milliseconds, got {kind}")
-    return float(getattr(param, kind))
+def request_parameters(request: pb.ModelInferRequest) -> rp.RequestParameters:
+    """The request's parameters, checked as Triton checks them
+    (app/api/request_params.py)."""
+    return rp.from_grpc(request.parameters)
 
 
-def request_app_id(request: pb.ModelInferRequest) -> str:
-    """The request's `app_id` parameter (a string_param, app/api/app_id.py),
-    "" (the model's default application) when not given."""
-    if "app_id" not in request.parameters:
-        return ""
-    param = request.parameters["app_id"]
-    kind = param.WhichOneof("parameter_choice")
-    if kind != "string_param":
-        raise InvalidInput(f"parameter app_id must be a string (string_param), got {kind}")
-    return check_app_id(param.string_param)
+def unused_parameters(
+    request: pb.ModelInferRequest, params: rp.RequestParameters
+) -> list[tuple[str, str]]:
+    """[(where, name)] of every parameter of the request, its inputs and its
+    outputs accepted without effect (checked: call after `decode_inputs` and
+    `requested_outputs`)."""
+    unused = [("request", name) for name in params.unused]
+    for tensor in request.inputs:
+        unused += [("input", n) for n in input_parameters(tensor.name, tensor.parameters)]
+    for output in request.outputs:
+        unused += [("output", n) for n in output_parameters(output.name, output.parameters)]
+    return unused
+
+
+def output_parameters(name: str, parameters: Mapping[str, pb.InferParameter]) -> list[str]:
+    """An output's parameters: `binary_data` is known (outputs are always
+    raw over gRPC), classification and shared memory are refused, any other
+    is accepted without effect (its name returned)."""
+    if "classification" in parameters:
+        raise InvalidInput(f"output '{name}': the classification extension is not supported")
+    return rp.tensor_parameters_grpc(f"output '{name}'", parameters, ("binary_data",))
 
 
 def requested_outputs(config: ModelConfig, request: pb.ModelInferRequest) -> list[str]:
@@ -224,15 +222,7 @@ def requested_outputs(config: ModelConfig, request: pb.ModelInferRequest) -> lis
     check_output_names(config, [output.name for output in request.outputs])
     chosen: list[str] = []
     for output in request.outputs:
-        if "classification" in output.parameters:
-            raise InvalidInput(
-                f"output '{output.name}': the classification extension is not supported"
-            )
-        if output.parameters:
-            raise InvalidInput(
-                f"output '{output.name}': unsupported parameter "
-                f"{', '.join(map(repr, sorted(output.parameters)))}"
-            )
+        output_parameters(output.name, output.parameters)
         chosen.append(output.name)
     return chosen
 
@@ -249,6 +239,9 @@ def build_response(
         response.id = request_id
     for key, value in result.timing().items():
         set_parameter(response.parameters[key], value)
+        if key.endswith("_ms") and isinstance(value, float):
+            # the same time in whole µs, for protos without double_param (KServe's)
+            response.parameters[key[:-3] + "_us"].int64_param = round(value * 1000.0)
     for name in chosen:
         arr = result_output(result, name)
         response.outputs.add(name=name, datatype=datatype_name(arr.dtype), shape=arr.shape)

@@ -68,7 +68,12 @@ from app.config_fields import FieldReader, read_yaml
 from app.repository.config import ModelConfig, ProfileSpec, version_key
 from app.repository.dynamic_fields import parse_dynamic
 from app.repository.tensor_fields import check_backend, check_follows, parse_tensors
-from app.repository.triton_config import TRITON_CONFIG_FILE, triton_document
+from app.repository.triton_config import (
+    NO_SLO_NOTE,
+    TRITON_CONFIG_FILE,
+    auto_completes,
+    triton_document,
+)
 from app.repository.triton_fields import parse_dynamic_batching, parse_instance_groups
 from app.scheduling.profile import LatencyProfile
 
@@ -138,6 +143,8 @@ def load_model_versions(directory: Path, warn: Warn | None = None) -> list[Model
     directory = Path(directory)
     yaml_path, pbtxt_path = directory / CONFIG_FILE, directory / TRITON_CONFIG_FILE
     path = pbtxt_path if pbtxt_path.is_file() and not yaml_path.is_file() else yaml_path
+    if not yaml_path.is_file() and not pbtxt_path.is_file() and auto_completes(directory):
+        path = pbtxt_path  # read as an empty config.pbtxt: all from the model file
     try:
         validate_model_name(directory.name)
     except ValueError as exc:
@@ -370,6 +377,7 @@ def load_repository(root: Path) -> RepositoryIndex:
     if not root.is_dir():
         raise ValueError(f"model repository {root} is not a directory")
     index = RepositoryIndex(root.resolve())
+    no_slo: list[str] = []  # the models on DEFAULT_SLO_MS, warned about once
     for sub in sorted(root.iterdir(), key=lambda p: p.name):
         if not sub.is_dir() or sub.name.startswith("."):
             continue
@@ -377,11 +385,24 @@ def load_repository(root: Path) -> RepositoryIndex:
 
         def warn(message: str, model: str = sub.name, notes: list[str] = notes) -> None:
             notes.append(message)
-            log.warning("model %s: %s", model, message)
+            if message == NO_SLO_NOTE:  # said once for all such models, below
+                no_slo.append(model)
+            else:
+                log.warning("model %s: %s", model, message)
 
         if not (sub / CONFIG_FILE).is_file() and not (sub / TRITON_CONFIG_FILE).is_file():
-            warn(f"skipped: the directory has no {CONFIG_FILE} or {TRITON_CONFIG_FILE}")
-            continue
+            if auto_completes(sub):
+                log.info(
+                    "model %s: no %s, its config completed from the model file",
+                    sub.name,
+                    TRITON_CONFIG_FILE,
+                )
+            else:
+                warn(
+                    f"skipped: the directory has no {CONFIG_FILE} or {TRITON_CONFIG_FILE} "
+                    "(nor a version directory with a model.onnx to complete one from)"
+                )
+                continue
         try:
             versions = load_model_versions(sub, warn)
         except ValueError as exc:
@@ -389,6 +410,8 @@ def load_repository(root: Path) -> RepositoryIndex:
             log.warning("model %s is unavailable: %s", sub.name, exc)
             continue
         index.models.update((config.name, config) for config in versions)
+    if no_slo:
+        log.warning("model(s) %s: %s", ", ".join(sorted(set(no_slo))), NO_SLO_NOTE)
     index.warnings = {name: notes for name, notes in index.warnings.items() if notes}
     return index
 

@@ -49,6 +49,7 @@ as independent requests: those are errors.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -58,16 +59,47 @@ import yaml
 from app.config_fields import FieldReader
 from app.repository.signatures import onnx_signature
 
+log = logging.getLogger(__name__)
+
 TRITON_CONFIG_FILE = "config.pbtxt"
 TRITON_EXTRA = "pip install 'deadline-serve[triton]'"
 DEFAULT_SLO_MS = 1000.0
 DEFAULT_MAX_BATCH_SIZE = 4  # Triton's default-max-batch-size for auto-complete
+# What a model without slo_ms is told (load_repository says it once for all).
+NO_SLO_NOTE = (
+    f"no slo_ms: using {DEFAULT_SLO_MS:g} ms; set it with "
+    'parameters { key: "slo_ms" value { string_value: "50" } }'
+)
+# Bounds of a Triton tensor that sets none (Triton has none; ours size the
+# shared-memory slots): a TYPE_STRING element's bytes, and the elements of
+# one item of a tensor with variable dimensions (each -1 dimension bounded
+# alike so that the item holds at most this many elements).
+DEFAULT_MAX_BYTES = 256
+DEFAULT_MAX_ELEMENTS = 4096
 
 # (platform, backend) names → (our backend, Triton's default model file name)
 _ONNX = ("onnx", "model.onnx")
 _TORCH = ("torch", "model.pt")
 _PLATFORMS = {"onnxruntime_onnx": _ONNX, "pytorch_libtorch": _TORCH}
 _BACKENDS = {"onnxruntime": _ONNX, "pytorch": _TORCH}
+# Our backend → Triton's (platform, backend) names, as model metadata and
+# model configs report them (Triton's clients and dashboards read them).
+_TRITON_NAMES = {
+    "onnx": ("onnxruntime_onnx", "onnxruntime"),
+    "torch": ("pytorch_libtorch", "pytorch"),
+}
+
+
+def triton_platform(backend: str) -> str:
+    """Triton's `platform` of a model on our `backend` (`onnxruntime_onnx`,
+    `pytorch_libtorch`; others, e.g. `emulated`, keep our name)."""
+    return _TRITON_NAMES.get(backend, (backend, backend))[0]
+
+
+def triton_backend(backend: str) -> str:
+    """Triton's `backend` of a model on our `backend` (`onnxruntime`, `pytorch`)."""
+    return _TRITON_NAMES.get(backend, (backend, backend))[1]
+
 
 _SUPPORTED = frozenset(
     {
@@ -93,6 +125,16 @@ _OUTPUT_SUPPORTED = frozenset({"name", "data_type", "dims"})
 _OUR_PARAMETERS = ("slo_ms", "allow_slo_loosening", "profile", "description", "dynamic")
 _BACKEND_PARAMETERS = ("exit_points", "preemption_delay_ms")
 _TENSOR_PARAMETERS = ("max_shape", "pad", "follows", "max_bytes")
+
+
+def auto_completes(directory: Path) -> bool:
+    """Whether Triton would complete a config for `directory`, which has
+    none: a version directory holding a `model.onnx` (Triton's default
+    `--strict-model-config=false`)."""
+    return any(
+        sub.is_dir() and sub.name.isdigit() and (sub / "model.onnx").is_file()
+        for sub in directory.iterdir()
+    )
 
 
 def model_config_pb2() -> Any:
@@ -121,7 +163,9 @@ def triton_document(
     path = directory / TRITON_CONFIG_FILE
     ctx = FieldReader(str(path))
     try:
-        msg = text_format.Parse(path.read_text(), pb2.ModelConfig())
+        # no config.pbtxt: everything from the model file (Triton's auto-complete)
+        text = path.read_text() if path.exists() else ""
+        msg = text_format.Parse(text, pb2.ModelConfig())
     except OSError as exc:
         raise ValueError(f"{path}: cannot read the model config: {exc}") from exc
     except text_format.ParseError as exc:
@@ -151,12 +195,10 @@ def triton_document(
             ctx.fail("input", f"backend {backend} models must declare input and output")
         max_batch, found_in, found_out = _autocomplete(ctx, directory / model_file, max_batch)
         inputs, outputs = inputs or found_in, outputs or found_out
+    elif max_batch == 0:
+        max_batch = _unbatched(ctx, inputs, outputs)
     if max_batch < 1:
-        ctx.fail(
-            "max_batch_size",
-            f"{max_batch}: requests are batched here; set max_batch_size ≥ 1 "
-            "and leave the batch dimension out of dims",
-        )
+        ctx.fail("max_batch_size", f"{max_batch}: must be 0 (no batching) or more")
     doc: dict[str, Any] = {
         "backend": backend,
         "model_file": model_file,
@@ -275,7 +317,16 @@ def _autocomplete(
     batched = all(dims and dims[0] is None for _, _, dims in [*inputs, *outputs])
     if max_batch == 0 and batched:
         max_batch = DEFAULT_MAX_BATCH_SIZE
-    if max_batch > 0 and not batched:
+    elif max_batch == 0:
+        # fixed first dimensions: served one request at a time if they are 1
+        if not all(dims and dims[0] == 1 for _, _, dims in [*inputs, *outputs]):
+            ctx.fail(
+                "max_batch_size",
+                "0 (no batching) is served here only when every tensor's first dimension is "
+                "1 or -1 (a request is then a batch of one)",
+            )
+        max_batch = 1
+    if max_batch > 0 and not batched and max_batch != 1:
         ctx.fail("max_batch_size", "the model's first dimensions are fixed: it cannot batch")
 
     def specs(signature: Any, kind: str) -> list[dict[str, Any]]:
@@ -322,30 +373,53 @@ def _parameters(
                 f"{', '.join(_OUR_PARAMETERS + _BACKEND_PARAMETERS + _TENSOR_PARAMETERS)})"
             )
     if "slo_ms" not in doc:
-        warn(
-            f"no slo_ms: using {DEFAULT_SLO_MS:g} ms; set it with "
-            'parameters { key: "slo_ms" value { string_value: "50" } }'
-        )
+        warn(NO_SLO_NOTE)
         doc["slo_ms"] = DEFAULT_SLO_MS
     if backend_options:
         doc["parameters"] = backend_options
-    for kind, tensors in (("input", doc["inputs"]), ("output", doc["outputs"])):
-        for tensor in tensors:
-            if -1 in tensor["shape"][1:] and "max_shape" not in tensor:
-                bound = [128 if d < 0 else d for d in tensor["shape"][1:]]
-                ctx.fail(
-                    f"{kind} ({tensor['name']}).dims",
-                    f"{tensor['shape'][1:]} has a variable dimension: bound it with "
-                    'parameters { key: "max_shape" value { string_value: '
-                    f'"{{{tensor["name"]}: {bound}}}" }} }}',
-                )
-            if tensor["datatype"] == "BYTES" and "max_bytes" not in tensor:
-                ctx.fail(
-                    f"{kind} ({tensor['name']}).data_type",
-                    "TYPE_STRING needs the longest element's bytes: "
-                    'parameters { key: "max_bytes" value { string_value: '
-                    f'"{{{tensor["name"]}: 256}}" }} }}',
-                )
+    for tensor in [*doc["inputs"], *doc["outputs"]]:
+        if -1 in tensor["shape"][1:] and "max_shape" not in tensor:
+            tensor["max_shape"] = default_max_shape(tensor["shape"][1:])
+            log.info(
+                "model %s: %s %s has no max_shape: bounded at %s (set max_shape to change it)",
+                Path(ctx.source).parent.name,
+                tensor["name"],
+                tensor["shape"][1:],
+                tensor["max_shape"],
+            )
+        if tensor["datatype"] == "BYTES" and "max_bytes" not in tensor:
+            tensor["max_bytes"] = DEFAULT_MAX_BYTES
+
+
+def default_max_shape(dims: list[int]) -> list[int]:
+    """Bounds for `dims` (batch dimension left out) with variable ones: each
+    -1 the same bound, so that an item holds at most DEFAULT_MAX_ELEMENTS."""
+    fixed = 1
+    for d in dims:
+        if d > 0:
+            fixed *= d
+    variable = sum(1 for d in dims if d < 0)
+    room = max(DEFAULT_MAX_ELEMENTS // max(fixed, 1), 1)
+    bound = max(int(room ** (1.0 / variable) + 1e-9), 1)
+    return [bound if d < 0 else d for d in dims]
+
+
+def _unbatched(
+    ctx: FieldReader, inputs: list[dict[str, Any]], outputs: list[dict[str, Any]]
+) -> int:
+    """max_batch_size 0 (Triton: no batching; `dims` are the whole shape):
+    served one request per execution when every tensor's first dimension
+    is 1 or -1 — it becomes the batch dimension, of at most one item."""
+    for tensor in [*inputs, *outputs]:
+        dims = tensor["shape"][1:]  # _tensor put our batch dimension first
+        if not dims or dims[0] not in (1, -1):
+            ctx.fail(
+                "max_batch_size",
+                f"0 (no batching) is served here only when every tensor's first dimension is "
+                f"1 or -1 (a request is then a batch of one); {tensor['name']} has dims {dims}",
+            )
+        tensor["shape"] = [-1, *dims[1:]]
+    return 1
 
 
 def _tensor_parameter(

@@ -80,14 +80,16 @@ log = logging.getLogger("app.runtime.executor")
 # ------------------------------------------------------------------ helpers
 def synthetic_inputs(config: ModelConfig, batch: int, seed: int = 0) -> dict[str, np.ndarray]:
     """Inputs of the right dtype and shape: randn for floats, zeros otherwise
-    (BYTES: empty elements). Variable dimensions are at their bound: a
+    (BYTES: the string "0" in each element, which a model that parses its
+    strings as numbers takes too — Triton's simple_string casts STRING to
+    INT32 — where an empty string fails). Variable dimensions are at their bound: a
     profile measured there is the slowest the model runs."""
     rng = np.random.default_rng(seed)
     out = {}
     for spec in config.inputs:
         shape = (batch, *spec.slot_shape)
         if spec.datatype == "BYTES":
-            out[spec.name] = np.full(shape, b"", dtype=object)
+            out[spec.name] = np.full(shape, b"0", dtype=object)
         elif spec.dtype.kind == "f":
             out[spec.name] = rng.standard_normal(shape).astype(spec.dtype)
         else:

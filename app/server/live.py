@@ -150,9 +150,13 @@ class LiveService(Management):
             self.statistics.add_model(name, config.version, config.model_name)
             self.versions[name] = config.version
         self._check_loaded(configs)
-        for state in self.models.values():
-            device = self._device(state.devices[0])
-            await startup.measure_model(settings, self.pool, device, state)
+        unprofiled = await startup.measure_models(settings, self.pool, self.models, self._device)
+        if unprofiled:
+            for name in unprofiled:
+                self.statistics.remove_model(name)
+                configs.pop(name, None)
+            self.unavailable.update(unprofiled)
+            self._check_loaded(configs)
         if settings.colocation_profile:
             await plan_colocated(self.pool, self.models)
         self.dispatcher = Dispatcher(
@@ -288,6 +292,14 @@ class LiveService(Management):
 
     def device(self, device_id: int) -> ExecutorDevice:
         return self._device(device_id)
+
+    def pending_of(self, name: str, version: str) -> int:
+        """Requests accepted and not yet answered for `name`'s `version`
+        (Triton's nv_inference_pending_request_count)."""
+        for key, state in self.models.items():
+            if state.config.model_name == name and state.config.version == version:
+                return self.outstanding(key)
+        return 0
 
     def outstanding(self, model: str) -> int:
         """Requests for `model` accepted and not yet answered."""

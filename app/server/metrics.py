@@ -35,6 +35,11 @@ one process stay independent.
                                            the executors' profiler
     alone_stopped_total{model}             profiler re-runs stopped for a planned batch
     alone_dropped_total{model}             samples dropped from an executor's full backlog
+    ignored_parameters_total{name}         request, input and output parameters accepted
+                                           without effect (Triton's priority, sequence ones,
+                                           custom ones; app/api/request_params.py): Triton's
+                                           names and the first MAX_PARAMETER_NAMES others by
+                                           name, any further one as `other`
 
 The compute and pending families are Triton's (its compute-infer duration
 and pending request count) in Prometheus's base units: seconds, not µs.
@@ -45,6 +50,7 @@ Grafana dashboard and alert rules over these names are in deploy/.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -86,6 +92,25 @@ BATCH_BUCKETS = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128, 256, 512, 1024)
 # actual / planned batch time: 1 is a perfect plan; the tail above it is what
 # a plan with one ℓ(b) misses on a model whose time depends on its input.
 RATIO_BUCKETS = (0.5, 0.75, 0.9, 0.95, 1.0, 1.05, 1.1, 1.25, 1.5, 2.0, 3.0, 5.0, 10.0)
+
+# ignored_parameters_total: Triton's own parameter names are always labels;
+# of the others (clients' custom ones), the first MAX_PARAMETER_NAMES that
+# are short printable ASCII, then OTHER_PARAMETER (bounded cardinality).
+TRITON_PARAMETER_NAMES = frozenset(
+    {
+        "sequence_id",
+        "sequence_start",
+        "sequence_end",
+        "priority",
+        "timeout",
+        "headers",
+        "binary_data_output",
+        "triton_enable_empty_final_response",
+    }
+)
+MAX_PARAMETER_NAMES = 32
+MAX_PARAMETER_NAME_LENGTH = 64
+OTHER_PARAMETER = "other"
 
 
 # Samples prometheus_client adds to these types, each family's start time.
@@ -231,6 +256,15 @@ class Metrics:
             "Executor processes that died or hung (killed by the watchdog).",
             ["device"],
         )
+        self.ignored_parameters = self._counter(
+            "ignored_parameters",
+            "Request, input and output parameters accepted without effect (Triton's priority "
+            "and sequence parameters, clients' custom ones), by name (Triton's names and the "
+            f"first {MAX_PARAMETER_NAMES} others; any further name as '{OTHER_PARAMETER}').",
+            ["name"],
+        )
+        self._parameter_names: set[str] = set()
+        self._parameter_lock = threading.Lock()
         self.executor_respawn_seconds = self._gauge(
             "executor_respawn_seconds",
             "Seconds from the last executor failure to serving again (respawned).",
@@ -325,6 +359,29 @@ class Metrics:
             self.alone_seconds.labels(model).observe(seconds)
         if dropped:
             self.alone_dropped.labels(model).inc(dropped)
+
+    def parameter_ignored(self, name: str) -> tuple[str, bool]:
+        """Count a parameter accepted without effect: (its label, whether
+        this label is new — the caller logs it once)."""
+        with self._parameter_lock:
+            first = False
+            if name in self._parameter_names:
+                label = name
+            elif name in TRITON_PARAMETER_NAMES or (
+                len(self._parameter_names - TRITON_PARAMETER_NAMES) < MAX_PARAMETER_NAMES
+                and 0 < len(name) <= MAX_PARAMETER_NAME_LENGTH
+                and name.isascii()
+                and name.isprintable()
+                and name != OTHER_PARAMETER
+            ):
+                label, first = name, True
+                self._parameter_names.add(name)
+            else:
+                label = OTHER_PARAMETER
+                first = OTHER_PARAMETER not in self._parameter_names
+                self._parameter_names.add(OTHER_PARAMETER)
+        self.ignored_parameters.labels(label).inc()
+        return label, first
 
     def set_device_busy(self, device: str, fraction: float) -> None:
         self.busy_fraction.labels(str(device)).set(fraction)

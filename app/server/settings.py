@@ -9,12 +9,8 @@ flag for every setting (`app.server.settings_cli`; MAX_QUEUE → `--max-queue`,
 a flag wins over its variable), and the table under "Server settings" in the
 README (`python -m app.server.settings_cli --write README.md` rewrites it; a
 test checks it is current). Read the table there, or `python -m app serve
---help`.
-
-One default depends on another setting: the deadline margin and the timer
-lead are smaller under REALTIME_PRIORITY (`NORMAL_SLACK_MS`,
-`REALTIME_SLACK_MS`) unless set explicitly.
-"""
+--help`. The deadline margin and the timer lead default smaller under
+REALTIME_PRIORITY (`_dependent_defaults`)."""
 
 from __future__ import annotations
 
@@ -156,6 +152,10 @@ class Settings:
             Integer(0, 65535),
             "port of the KServe v2 gRPC endpoint, on `HOST` (0: off; needs the `triton` extra)",
         ),
+    )
+    metrics_port: int = field(
+        default=8002,
+        metadata=_setting("METRICS_PORT", Integer(0, 65535), "port of Triton's metrics (0: off)"),
     )
     cpu_slices: int | None = field(
         default=None,

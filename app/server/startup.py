@@ -20,14 +20,15 @@ device's load error, not just "no device".
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import signal
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from app.optional import import_ray
-from app.repository.config import ModelConfig
+from app.repository.config import ModelConfig, shown_model
 from app.repository.loader import RepositoryIndex, load_repository
 from app.runtime.arena import Arena
 from app.runtime.devices import ExecutorDevice, detect_devices
@@ -83,6 +84,41 @@ async def measure_model(
     dynamic model, its input dependence (`measure_dynamic`), on `device`."""
     state.profile = await measure_profile(settings, pool, device, state.config)
     state.dynamic = await measure_dynamic(pool, device, state.config, state.profile)
+
+
+# The longest reason kept for a model that failed to profile (one log line).
+MAX_REASON_CHARS = 500
+
+
+def one_line(exc: BaseException) -> str:
+    """`exc`'s text on one line (an executor's error may span several),
+    cut to MAX_REASON_CHARS."""
+    text = " ".join(str(exc).split()) or type(exc).__name__
+    return text if len(text) <= MAX_REASON_CHARS else text[: MAX_REASON_CHARS - 1] + "…"
+
+
+async def measure_models(
+    settings: Settings,
+    pool: ExecutorPool | RayExecutorPool,
+    models: dict[str, ModelState],
+    device_of: Callable[[int], ExecutorDevice],
+) -> dict[str, str]:
+    """Measure each model (`measure_model`, on its first device). A model
+    that fails to is let go of (removed from `models` and from the
+    executors) and returned with its reason, logged in one ERROR line: the
+    others are served (EXIT_ON_ERROR=0) or start-up stops (`check_loaded`)."""
+    failed: dict[str, str] = {}
+    for name, state in list(models.items()):
+        try:
+            await measure_model(settings, pool, device_of(state.devices[0]), state)  # type: ignore[arg-type]
+        except Exception as exc:
+            reason = f"failed to profile: {one_line(exc)}"
+            log.error("model %s %s", shown_model(name), reason)
+            del models[name]
+            failed[name] = reason
+            with contextlib.suppress(Exception):  # the executors let go of it
+                await pool.remove_model(name)
+    return failed
 
 
 async def load_models(settings: Settings) -> RepositoryIndex:
