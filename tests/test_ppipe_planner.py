@@ -13,9 +13,9 @@ import numpy as np
 import pytest
 
 from app.planning.ppipe.cli import main as plan_main
-from app.planning.ppipe.milp import PlannerOptions, plan
 from app.planning.ppipe.options import ModelDemand
 from app.planning.ppipe.plan import Cluster, read_plan
+from app.planning.ppipe.planner import PlannerOptions, plan
 from app.planning.ppipe.profiles import BUNDLED_DIR, BlockProfile
 from app.planning.ppipe.reference import reference_problem, resolve_reference
 

@@ -83,20 +83,13 @@ import onnx
 from onnx import TensorProto, helper
 
 from app.optional import import_torch
-from app.repository import BUNDLED_REPOSITORY
+from app.repository import BUNDLED_REPOSITORY, dynamic_models
 from app.repository.files import atomic_write_bytes
+from app.repository.onnx_format import BUILDER_VERSION, IR_VERSION, OPSET, PRODUCER, serialize
 
 log = logging.getLogger(__name__)
 
 # Fixed so that the bytes do not depend on the installed onnx package's defaults.
-OPSET = 17
-IR_VERSION = 8
-PRODUCER = "deadline-serve bundled models"
-# Written as producer_version into every generated ONNX model. Bump it when
-# the bundled ONNX models change (graph, weights, chunk counts), so that files
-# an older version generated are rebuilt (see `ensure_bundled_models`).
-# 1: one node per layer; 2: large nodes split (MLP_SPLITS, CNN_SPLITS).
-BUILDER_VERSION = "2"
 # Chunks per large node of the bundled ONNX models (see the module docstring).
 MLP_SPLITS = 8
 CNN_SPLITS = 1
@@ -311,11 +304,6 @@ def _model(
     return model
 
 
-def serialize(model: onnx.ModelProto) -> bytes:
-    """Deterministic bytes (no map fields in these protos, fixed versions)."""
-    return model.SerializeToString(deterministic=True)
-
-
 def build_torchcnn(seed: int = 0, blocks: int = 12, width: int = 64) -> Any:
     """The `torchcnn` module (eval mode, CPU): see the module docstring."""
     torch = import_torch()
@@ -407,22 +395,24 @@ GENERATED: tuple[Generated, ...] = (
     Generated(
         "earlyexit",
         "model.onnx",
-        lambda: _dynamic().serialize(_dynamic().build_early_exit(seed=0)),
+        lambda: serialize(dynamic_models.build_early_exit(seed=0)),
         version=BUILDER_VERSION,
     ),
     Generated(
         "earlyexit",
         "probes.npz",
-        lambda: _dynamic().probes_bytes(_dynamic().probe_inputs("earlyexit")),
+        lambda: dynamic_models.probes_bytes(dynamic_models.probe_inputs("earlyexit")),
     ),
     Generated(
         "encoder",
         "model.onnx",
-        lambda: _dynamic().serialize(_dynamic().build_encoder(seed=0)),
+        lambda: serialize(dynamic_models.build_encoder(seed=0)),
         version=BUILDER_VERSION,
     ),
     Generated(
-        "encoder", "probes.npz", lambda: _dynamic().probes_bytes(_dynamic().probe_inputs("encoder"))
+        "encoder",
+        "probes.npz",
+        lambda: dynamic_models.probes_bytes(dynamic_models.probe_inputs("encoder")),
     ),
     Generated(
         "torchcnn",
@@ -431,14 +421,6 @@ GENERATED: tuple[Generated, ...] = (
         torch_available,
     ),
 )
-
-
-def _dynamic() -> Any:
-    """app.repository.dynamic_models, imported when a file is built (it
-    imports this module's constants)."""
-    from app.repository import dynamic_models
-
-    return dynamic_models
 
 
 def generated(model: str) -> Generated | None:

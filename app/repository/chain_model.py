@@ -37,9 +37,9 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from app.repository.bundled import IR_VERSION, OPSET, PRODUCER, serialize
 from app.repository.config import ModelConfig, TensorSpec
 from app.repository.files import atomic_write_bytes
+from app.repository.onnx_format import IR_VERSION, OPSET, PRODUCER, serialize
 
 CHAIN_MODEL = "chain"
 #: Bump when the graph or the weights change (written as producer_version).

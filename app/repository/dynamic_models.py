@@ -58,7 +58,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from app.repository.bundled import BUILDER_VERSION, IR_VERSION, OPSET, PRODUCER
+from app.repository.onnx_format import BUILDER_VERSION, IR_VERSION, OPSET, PRODUCER, serialize
 
 EARLY_EXIT_MAX_STEPS = 16
 EARLY_EXIT_THRESHOLD = 0.5
@@ -356,10 +356,6 @@ def build_encoder(seed: int = 0, *, batch_dim: str = "batch") -> onnx.ModelProto
     )
 
 
-def serialize(model: onnx.ModelProto) -> bytes:
-    return model.SerializeToString(deterministic=True)
-
-
 __all__ = [
     "EARLY_EXIT_MAX_STEPS",
     "ENCODER_MAX_LEN",
@@ -370,4 +366,5 @@ __all__ = [
     "encoder_input",
     "probe_inputs",
     "probes_bytes",
+    "serialize",
 ]

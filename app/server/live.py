@@ -76,7 +76,7 @@ from app.server.management import Management
 from app.server.metrics import Metrics, metric_label
 from app.server.pipeline_service import PipelineService, start_pipelines
 from app.server.service import InferResult, request_items
-from app.server.serving_routes import DispatcherRoute, Route
+from app.server.serving_routes import DispatcherRoute, Route, Served
 from app.server.settings import Settings
 from app.server.startup import ModelState
 from app.server.statistics import Statistics, epoch_ms
@@ -479,19 +479,32 @@ class LiveService(Management):
         except (Dropped, Overloaded, ExecutorFailed, ShuttingDown) as exc:
             self.metrics.request_dropped(label, exc.reason)
             raise
+        return self._answer(config, items, slo / 1000.0, served, request_id)
+
+    def _answer(
+        self,
+        config: ModelConfig,
+        items: int,
+        slo_s: float,
+        served: Served,
+        request_id: str | None,
+    ) -> InferResult:
+        """A request served: its metrics and statistics, and its answer."""
+        model = config.name
         now = time.monotonic()
         latency = now - served.arrival
         queue = max(0.0, served.started_at - served.arrival)
         exec_s = served.finished_at - served.started_at
+        intake = max(0.0, served.seen_at - served.arrival)
         self.metrics.request_finished(
-            label, latency, queue, served.batch_size, latency <= slo / 1000.0
+            metric_label(model), latency, queue, served.batch_size, latency <= slo_s
         )
         self.statistics.request_succeeded(
             model,
             items=items,
             total_s=latency,
             queue_s=queue,
-            input_s=max(0.0, served.seen_at - served.arrival),
+            input_s=intake,
             infer_s=exec_s,
             output_s=max(0.0, now - served.finished_at),
             at_ms=epoch_ms(),
@@ -505,7 +518,7 @@ class LiveService(Management):
             exec_ms=exec_s * 1000.0,
             batch_size=served.batch_size,
             device=served.device,
-            intake_ms=max(0.0, served.seen_at - served.arrival) * 1000.0,
+            intake_ms=intake * 1000.0,
             answer_ms=max(0.0, now - served.finished_at) * 1000.0,
             app=served.app,  # as the core saw it
         )

@@ -45,9 +45,9 @@ from typing import Any, TextIO
 import yaml
 
 from app.planning.config_input import InputError, mapping, only
-from app.planning.ppipe.milp import PlannerOptions, plan
 from app.planning.ppipe.options import ModelDemand
 from app.planning.ppipe.plan import Cluster, Plan, read_plan, write_plan
+from app.planning.ppipe.planner import PlannerOptions, plan
 from app.planning.ppipe.profiles import BUNDLED_DIR, load_profile
 from app.planning.ppipe.reference import resolve_reference, timings_root
 

@@ -82,19 +82,16 @@ class PlannerOptions:
             raise ValueError(f"time limit must be > 0 s, got {self.time_limit_s}")
 
 
-def plan(
+def plan_pipelines(
     cluster: Cluster,
     demands: Sequence[ModelDemand],
     options: PlannerOptions = PlannerOptions(),
     start: Plan | None = None,
 ) -> Plan:
-    """The plan for `demands` on `cluster`. `start` (a previous plan of the
-    same variant) warm-starts the solver where its pipelines are options."""
+    """The `ppipe` or `np` plan for `demands` on `cluster` (app/planning/
+    ppipe/planner.py's `plan` picks the variant). `start` (a previous plan of
+    the same variant) warm-starts the solver where its pipelines are options."""
     check_demands(cluster, demands)
-    if options.variant == "dart-r":
-        from app.planning.ppipe.dart import plan_dart_r
-
-        return plan_dart_r(cluster, demands, options)
     demands = with_estimates(cluster, with_budgets(demands, options.margin), options)
     label = None if start is None else "given plan"
     if start is None and options.variant == "ppipe":

@@ -44,7 +44,7 @@ class ModelDemand:
     `budget_s` is what one batch's compute, transfers and batch building may
     take (default: the SLO less the margin). `est_throughput` (requests/s)
     estimates how long a batch takes to fill; None: the planner estimates it
-    (see `milp.plan`)."""
+    (see `planner.plan`)."""
 
     name: str
     weight: float

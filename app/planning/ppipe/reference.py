@@ -24,9 +24,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from app.planning.ppipe.milp import PlannerOptions, plan
 from app.planning.ppipe.options import ModelDemand
 from app.planning.ppipe.plan import Cluster, Plan, parse_reference_name, read_reference_plan
+from app.planning.ppipe.planner import PlannerOptions, plan
 from app.planning.ppipe.profiles import load_profile, transfer_seconds
 
 
