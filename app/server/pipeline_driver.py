@@ -72,6 +72,7 @@ import numpy as np
 
 from app.errors import ExecutorFailed, Overloaded, ShuttingDown, dropped
 from app.runtime.events import BatchFinished, BatchStopped, DeviceDown, DeviceUp, ExecutorEvent
+from app.scheduling.driven import StageCore
 from app.scheduling.ppipe.batches import (
     PipelineBatch,
     PipelineComplete,
@@ -80,7 +81,6 @@ from app.scheduling.ppipe.batches import (
     StageStart,
     TransferStart,
 )
-from app.scheduling.ppipe.policy import PPipeScheduler
 from app.scheduling.types import Drop, DropReason, Request
 from app.server.event_driver import EventDriver
 from app.server.pipeline_types import (
@@ -113,13 +113,13 @@ class _RunOf:
 
 
 class PipelineDriver(EventDriver):
-    """Drives one `PPipeScheduler` on the running event loop (see the module
+    """Drives one `ppipe` core (a `StageCore`) on the running event loop (see the module
     docstring). `models` are the pipelines the core's layout serves;
     `executors` runs partitions on the layout's instances."""
 
     def __init__(
         self,
-        scheduler: PPipeScheduler,
+        scheduler: StageCore,
         models: Mapping[str, PipelineModel],
         executors: StageExecutors,
         *,

@@ -47,7 +47,7 @@ import math
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Protocol, cast
+from typing import cast
 
 import numpy as np
 
@@ -55,6 +55,7 @@ from app.results import DROP_REASONS, Outcome
 from app.scheduling.autoscaler import Autoscaler, ScaleDown, ScaleUp
 from app.scheduling.base import Scheduler
 from app.scheduling.compiled import mypyc_attr
+from app.scheduling.driven import BatchCore
 from app.scheduling.model import ModelInfo
 from app.scheduling.types import (
     Batch,
@@ -76,24 +77,6 @@ PENDING, GOOD, LATE, DROPPED = (
 )
 _INF = float("inf")
 _END, _STOP = 0, 1  # device event kinds
-
-
-class DrivenCore(Protocol):
-    """What the engine calls on the core: `Scheduler`'s driver API. A
-    protocol rather than the class, so that a wrapper around a core (one that
-    records the calls, tests/fakes_live.py) drives the compiled engine too."""
-
-    def add_request(self, request: Request, now: float) -> list[Decision]: ...
-    def batch_finished(self, device: int, batch_id: int, now: float) -> list[Decision]: ...
-    def batch_stopped(self, device: int, batch_id: int, now: float) -> list[Decision]: ...
-    def advance(self, now: float) -> list[Decision]: ...
-    def next_wakeup(self) -> float | None: ...
-    def device_down(self, device: int, now: float) -> list[Decision]: ...
-    def device_up(self, device: int, now: float) -> list[Decision]: ...
-    def record_alone_time(
-        self, model: str, app: str, seconds: float, now: float
-    ) -> list[Decision]: ...
-    def queued(self) -> int: ...
 
 
 @dataclass(frozen=True)
@@ -147,7 +130,7 @@ class _Device:
 
 
 def run_simulation(
-    scheduler: DrivenCore,
+    scheduler: BatchCore,
     models: Sequence[ModelInfo],
     devices: Sequence[DeviceInfo],
     arrival_times: np.ndarray,
@@ -280,7 +263,7 @@ class _Simulation:
 
     def __init__(
         self,
-        scheduler: DrivenCore,
+        scheduler: BatchCore,
         models: Sequence[ModelInfo],
         devices: Sequence[DeviceInfo],
         arrivals: _Arrivals,

@@ -1,8 +1,9 @@
 """Discrete-event simulation of pooled pipelines (ppipe.txt §7: the 100-GPU
 simulated clusters) driving the `ppipe` data plane.
 
-The engine is the core's driver, as the daemon will be: it hands arrivals to
-`PPipeScheduler.add_request`, fires its timers (`next_wakeup`/`advance`),
+The engine is the core's driver, as the daemon's is: it hands arrivals to
+the core's `add_request` (a `StageCore`, app/scheduling/driven.py), fires
+its timers (`next_wakeup`/`advance`),
 carries out its decisions — hands each `StageStart` to its instance and
 each `TransferStart` to its links — and reports every stage's and
 transfer's actual start and end (`stage_finished`, `transfer_finished`),
@@ -50,6 +51,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from app.results import DROP_REASONS
+from app.scheduling.driven import StageCore
 from app.scheduling.ppipe.batches import (
     PipelineComplete,
     PipelineDecision,
@@ -57,7 +59,6 @@ from app.scheduling.ppipe.batches import (
     TransferStart,
 )
 from app.scheduling.ppipe.layout import Layout
-from app.scheduling.ppipe.policy import PPipeScheduler
 from app.scheduling.types import Drop, Request
 from app.simulation.engine import DROPPED, GOOD, LATE, PENDING
 
@@ -87,7 +88,6 @@ class PipelineTrace:
     busy_intervals: list[list[tuple[float, float]]]  # per instance: (start, end) of each stage
     batches: int
     end_time: float
-    probes: int
     core_seconds: float  # wall time spent inside the core's calls
 
 
@@ -95,7 +95,7 @@ class _Run:
     """The engine's state; one per simulation: the emulated instances and
     links, carrying out the core's `StageStart`s and `TransferStart`s."""
 
-    def __init__(self, scheduler: PPipeScheduler, jitter: float, seed: int) -> None:
+    def __init__(self, scheduler: StageCore, jitter: float, seed: int) -> None:
         self.core = scheduler
         self.layout: Layout = scheduler.layout
         self.jitter = jitter
@@ -201,7 +201,7 @@ class _Run:
 
 
 def run_pipeline_simulation(
-    scheduler: PPipeScheduler,
+    scheduler: StageCore,
     model_names: Sequence[str],
     arrival_times: np.ndarray,
     model_index: np.ndarray,
@@ -263,6 +263,5 @@ def run_pipeline_simulation(
         busy_intervals=run.intervals,
         batches=run.completed,
         end_time=now,
-        probes=scheduler.probes,
         core_seconds=run.core_seconds,
     )

@@ -26,12 +26,14 @@ they now overlap (feedback correction, §5.4).
 **Why its own class.** `app.scheduling.base.Scheduler` is built around
 batches that run whole on one device: `Batch.device`, per-device run order,
 an ℓ(b) profile per model, preemption and held requests. A PPipe batch has a
-device *per stage*, transfers between them, and a report per stage; fitting
-it into that class would change every policy's types. This class keeps the
-same driver conventions (time as an argument, decisions out, `advance` and
-`next_wakeup` for timers, `device_down`/`device_up`, exactly-once answers)
-with its own batch and decision types (`batches.py`). Its drivers are the
-pipeline simulator (app/simulation/pipeline_engine.py) and, later, the daemon.
+device *per stage*, transfers between them, and a report per stage. This
+class answers the same driver API (app/scheduling/driven.py: `DrivenCore`,
+time as an argument, decisions out, `advance` and `next_wakeup` for timers,
+`device_down`/`device_up`, exactly-once answers), with its stages' reports
+(`StageCore`) in place of whole batches' and its own batch and decision
+types (`batches.py`). Its drivers are the pipeline simulator
+(app/simulation/pipeline_engine.py) and the daemon's pipeline driver
+(app/server/pipeline_driver.py).
 
 Deviations from the pseudo-code, each for a reason:
 
@@ -366,6 +368,10 @@ class PPipeScheduler:
             self._schedule(state, now)
         self._pump_device(device, now)
         return self._take()
+
+    def queued(self) -> int:
+        """Requests waiting in the models' queues (not yet dispatched)."""
+        return sum(len(state.queue) for state in self.models.values())
 
     @property
     def probes_per_batch(self) -> float:
