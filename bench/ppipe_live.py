@@ -255,6 +255,94 @@ def scaled(profile: BlockProfile, scale: dict[str, float] | None) -> BlockProfil
 # ------------------------------------------------------------------ main
 
 
+async def fault_run(
+    live: LivePipelines,
+    model: str,
+    core: PPipeScheduler,
+    capacity_rps: float,
+    inputs: list[dict[str, np.ndarray]],
+    slo: float,
+    args: argparse.Namespace,
+) -> dict[str, Any]:
+    """A device failure in the pool with more than one instance, at
+    `args.fault_load` × the live capacity: every request answered once."""
+    plan_rps = core.layout.pipelines[0].throughput
+    layout = core.layout
+    pool = max(layout.pipelines[0].stages, key=lambda s: len(s.devices))
+    victim = pool.devices[-1]
+    load = args.fault_load * max(capacity_rps, 0.1 * plan_rps)
+    times, _, _ = plan_arrivals({model: load}, args.fault_s, seed=999)
+    killed: list[float] = []
+
+    def kill(t: float) -> None:
+        if not killed and t >= 0.4 * args.fault_s:
+            pid = live.pool.pid(victim)
+            if pid is not None:
+                os.kill(pid, signal.SIGKILL)
+            killed.append(t)
+
+    before = asdict(live.driver.counts)
+    result = await offer(live, model, times, inputs, slo, during=kill)
+    after = asdict(live.driver.counts)
+    delta = {
+        k: after[k] - before[k]
+        for k in ("submitted", "answered", "failed", "rerouted", "dispatched")
+    }
+    dropped = {
+        reason: n - before["dropped"].get(reason, 0)
+        for reason, n in after["dropped"].items()
+        if n - before["dropped"].get(reason, 0)
+    }
+    fault = {
+        "load_factor": load / plan_rps,
+        "rate": load,
+        "device": victim,
+        "device_class": pool.device_class,
+        "killed_at_s": killed[0] if killed else None,
+        **result,
+        "driver": delta,
+        "dropped": dropped,
+        "exactly_once": result["answered"] == result["requests"]
+        and delta["answered"] == delta["submitted"]
+        and not live.driver.pending,
+    }
+    at = f"{killed[0]:.2f} s" if killed else "(never: too few arrivals)"
+    log(
+        f"fault: {pool.device_class} instance {victim} killed at {at}; "
+        f"{result['requests']} requests, "
+        f"{result['answered']} answered, re-routed batches {delta['rerouted']}, "
+        f"dropped {dropped}, within SLO {result['within_slo']:.4f}"
+    )
+    return fault
+
+
+async def overload_runs(
+    live: LivePipelines,
+    model: str,
+    capacity_rps: float,
+    inputs: list[dict[str, np.ndarray]],
+    slo: float,
+    seconds: float,
+) -> dict[str, dict[str, Any]]:
+    """At 1.0 and 1.5 × the live capacity: how many answers were late and
+    how many requests were dropped (a pipeline sheds what cannot make it)."""
+    runs: dict[str, dict[str, Any]] = {}
+    for factor in (1.0, 1.5):
+        times, _, _ = plan_arrivals({model: factor * capacity_rps}, seconds, seed=int(500 * factor))
+        result = await offer(live, model, times, inputs, slo)
+        answered = result["good"] + result["late"]
+        runs[f"{factor:.1f}"] = {
+            **result,
+            "late_of_answers": result["late"] / answered if answered else 0.0,
+        }
+        log(
+            f"  {factor:.1f} × live capacity: {result['requests']} requests, "
+            f"{result['good']} within SLO, {result['late']} late, errors {result['errors']}"
+        )
+        await asyncio.sleep(0.2)
+    return runs
+
+
 async def live_part(args: argparse.Namespace, setup: dict[str, Any]) -> dict[str, Any]:
     plan, core, partitioning, classes = (
         setup["plan"],
@@ -382,55 +470,115 @@ async def live_part(args: argparse.Namespace, setup: dict[str, Any]) -> dict[str
                 + f"; hand-over between stages {handoff:.2f} ms"
             )
 
-            # A device failure in the pool with more than one instance.
-            layout = core.layout
-            pool = max(layout.pipelines[0].stages, key=lambda s: len(s.devices))
-            victim = pool.devices[-1]
-            load = args.fault_load * max(capacity, 0.1)
-            times, _, _ = plan_arrivals({model: load * throughput}, args.fault_s, seed=999)
-            killed: list[float] = []
-
-            def kill(t: float) -> None:
-                if not killed and t >= 0.4 * args.fault_s:
-                    pid = live.pool.pid(victim)
-                    if pid is not None:
-                        os.kill(pid, signal.SIGKILL)
-                    killed.append(t)
-
-            before = asdict(live.driver.counts)
-            result = await offer(live, model, times, rng_inputs, slo, during=kill)
-            after = asdict(live.driver.counts)
-            delta = {
-                k: after[k] - before[k]
-                for k in ("submitted", "answered", "failed", "rerouted", "dispatched")
-            }
-            dropped = {
-                reason: n - before["dropped"].get(reason, 0)
-                for reason, n in after["dropped"].items()
-                if n - before["dropped"].get(reason, 0)
-            }
-            out["fault"] = {
-                "load_factor": load,
-                "device": victim,
-                "device_class": pool.device_class,
-                "killed_at_s": killed[0] if killed else None,
-                **result,
-                "driver": delta,
-                "dropped": dropped,
-                "exactly_once": result["answered"] == result["requests"]
-                and delta["answered"] == delta["submitted"]
-                and not live.driver.pending,
-            }
-            at = f"{killed[0]:.2f} s" if killed else "(never: too few arrivals)"
-            log(
-                f"fault: {pool.device_class} instance {victim} killed at {at}; "
-                f"{result['requests']} requests, "
-                f"{result['answered']} answered, re-routed batches {delta['rerouted']}, "
-                f"dropped {dropped}, within SLO {result['within_slo']:.4f}"
+            out["overload"] = await overload_runs(
+                live, model, max(capacity, 0.1) * throughput, rng_inputs, slo, args.probe_s
+            )
+            out["fault"] = await fault_run(
+                live, model, core, capacity * throughput, rng_inputs, slo, args
             )
         finally:
             await live.stop()
     return out
+
+
+def simulated_part(
+    args: argparse.Namespace,
+    plan: Plan,
+    profile: BlockProfile,
+    model: str,
+    live: dict[str, Any],
+) -> dict[str, Any]:
+    """The simulator on the same plan: its capacity with the stage times at
+    no load and with those of the live runs, and, like the live runs, late
+    and dropped requests at 1.0 and 1.5 × its capacity."""
+    calibration = live["calibration"]
+    handoff_s = calibration["handoff_ms_planned"] / 1000.0
+    idle_scale = calibration["stage_over_profile_idle"] if args.calibrate else {}
+    stages = plan.pipelines[0].stages
+    loaded_scale = {
+        stages[int(key.split(".")[1])].device_class: ms / live["live"]["stage_ms_profiled"][key]
+        for key, ms in live["live"]["stage_ms_mean"].items()
+    }
+
+    def run(scale: dict[str, float], load: float) -> Any:
+        return simulate_plan(
+            plan,
+            {model: scaled(profile, scale)},
+            load,
+            duration_s=args.sim_s,
+            handoff_s=handoff_s,
+            jitter=calibration["jitter"],
+        )
+
+    def capacity(scale: dict[str, float]) -> tuple[float, list[tuple[float, float]]]:
+        async def sim_probe(load: float) -> float:
+            return run(scale, load).within_slo[model]
+
+        return asyncio.run(bisect(sim_probe, 1.0, 12))
+
+    idle, idle_probes = capacity(idle_scale)
+    loaded, loaded_probes = capacity(loaded_scale)
+    overload = {}
+    for factor in (1.0, 1.5):
+        result = run(idle_scale, factor * max(idle, 0.05))
+        requests, late = result.requests[model], result.late[model]
+        answered = requests - result.dropped[model]
+        overload[f"{factor:.1f}"] = {
+            "requests": requests,
+            "within_slo": result.within_slo[model],
+            "late": late,
+            "dropped": result.dropped[model],
+            "late_of_answers": late / answered if answered else 0.0,
+        }
+    throughput = plan.pipelines[0].throughput
+    live_capacity = live["live"]["load_factor"]
+    return {
+        "simulated": {
+            "load_factor": idle,
+            "rate": idle * throughput,
+            "probes": idle_probes,
+            "sim_s": args.sim_s,
+            "stage_over_profile": idle_scale,
+            "overload": overload,
+        },
+        "simulated_with_loaded_stage_times": {
+            "load_factor": loaded,
+            "rate": loaded * throughput,
+            "probes": loaded_probes,
+            "stage_over_profile": loaded_scale,
+        },
+        "live_over_simulated": live_capacity / idle if idle else math.nan,
+        "live_over_simulated_loaded": live_capacity / loaded if loaded else math.nan,
+    }
+
+
+def print_summary(summary: dict[str, Any]) -> None:
+    plan, live, simulated = summary["plan"], summary["live"], summary["simulated"]
+    throughput = plan["throughput"]
+    loaded = summary["simulated_with_loaded_stage_times"]
+    print(
+        f"plan {throughput:.0f} requests/s (batch {plan['batch']}); capacity live "
+        f"{live['load_factor']:.3f} ({live['rate']:.0f}/s), simulated "
+        f"{simulated['load_factor']:.3f} ({simulated['rate']:.0f}/s): live/simulated "
+        f"{summary['live_over_simulated']:.3f}; simulated with the stage times of the live "
+        f"runs ({', '.join(f'{c} ×{r:.3f}' for c, r in loaded['stage_over_profile'].items())}) "
+        f"{loaded['load_factor']:.3f}: live/simulated {summary['live_over_simulated_loaded']:.3f}"
+    )
+    for factor, measured in summary["overload"].items():
+        sim = simulated["overload"][factor]
+        print(
+            f"at {factor} × capacity: live {measured['requests']} requests, "
+            f"{measured['late']} late ({100 * measured['late_of_answers']:.2f} % of answers), "
+            f"dropped {measured['errors']}; "
+            f"simulated {sim['requests']} requests, {sim['late']} late "
+            f"({100 * sim['late_of_answers']:.2f} %), {sim['dropped']} dropped"
+        )
+    fault = summary["fault"]
+    print(
+        f"answers equal to the uncut model's: {summary['answers']['all_equal']}; fault run: "
+        f"exactly once {fault['exactly_once']}, re-routed "
+        f"{fault['driver']['rerouted']}, dropped {fault['dropped']}"
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -513,38 +661,7 @@ def main(argv: list[str] | None = None) -> int:
         "classes": classes,
     }
     live = asyncio.run(live_part(args, setup))
-    calibration = live["calibration"]
-    handoff_s = calibration["handoff_ms_planned"] / 1000.0
-    idle_scale = calibration["stage_over_profile_idle"] if args.calibrate else {}
-    # What the stages took during the live capacity runs, against the profile.
-    stages = pipeline.stages
-    loaded_scale = {
-        stages[int(key.split(".")[1])].device_class: ms / live["live"]["stage_ms_profiled"][key]
-        for key, ms in live["live"]["stage_ms_mean"].items()
-    }
-
-    def sim_capacity(scale: dict[str, float]) -> tuple[float, list[tuple[float, float]]]:
-        profiles = {partitioning.name: scaled(profile, scale)}
-
-        async def sim_probe(load: float) -> float:
-            result = simulate_plan(
-                plan,
-                profiles,
-                load,
-                duration_s=args.sim_s,
-                handoff_s=handoff_s,
-                jitter=calibration["jitter"],
-            )
-            return result.within_slo[partitioning.name]
-
-        return asyncio.run(bisect(sim_probe, 1.0, 12))
-
-    sim_capacity_idle, sim_probes = sim_capacity(idle_scale)
-    sim_capacity_loaded, loaded_probes = sim_capacity(loaded_scale)
-    ratio = live["live"]["load_factor"] / sim_capacity_idle if sim_capacity_idle else math.nan
-    ratio_loaded = (
-        live["live"]["load_factor"] / sim_capacity_loaded if sim_capacity_loaded else math.nan
-    )
+    simulated = simulated_part(args, plan, profile, partitioning.name, live)
     throughput = pipeline.throughput
     summary = {
         "classes": {n: asdict(c) for n, c in classes.items()},
@@ -560,39 +677,13 @@ def main(argv: list[str] | None = None) -> int:
             cls: (profile.latency[(cls, 1)][:, 0] * 1e3).round(3).tolist() for cls in classes
         },
         **live,
-        "simulated": {
-            "load_factor": sim_capacity_idle,
-            "rate": sim_capacity_idle * throughput,
-            "probes": sim_probes,
-            "sim_s": args.sim_s,
-            "stage_over_profile": idle_scale,
-        },
-        "simulated_with_loaded_stage_times": {
-            "load_factor": sim_capacity_loaded,
-            "rate": sim_capacity_loaded * throughput,
-            "probes": loaded_probes,
-            "stage_over_profile": loaded_scale,
-        },
-        "live_over_simulated": ratio,
-        "live_over_simulated_loaded": ratio_loaded,
-        "within_15_percent": abs(ratio - 1.0) <= 0.15,
+        **simulated,
+        "within_15_percent": abs(simulated["live_over_simulated"] - 1.0) <= 0.15,
         "wall_s": time.monotonic() - started,
     }
     args.out_dir.mkdir(parents=True, exist_ok=True)
     (args.out_dir / "live.json").write_text(json.dumps(summary, indent=2) + "\n")
-    print(
-        f"plan {throughput:.0f} requests/s (batch {pipeline.batch}); capacity live "
-        f"{live['live']['load_factor']:.3f} ({live['live']['rate']:.0f}/s), simulated "
-        f"{sim_capacity_idle:.3f} ({sim_capacity_idle * throughput:.0f}/s): live/simulated "
-        f"{ratio:.3f}; simulated with the stage times of the live runs "
-        f"({', '.join(f'{c} ×{r:.3f}' for c, r in loaded_scale.items())}) "
-        f"{sim_capacity_loaded:.3f}: live/simulated {ratio_loaded:.3f}"
-    )
-    print(
-        f"answers equal to the uncut model's: {live['answers']['all_equal']}; fault run: "
-        f"exactly once {live['fault']['exactly_once']}, re-routed "
-        f"{live['fault']['driver']['rerouted']}, dropped {live['fault']['dropped']}"
-    )
+    print_summary(summary)
     print(f"wrote {args.out_dir / 'live.json'}")
     return 0
 

@@ -341,3 +341,23 @@ def test_a_report_of_a_replaced_route_is_ignored_and_a_failed_stage_drops_its_ba
     ]
     assert core.in_flight == {} and all(len(t) == 0 for t in core.device_tables)
     assert start == (1, 0, 0, 0.0)
+
+
+def test_the_projection_times_stages_by_how_they_ran_lately() -> None:
+    core = two_stage(slo=10.0)
+    # Batch 1 runs both stages at twice their profile (1 s → 2 s, 2 s → 4 s).
+    (start,) = starts(core.add_request(Request(1, "m", 0.0, 10.0), 0.0))
+    out = core.stage_finished(1, 0, 0.0, 2.0, 2.0)
+    (second,) = [d for d in out if isinstance(d, StageStart)]
+    assert core.stage_finished(1, 1, 2.0, 6.0, 6.0, run=second.run) != []
+    # Batch 2 is admitted on the profile (ends by 3 s of 3.5 s), but stage 0
+    # ran 1.5 s: stage 1 at its pace (1 + 0.1 × (2 − 1) = 1.1 → 2.2 s, plus
+    # one spread) cannot end by 3.5 s: dropped when due.
+    assert starts(core.add_request(Request(2, "m", 6.0, 9.5), 6.0)) == [(2, 0, 0, 6.0)]
+    out = core.stage_finished(2, 0, 6.0, 7.5, 7.5)
+    assert [(type(d), getattr(d, "reason", None)) for d in out] == [(Drop, DropReason.DEADLINE)]
+    # On the profile alone it would have made it: 7.5 + 2 ≤ 9.5.
+    fresh = two_stage(slo=10.0)
+    starts(fresh.add_request(Request(2, "m", 6.0, 9.5), 6.0))
+    assert starts(fresh.stage_finished(1, 0, 6.0, 7.5, 7.5)) == [(1, 1, 1, 7.5)]
+    assert start == (1, 0, 0, 0.0)
