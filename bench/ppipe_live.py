@@ -92,7 +92,7 @@ from app.repository.block_profile import DeviceClass, prepartition, profile_bloc
 from app.repository.chain_model import CHAIN_MODEL, write_chain
 from app.repository.partition import run, session, synthetic_inputs, verify_chain
 from app.scheduling.ppipe import PPipeScheduler
-from app.scheduling.ppipe.sequencer import LIVE_HOLD, live_lead
+from app.scheduling.ppipe.sequencer import LIVE_HOLD, LIVE_OVERDUE, live_lead
 from app.server.pipeline_setup import LivePipelines, wait_answered
 from app.server.pipeline_types import DriverCounts
 from app.simulation.ppipe_run import plan_arrivals, simulate_plan
@@ -651,6 +651,7 @@ def main(argv: list[str] | None = None) -> int:
             deadline_margin=args.deadline_margin_ms / 1000.0,
             lead=live_lead(layout),
             hold=LIVE_HOLD,
+            overdue=LIVE_OVERDUE,
         )
 
     setup = {

@@ -68,6 +68,9 @@ class StageCore(DrivenCore[PipelineDecision], Protocol):
     @property
     def layout(self) -> Layout: ...
 
+    # Times an instance was routed around because a stage it held was overdue.
+    overdue_count: int
+
     def stage_finished(
         self,
         batch_id: int,

@@ -379,6 +379,14 @@ class PipelineDriver(EventDriver):
     # ------------------------------------------------------------------ timer
 
     def _rearm(self) -> None:
+        overdue = self.core.overdue_count
+        if overdue > self.counts.overdue:
+            self.counts.overdue = overdue
+            log.warning(
+                "a pipeline instance's stage is overdue: routing around it until it reports "
+                "(%d times so far)",
+                overdue,
+            )
         if not self.closing:
             self._wakeup.arm(self.core.next_wakeup())
 

@@ -185,7 +185,7 @@ def _build(
     from app.planning.ppipe.reference import timings_root
     from app.repository.partition import load_partitioning
     from app.scheduling.ppipe import PPipeScheduler
-    from app.scheduling.ppipe.sequencer import LIVE_HOLD, live_lead
+    from app.scheduling.ppipe.sequencer import LIVE_HOLD, LIVE_OVERDUE, live_lead
 
     assert settings.ppipe_plan is not None
     plan = read_plan(settings.ppipe_plan)
@@ -252,6 +252,7 @@ def _build(
         deadline_margin=settings.deadline_margin_ms / 1000.0,
         lead=live_lead(layout),
         hold=LIVE_HOLD,
+        overdue=LIVE_OVERDUE,
     )
     workdir = Path(tempfile.mkdtemp(prefix="deadline-serve-ppipe-"))
     try:

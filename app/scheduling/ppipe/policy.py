@@ -83,6 +83,14 @@ Deviations from the pseudo-code, each for a reason:
   pipeline does not serve it late. Without
   jitter the projection never exceeds the plan, so simulated runs are
   unchanged.
+* *Overdue instances* (daemon only, `overdue`): an executor that is
+  stopped or wedged holds its stages until the pool's heartbeat timeout
+  kills it. An instance whose oldest stage has not reported `factor` × its
+  planned time + `margin` after it could start (its start, or when the one
+  before it reported) is taken out of the routes as if it had failed —
+  its batches re-routed to its pool's other instances — and put back by
+  its next good report (a late report of a re-routed stage is ignored: the
+  new route writes the same outputs) or by the pool's `device_up`.
 * *Re-routing on a device failure*: a batch that still needs the failed
   device, or whose intermediate output it held, is probed again from its
   first unfinished stage (from the start if the output it needs is lost),
@@ -152,11 +160,15 @@ class PPipeScheduler:
         deadline_margin: float = 0.0,
         lead: float = 0.0,
         hold: int = 1,
+        overdue: tuple[float, float] | None = None,
     ) -> None:
         """`lead` and `hold`: how stages are handed over (sequencer.py): `lead`
         seconds before their reserved start, at most `hold` per instance not
         reported yet (the simulator: 0 and 1; the daemon's executors:
-        `live_lead(layout)` and `LIVE_HOLD`)."""
+        `live_lead(layout)` and `LIVE_HOLD`). `overdue` (factor, margin s):
+        an instance whose oldest stage has not reported factor × its planned
+        time + margin after it could start is routed around (see "Overdue
+        instances" in the module docstring; the daemon: `LIVE_OVERDUE`)."""
         if not 0.0 <= admit_floor <= 1.0:
             raise ValueError(f"admit_floor must be in [0, 1], got {admit_floor}")
         if not (deadline_margin >= 0.0 and math.isfinite(deadline_margin)):
@@ -189,6 +201,11 @@ class PPipeScheduler:
         self._sequencer = StageSequencer(n_dev, layout.nodes, lead=lead, hold=hold)
         # (pipeline, stage) → (mean, variance) of its runs over its profile
         self._pace: dict[tuple[int, int], tuple[float, float]] = {}
+        self._overdue = overdue
+        self._handed_plan: dict[int, tuple[float, float]] = {}  # run → (start, planned s)
+        self._overdue_at: dict[int, float] = {}  # device → when its oldest run is overdue
+        self._suspect: set[int] = set()  # routed around for an overdue run
+        self.overdue_count = 0  # times an instance was routed around for an overdue run
         self._admitted: set[int] = set()
         self._out: list[PipelineDecision] = []
         self._next_batch_id = 1
@@ -241,6 +258,8 @@ class PPipeScheduler:
         of a route the core replaced is ignored). The last stage's report
         completes the batch; another hands the next stage over when due."""
         now = self._tick(now)
+        if device is not None and device in self._suspect:
+            self._revive(device, now)  # it answers after all
         holder, live = self._report(batch_id, stage, run)
         batch = self.in_flight.get(batch_id)
         if not live or batch is None or not 0 <= stage < len(batch.stages):
@@ -323,6 +342,11 @@ class PPipeScheduler:
 
     def advance(self, now: float) -> list[PipelineDecision]:
         now = self._tick(now)
+        for device, at in list(self._overdue_at.items()):
+            if at <= now and self.alive[device]:
+                self._suspect.add(device)
+                self.overdue_count += 1
+                self._device_down(device, now)
         for device in self._sequencer.due_devices(now):
             self._pump_device(device, now)
         for up, down in self._sequencer.due_links(now):
@@ -338,6 +362,7 @@ class PPipeScheduler:
         due = self._sequencer.next_due()
         if due is not None:
             wakes.append(due)
+        wakes.extend(at for device, at in self._overdue_at.items() if self.alive[device])
         return min(wakes) if wakes else None
 
     def device_down(self, device: int, now: float) -> list[PipelineDecision]:
@@ -346,9 +371,18 @@ class PPipeScheduler:
         now = self._tick(now)
         if not 0 <= device < len(self.alive):
             raise ValueError(f"unknown device {device}")
+        # Its executor died: the pool brings it back (`device_up`), not a report.
+        self._suspect.discard(device)
+        self._device_down(device, now)
+        return self._take()
+
+    def _device_down(self, device: int, now: float) -> None:
         if not self.alive[device]:
-            return self._take()
+            return
         self.alive[device] = False
+        for handed in self._sequencer.held_by(device):
+            self._handed_plan.pop(handed.run, None)
+        self._overdue_at.pop(device, None)
         self._sequencer.device_down(device)
         for batch in list(self.in_flight.values()):
             first = next(k for k, run in enumerate(batch.stages) if not run.done)
@@ -360,21 +394,24 @@ class PPipeScheduler:
         self._touch_all()
         for state in self.models.values():
             self._schedule(state, now)
-        return self._take()
 
     def device_up(self, device: int, now: float) -> list[PipelineDecision]:
         now = self._tick(now)
         if not 0 <= device < len(self.alive):
             raise ValueError(f"unknown device {device}")
+        self._revive(device, now)
+        return self._take()
+
+    def _revive(self, device: int, now: float) -> None:
+        self._suspect.discard(device)
         if self.alive[device]:
-            return self._take()
+            return
         self.alive[device] = True
         self.device_tables[device] = ReservationTable(f"device {device}")
         self._touch_all()
         for state in self.models.values():
             self._schedule(state, now)
         self._pump_device(device, now)
-        return self._take()
 
     def queued(self) -> int:
         """Requests waiting in the models' queues (not yet dispatched)."""
@@ -606,6 +643,10 @@ class PPipeScheduler:
                 sequencer.skip_device_work(device)
                 continue
             handed = sequencer.hand_device_work(device)
+            run = batch.stages[stage]
+            self._handed_plan[handed.run] = (start_at, run.finish - run.start)
+            if device not in self._overdue_at:
+                self._watch(device, now)
             self._out.append(StageStart(batch, stage, device, start_at, handed.run))
 
     def _pump_link(self, up: int, down: int, now: float) -> None:
@@ -694,7 +735,25 @@ class PPipeScheduler:
             run = self._sequencer.current_run(batch_id, stage)
             if run is None:
                 return None, True
-        return self._sequencer.reported(run)
+        holder, live = self._sequencer.reported(run)
+        self._handed_plan.pop(run, None)
+        if holder is not None and holder.device >= 0:
+            self._overdue_at.pop(holder.device, None)
+            self._watch(holder.device, self.clock)
+        return holder, live
+
+    def _watch(self, device: int, now: float) -> None:
+        """When the instance's oldest run counts as overdue (none: not watched)."""
+        if self._overdue is None:
+            return
+        held = self._sequencer.held_by(device)
+        plan = self._handed_plan.get(held[0].run) if held else None
+        if plan is None:
+            self._overdue_at.pop(device, None)
+            return
+        factor, margin = self._overdue
+        start_at, planned = plan
+        self._overdue_at[device] = max(start_at, now) + factor * planned + margin
 
     # ----------------------------------------------------------------- plumbing
 

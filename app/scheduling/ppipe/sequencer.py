@@ -42,6 +42,12 @@ _INF = math.inf
 LIVE_HOLD = 2
 
 
+# (factor, margin s): a live instance whose oldest stage has not reported 4 ×
+# its planned time + 0.1 s after it could start is routed around (policy.py,
+# "Overdue instances"), well before the pool's heartbeat timeout.
+LIVE_OVERDUE = (4.0, 0.1)
+
+
 def live_lead(layout: Layout) -> float:
     """How long before its reserved start a live executor is handed a stage:
     half the shortest stage of the layout at batch 1, at most 1 ms — shorter
