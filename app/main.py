@@ -18,6 +18,7 @@ from app.api.security import exposure_warning
 from app.errors import ModelNotReady
 from app.grpc.lifecycle import start_grpc_endpoint
 from app.server.live import LiveService
+from app.server.loop_watchdog import LoopWatchdog
 from app.server.metrics import Metrics
 from app.server.one_process import refuse_several_workers
 from app.server.settings import Settings
@@ -46,14 +47,21 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         except BaseException:
             await service.stop()
             raise
-        # From here a signal starts the drain at once (app/server/stop_signals.py).
+        # From here a signal starts the drain at once (app/server/stop_signals.py),
+        # and a wedged loop cannot keep the process from ending (app/server/loop_watchdog.py).
+        loop = asyncio.get_running_loop()
+        watchdog = LoopWatchdog(
+            loop, grace_s=settings.shutdown_grace_s, on_exit=service.emergency_stop
+        )
         signals = StopSignals(
-            asyncio.get_running_loop(),
+            loop,
             settings.shutdown_grace_s,
             on_first=service.begin_shutdown,
             on_again=service.hurry,
+            on_received=watchdog.signalled,
         )
         signals.install()
+        watchdog.start()
         try:
             yield
         finally:
@@ -62,6 +70,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             finally:
                 await grpc_endpoint.stop()  # after the drain (app/grpc/lifecycle.py)
                 signals.restore()
+                watchdog.stop()
 
     def get_service() -> LiveService:
         service = holder.get("service")

@@ -109,6 +109,12 @@ async def load_models(settings: Settings) -> RepositoryIndex:
     return index
 
 
+def arena_capacity(settings: Settings, config: ModelConfig) -> int:
+    """A model's arena slots, at start-up and on every (re)load alike: one
+    per item, ARENA_SLOTS, and at least one whole request of max_batch_size."""
+    return max(settings.arena_slots, config.max_batch_size)
+
+
 def device_layout(settings: Settings) -> list[ExecutorDevice]:
     devices = detect_devices(
         settings.cpu_slices,
@@ -134,7 +140,7 @@ async def start_executors(
     # One slot per item; at least one whole request of max_batch_size items.
     pool: ExecutorPool | RayExecutorPool
     arenas = {
-        name: Arena.create(config, max(settings.arena_slots, config.max_batch_size))
+        name: Arena.create(config, arena_capacity(settings, config))
         for name, config in index.models.items()
     }
     if settings.ray_address is not None:
@@ -163,7 +169,7 @@ async def start_executors(
         if not hosts:
             unavailable[name] = why_not_loaded(pool, devices, config)
             log.error("model %s unavailable: %s", name, unavailable[name])
-            arenas[name].close_and_unlink()
+            await pool.remove_model(name)  # and its arena: a later load starts afresh
             continue
         models[name] = ModelState(config, arenas[name], hosts)
     return pool, models, unavailable
