@@ -43,7 +43,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         holder["service"] = service
         try:
             await service.start()
-            grpc_endpoint = await start_grpc_endpoint(settings, lambda: service)
+            grpc_endpoint = await start_grpc_endpoint(settings, lambda: service, metrics)
         except BaseException:
             await service.stop()
             raise

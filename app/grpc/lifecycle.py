@@ -18,8 +18,10 @@ loop, one process and one service — and stops it after the service:
   `max_connection_idle`, a GOAWAY the client's channel reconnects after),
   one with calls in flight is not; calls in progress at once are capped at
   the HTTP connection cap (`MAX_CONNECTIONS`), beyond which a call is
-  answered RESOURCE_EXHAUSTED. grpcio has no cap on connections themselves
-  or timeout on a slow request's head: what HTTP's guarded protocol does
+  refused at once with RESOURCE_EXHAUSTED `overloaded`, counted and logged
+  (app/grpc/admission.py; grpcio's own cap would end it without a reason).
+  grpcio has no cap on connections themselves or timeout on a slow
+  request's head: what HTTP's guarded protocol does
   per connection (app.api.connection) is not done here;
 - at shutdown the endpoint keeps accepting while the service drains, so a
   call that arrives then is answered UNAVAILABLE `shutting_down` by the
@@ -34,6 +36,7 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
+from app.server.metrics import Metrics
 from app.server.service import InferenceService
 from app.server.settings import Settings
 
@@ -78,7 +81,9 @@ def grpc_address(host: str, port: int) -> str:
 
 
 async def start_grpc_endpoint(
-    settings: Settings, get_service: Callable[[], InferenceService]
+    settings: Settings,
+    get_service: Callable[[], InferenceService],
+    metrics: Metrics | None = None,
 ) -> GrpcEndpoint:
     """Serve `inference.GRPCInferenceService` on GRPC_PORT (see the module
     docstring); raises RuntimeError when the port cannot be bound."""
@@ -101,6 +106,7 @@ async def start_grpc_endpoint(
 
     from app.api.context import server_version
     from app.api.limits import RequestLimits
+    from app.grpc.admission import Admission
     from app.server.connection_limits import connection_limits
 
     limits = RequestLimits(settings.max_body_bytes, settings.max_json_bytes)
@@ -114,7 +120,11 @@ async def start_grpc_endpoint(
     if connections.keep_alive_timeout_s > 0:
         idle_ms = max(1, int(connections.keep_alive_timeout_s * 1000))
         options.append(("grpc.max_connection_idle_ms", idle_ms))
-    server = grpc.aio.server(options=options, maximum_concurrent_rpcs=connections.max_connections)
+    admission = Admission(
+        connections.max_connections,
+        metrics.grpc_call_refused if metrics is not None else lambda method: None,
+    )
+    server = grpc.aio.server(options=options, interceptors=[admission])
     servicer = InferenceServicer(
         get_service,
         limits,

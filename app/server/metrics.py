@@ -231,6 +231,12 @@ class Metrics:
             "Executor processes that died or hung (killed by the watchdog).",
             ["device"],
         )
+        self.grpc_refused = self._counter(
+            "grpc_refused",
+            "gRPC calls refused at once with RESOURCE_EXHAUSTED overloaded: MAX_CONNECTIONS "
+            "calls were in progress (app/grpc/admission.py).",
+            ["method"],
+        )
         self.executor_respawn_seconds = self._gauge(
             "executor_respawn_seconds",
             "Seconds from the last executor failure to serving again (respawned).",
@@ -275,6 +281,9 @@ class Metrics:
 
     def executor_restarted(self, device: str, seconds_down: float) -> None:
         self.executor_respawn_seconds.labels(device).set(seconds_down)
+
+    def grpc_call_refused(self, method: str) -> None:
+        self.grpc_refused.labels(method=method).inc()
 
     def request_received(self, model: str) -> None:
         """A request is accepted: counted, and pending until `request_answered`."""
