@@ -14,6 +14,7 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI
 
 from app.api import create_api
+from app.api.connection import guard_running_uvicorn
 from app.api.security import exposure_warning
 from app.errors import ModelNotReady
 from app.grpc.lifecycle import start_grpc_endpoint
@@ -22,7 +23,7 @@ from app.server.loop_watchdog import LoopWatchdog
 from app.server.metrics import Metrics
 from app.server.one_process import refuse_several_workers
 from app.server.settings import Settings
-from app.server.stop_signals import StopSignals
+from app.server.stop_signals import StopSignals, uvicorn_server
 
 log = logging.getLogger("app.server")
 
@@ -39,6 +40,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
     @asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
+        # Plain `uvicorn app.main:app`: its connections get the guarded
+        # protocol too (app/api/connection.py), or a warning says why not.
+        guard_running_uvicorn(settings, uvicorn_server())
         service = LiveService(settings, metrics)
         holder["service"] = service
         try:

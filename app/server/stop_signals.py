@@ -134,6 +134,14 @@ class StopSignals:
             previous(signum, frame)
 
 
+def uvicorn_server() -> Any:
+    """The uvicorn Server running this process (found through the SIGTERM
+    handler it installed), else None."""
+    if threading.current_thread() is not threading.main_thread():
+        return None
+    return _uvicorn_server(signal.getsignal(signal.SIGTERM))
+
+
 def _uvicorn_server(handler: Handler) -> Any:
     """The uvicorn Server whose `handle_exit` `handler` is, else None."""
     owner = getattr(handler, "__self__", None)
