@@ -456,7 +456,9 @@ async def _load(service: LiveService, config: ModelConfig, planned: tuple[int, .
         )
     state = ModelState(config, arena, hosts)
     try:
-        await startup.measure_model(settings, pool, service.device(hosts[0]), state)
+        device = service.device(hosts[0])
+        serving = any(device.id in group.devices and group.models for group in dispatcher.groups)
+        await startup.measure_model(settings, pool, device, state, serving=serving)
         info = state.info()
         if not dispatcher.add_model(info, hosts):
             if any(set(hosts) & set(group.devices) for group in dispatcher.groups):

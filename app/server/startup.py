@@ -77,11 +77,17 @@ class ModelState:
 
 
 async def measure_model(
-    settings: Settings, pool: ExecutorPool, device: ExecutorDevice, state: ModelState
+    settings: Settings,
+    pool: ExecutorPool,
+    device: ExecutorDevice,
+    state: ModelState,
+    *,
+    serving: bool = False,
 ) -> None:
-    """Set the model's latency profile (`measure_profile`) and, for a
-    dynamic model, its input dependence (`measure_dynamic`), on `device`."""
-    state.profile = await measure_profile(settings, pool, device, state.config)
+    """Set the model's latency profile (`measure_profile`; `serving`: the
+    device serves other models meanwhile) and, for a dynamic model, its
+    input dependence (`measure_dynamic`), on `device`."""
+    state.profile = await measure_profile(settings, pool, device, state.config, serving=serving)
     state.dynamic = await measure_dynamic(pool, device, state.config, state.profile)
 
 
