@@ -20,6 +20,10 @@ loop, one process and one service — and stops it after the service:
   the HTTP connection cap (`MAX_CONNECTIONS`), beyond which a call is
   refused at once with RESOURCE_EXHAUSTED `overloaded`, counted and logged
   (app/grpc/admission.py; grpcio's own cap would end it without a reason).
+  Calls arriving faster than the server takes them wait in grpcio's core,
+  up to `PENDING_PER_CALL` × that cap, at least `PENDING_MIN` (grpcio's
+  default, 1,000 to 3,000,
+  cancelled the rest of a burst silently: 63 % of 10,000);
   grpcio has no cap on connections themselves or timeout on a slow
   request's head: what HTTP's guarded protocol does
   per connection (app.api.connection) is not done here;
@@ -46,6 +50,10 @@ EXTRA = "pip install 'deadline-serve[triton]'"
 # After the service's drain every accepted call has its answer: this only
 # lets the last ones be sent before the connections close.
 STOP_GRACE_S = 1.0
+# Calls grpcio's core may hold before the server takes them, per call the
+# server takes at once (MAX_CONNECTIONS): see start_grpc_endpoint.
+PENDING_PER_CALL = 16
+PENDING_MIN = 16384
 
 
 class GrpcEndpoint:
@@ -120,6 +128,17 @@ async def start_grpc_endpoint(
     if connections.keep_alive_timeout_s > 0:
         idle_ms = max(1, int(connections.keep_alive_timeout_s * 1000))
         options.append(("grpc.max_connection_idle_ms", idle_ms))
+    # grpcio's core cancels calls (CANCELLED, no details) it holds unmatched
+    # beyond grpc.server.max_pending_requests (1,000; at random up to the
+    # hard limit, 3,000): a burst would lose them silently before Admission
+    # sees them. Held up to PENDING_PER_CALL × the call limit instead (at
+    # least PENDING_MIN): one waiting holds its headers, its message at most
+    # what the connection's flow-control window lets in.
+    pending = max(PENDING_MIN, PENDING_PER_CALL * connections.max_connections)
+    options += [
+        ("grpc.server.max_pending_requests", pending),
+        ("grpc.server.max_pending_requests_hard_limit", pending),
+    ]
     admission = Admission(
         connections.max_connections,
         metrics.grpc_call_refused if metrics is not None else lambda method: None,
