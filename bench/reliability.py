@@ -2,6 +2,7 @@
 
     python -m bench.reliability grpc-burst --calls 1500,3000,10000
     python -m bench.reliability model-control --cycles 300 --rate 200
+    python -m bench.reliability --set MAX_CONNECTIONS=500 grpc-burst --calls 3000
 
 Each starts a fresh `python -m app serve` of this checkout on bench.attack's
 repository (`tiny`: ℓ(b) = 0.05·b + 0.5 ms, batches of up to 8, SLO 1 s;
@@ -52,9 +53,12 @@ OVERRIDES = (
 )
 
 
+SETTINGS: dict[str, str] = {}  # --set NAME=VALUE: extra daemon settings
+
+
 def _start(grpc_port: int = 0) -> Any:
     repo = write_repository(Path(tempfile.mkdtemp(prefix="reliability-")) / "models")
-    env = {**BASE_ENV, "GRPC_PORT": str(grpc_port)}
+    env = {**BASE_ENV, "GRPC_PORT": str(grpc_port), **SETTINGS}
     return launch(repo, env)
 
 
@@ -247,7 +251,20 @@ def main(argv: list[str] | None = None) -> int:
     control.add_argument("--cycles", type=int, default=300)
     control.add_argument("--rate", type=float, default=200.0, help="client requests/s")
     parser.add_argument("--json", type=Path, help="write the results here")
+    parser.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="a daemon setting (environment variable); repeatable",
+    )
     args = parser.parse_args(argv)
+    for item in args.set:
+        name, sep, value = item.partition("=")
+        if not sep:
+            print(f"--set: expected NAME=VALUE, got {item!r}", file=sys.stderr)
+            return 2
+        SETTINGS[name.strip()] = value
     if args.command == "grpc-burst":
         try:
             sizes = [int(n) for n in args.calls.split(",")]

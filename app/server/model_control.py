@@ -325,6 +325,7 @@ async def _unload(service: LiveService, name: str) -> None:
                 raise RuntimeError(
                     f"model {shown_model(name)}: requests still unanswered after unloading"
                 )
+        service.unavailable[name] = "unloading"  # listed until it is unloaded
         del service.models[name]
         service.statistics.remove_model(name)
         await pool.remove_model(name)  # the executors let go, then the arena is unlinked
@@ -367,10 +368,11 @@ async def load(service: LiveService, name: str, override: str | None = None) -> 
     plans = [(config, await _preflight(service, config)) for config in configs]
     if served:
         await unload(service, name)
+    keys = [config.name for config in configs]
     for key in _version_keys(service.unavailable, name):
         del service.unavailable[key]  # versions the repository no longer selects go
-    keys = [config.name for config in configs]
     service.control_state.update(dict.fromkeys(keys, "loading"))
+    service.unavailable.update(dict.fromkeys(keys, "loading"))  # listed while loading
     failure: LoadFailed | None = None
     try:
         for config, hosts in plans:
@@ -466,7 +468,9 @@ async def _load(service: LiveService, config: ModelConfig, planned: tuple[int, .
                     f"model {shown_model(name)} would run on devices {list(hosts)}, which other "
                     "models share with a different set of devices; restart the server to serve it"
                 )
-            dispatcher.add_group(_new_core(service, info, hosts))
+            # A new core is no one's yet: built off the event loop (a policy
+            # may plan for a while, e.g. nexus ~2 s at max_batch_size 65536).
+            dispatcher.add_group(await asyncio.to_thread(_new_core, service, info, hosts))
     except BaseException:
         await pool.remove_model(name)
         raise
