@@ -229,6 +229,41 @@ def test_a_device_failure_reroutes_the_stage_and_ignores_the_old_report():
     asyncio.run(scenario())
 
 
+def test_an_instance_whose_stage_is_overdue_is_routed_around_before_the_heartbeat():
+    """Issue 42, item 10: a SIGSTOPped stage kept its traffic until the pool's
+    heartbeat timeout (0.8 s) killed it, though the class had a healthy
+    instance."""
+
+    async def scenario() -> None:
+        live, core, executors, clock, timer, slots = driver(slo_s=1.0)
+        futures = [live.submit("m", x(v)) for v in (1.0, 2.0)]
+        finish(live, slots, executors.runs[0], 0.0, 0.004, clock=clock)
+        stuck, _, _, rows, start = executors.runs[1]
+        other = 3 - stuck
+        # 4 × its planned 12 ms + 0.1 s after its start; nothing before.
+        assert timer.when == pytest.approx(start + 4 * 0.012 + 0.1)
+        clock.now = timer.when - 0.001
+        assert live.counts.overdue == 0 and core.alive[stuck]
+        clock.now = timer.when
+        timer.fire()
+        assert live.counts.overdue == 1 and live.counts.rerouted == 1
+        assert not core.alive[stuck]
+        device, _, model, rerows, _ = executors.runs[2]
+        assert (device, model, rerows) == (other, SECOND, rows)
+        finish(live, slots, executors.runs[2], clock.now, clock.now + 0.012, clock=clock)
+        assert [f.result().outputs["y"][0, 0] for f in futures] == [2.0, 4.0]
+        assert [f.result().devices for f in futures] == [(0, other)] * 2
+        # The stopped one goes on (SIGCONT): its late report is ignored, and
+        # it is back in the routes.
+        finish(live, slots, executors.runs[1], start, clock.now + 0.001, clock=clock)
+        assert core.alive[stuck]
+        assert (live.counts.answered, live.counts.failed) == (2, 0)
+        assert live.pending == {} and slots.free_slots == 8
+        slots.close_and_unlink()
+
+    asyncio.run(scenario())
+
+
 def test_a_batch_no_pool_can_take_is_dropped_once_its_slots_kept_until_its_run_ends():
     async def scenario() -> None:
         live, _, executors, clock, _, slots = driver()

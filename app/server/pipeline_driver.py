@@ -40,6 +40,13 @@ simulated ones can be compared:
   that `transfer_seconds` is ~0); where the core planned a transfer, it is
   reported as done the moment the previous stage ended.
 
+An instance whose oldest stage is overdue (`OVERDUE_FACTOR` × its planned
+time + `OVERDUE_MARGIN_S` after it could start; a stopped or wedged
+executor) is reported to the core as down at once, so that its batches are
+re-routed to the class's healthy instances instead of waiting for the pool's
+heartbeat timeout to kill it; a good report from it brings it back (the
+stages re-routed meanwhile write the same values: see below).
+
 Exactly once: every request gets one answer — its outputs, or an error.
 A request's slots are released only once no executor can touch them any
 more: after its answer and after every stage handed out for its batch has
@@ -92,6 +99,11 @@ log = logging.getLogger(__name__)
 
 # Runs an executor holds at once: the one it runs and the next (see above).
 HANDED_AHEAD = 2
+# A stage an instance holds is overdue this many times its planned time (plus
+# the margin) after it could start: the instance is routed around at once
+# (a SIGSTOPped or wedged executor), rather than after the heartbeat timeout.
+OVERDUE_FACTOR = 4.0
+OVERDUE_MARGIN_S = 0.1
 
 
 @dataclass
@@ -108,6 +120,8 @@ class _Device:
     queue: list[tuple[float, int, int, int]] = field(default_factory=list)
     handed: list[int] = field(default_factory=list)  # runs handed over, not reported yet
     wake: float = math.inf  # when its queue's head is due to be handed over
+    overdue_at: float = math.inf  # when its oldest handed run counts as overdue
+    suspect: bool = False  # taken out of the core's routes for an overdue run
 
 
 @dataclass(frozen=True)
@@ -116,6 +130,8 @@ class _RunOf:
     stage: int
     gen: int
     device: int
+    start: float = 0.0  # its reserved start
+    planned_s: float = 0.0  # its planned duration
 
 
 def default_lead(scheduler: PPipeScheduler) -> float:
@@ -234,6 +250,7 @@ class PipelineDriver(EventDriver):
         elif isinstance(event, BatchStopped):  # never cancelled by this driver
             self._stage_report(event.batch_id, event.at, event.at, "stopped")
         elif isinstance(event, DeviceDown) and 0 <= event.device < len(self._devices):
+            self._devices[event.device].suspect = False  # the pool brings it back now
             self._apply(self.core.device_down(event.device, now))
         elif isinstance(event, DeviceUp) and 0 <= event.device < len(self._devices):
             self._apply(self.core.device_up(event.device, now))
@@ -310,9 +327,14 @@ class PipelineDriver(EventDriver):
         partition = self.models[batch.model].partitions[(blocks.start, blocks.end)]
         slots = [s for r in batch.requests for s in self._slots_of(r)]
         run_id = next(self._run_ids)
-        self._runs[run_id] = _RunOf(batch_id, stage, gen, device)
+        planned = batch.stages[stage]
+        self._runs[run_id] = _RunOf(
+            batch_id, stage, gen, device, start, max(0.0, planned.finish - planned.start)
+        )
         self._open_runs[batch_id] = self._open_runs.get(batch_id, 0) + 1
         self._devices[device].handed.append(run_id)
+        if len(self._devices[device].handed) == 1:
+            self._watch_oldest(device, now)
         self.counts.stage_runs += 1
         try:
             self._executors.submit(device, run_id, partition, slots, start)
@@ -332,10 +354,16 @@ class PipelineDriver(EventDriver):
             log.warning("report of unknown stage run %d", run_id)
             return
         state = self._devices[of.device]
+        now = self._clock()
         if run_id in state.handed:
             state.handed.remove(run_id)
+            self._watch_oldest(of.device, now)
+        if state.suspect and error is None:
+            # It answers after all: routes may use it again.
+            state.suspect = False
+            log.warning("pipeline device %d reported again: back in its routes", of.device)
+            self._apply(self.core.device_up(of.device, now))
         self._close_run(of.batch)
-        now = self._clock()
         batch = self.core.in_flight.get(of.batch)
         current = batch is not None and self._gen.get((of.batch, of.stage)) == of.gen
         if current and batch is not None:
@@ -478,8 +506,39 @@ class PipelineDriver(EventDriver):
 
     # ------------------------------------------------------------------ timer
 
+    def _watch_oldest(self, device: int, now: float) -> None:
+        """The device's oldest handed run (if any) is overdue
+        OVERDUE_FACTOR × its planned time + OVERDUE_MARGIN_S after it could
+        start (its reserved start, or now: it waited for the one before)."""
+        state = self._devices[device]
+        run = self._runs.get(state.handed[0]) if state.handed else None
+        if run is None:
+            state.overdue_at = math.inf
+            return
+        began = max(run.start, now)
+        state.overdue_at = began + OVERDUE_FACTOR * run.planned_s + OVERDUE_MARGIN_S
+
+    def _check_overdue(self, now: float) -> None:
+        """Take an instance whose oldest run is overdue out of the routes
+        (`device_down` to the core: its batches are re-routed to healthy
+        instances of its class) without waiting for the heartbeat timeout;
+        it is back at its next good report, or with the pool's DeviceUp."""
+        for device, state in enumerate(self._devices):
+            if state.overdue_at > now or state.suspect or not self.core.alive[device]:
+                continue
+            state.suspect = True
+            self.counts.overdue += 1
+            log.warning(
+                "pipeline device %d: the stage it runs is overdue (%.3f s past its due time); "
+                "routing around it",
+                device,
+                now - state.overdue_at,
+            )
+            self._apply(self.core.device_down(device, now))
+
     def _rearm(self) -> None:
         wakes = [d.wake for d in self._devices if d.wake < math.inf]
+        wakes += [d.overdue_at for d in self._devices if d.overdue_at < math.inf and not d.suspect]
         core = self.core.next_wakeup()
         if core is not None:
             wakes.append(core)
@@ -494,6 +553,7 @@ class PipelineDriver(EventDriver):
             wake_core = self.core.next_wakeup()
             if wake_core is not None and wake_core <= now:
                 self._apply(self.core.advance(now))
+            self._check_overdue(now)
             for device, state in enumerate(self._devices):
                 if state.wake <= now:
                     state.wake = math.inf

@@ -62,6 +62,7 @@ class DriverCounts:
     rerouted: int = 0  # batches dispatched again after a device failed
     stage_runs: int = 0
     stage_errors: int = 0
+    overdue: int = 0  # instances routed around for an overdue stage (before the heartbeat)
     # Per "pipeline.stage" of the completed batches: their stages' time, as
     # the executors reported it, and how many (mean = seconds / batches).
     stage_seconds: dict[str, float] = field(default_factory=dict)
