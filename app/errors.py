@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 
 class ServingError(Exception):
     """Base class: `status` is the HTTP status, `reason` a stable short code."""
@@ -28,6 +30,14 @@ class ModelUnloaded(ModelNotReady):
     """The model was unloaded (or is being unloaded or loaded) on request."""
 
     reason = "unloaded"
+
+
+class ControlBusy(ServingError):
+    """A model-control call that cannot be carried out now (an executor it
+    needs is restarting): nothing was changed; retry."""
+
+    status = 503
+    reason = "executor_restarting"
 
 
 class LoadFailed(ServingError):
@@ -90,3 +100,15 @@ DROP_MESSAGES = {
 def dropped(reason: str) -> Dropped:
     """The error a request dropped for `reason` (a DropReason value) gets."""
     return Dropped(DROP_MESSAGES.get(reason, f"dropped: {reason}"), reason)
+
+
+# An absolute path: a '/' that starts a word (not after a letter, digit, '.',
+# ':' or '/', so neither "1/2", "a/b" nor a URL's "//"), and what follows it up
+# to a space, quote, bracket, comma or colon.
+_ABSOLUTE_PATH = re.compile(r"(?<![\w.:/])/(?:[^\s'\"()\[\],:;]*/)*([^\s'\"()\[\],:;/]*)")
+
+
+def hide_paths(text: str) -> str:
+    """`text` with each absolute path cut to its last component
+    ("/srv/models/x/config.yaml: ..." → "config.yaml: ...")."""
+    return _ABSOLUTE_PATH.sub(lambda match: match.group(1) or "<path>", text)

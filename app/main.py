@@ -14,14 +14,16 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI
 
 from app.api import create_api
+from app.api.connection import guard_running_uvicorn
 from app.api.security import exposure_warning
 from app.errors import ModelNotReady
 from app.grpc.lifecycle import start_grpc_endpoint
 from app.server.live import LiveService
+from app.server.loop_watchdog import LoopWatchdog
 from app.server.metrics import Metrics
 from app.server.one_process import refuse_several_workers
 from app.server.settings import Settings
-from app.server.stop_signals import StopSignals
+from app.server.stop_signals import StopSignals, uvicorn_server
 from app.server.triton_metrics import MetricsEndpoint
 
 log = logging.getLogger("app.server")
@@ -39,6 +41,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
     @asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
+        # Plain `uvicorn app.main:app`: its connections get the guarded
+        # protocol too (app/api/connection.py), or a warning says why not.
+        guard_running_uvicorn(settings, uvicorn_server())
         service = LiveService(settings, metrics)
         holder["service"] = service
         try:
@@ -48,14 +53,21 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             await service.stop()
             raise
         metrics_endpoint = await start_metrics_endpoint(settings, service, metrics)
-        # From here a signal starts the drain at once (app/server/stop_signals.py).
+        # From here a signal starts the drain at once (app/server/stop_signals.py),
+        # and a wedged loop cannot keep the process from ending (app/server/loop_watchdog.py).
+        loop = asyncio.get_running_loop()
+        watchdog = LoopWatchdog(
+            loop, grace_s=settings.shutdown_grace_s, on_exit=service.emergency_stop
+        )
         signals = StopSignals(
-            asyncio.get_running_loop(),
+            loop,
             settings.shutdown_grace_s,
             on_first=service.begin_shutdown,
             on_again=service.hurry,
+            on_received=watchdog.signalled,
         )
         signals.install()
+        watchdog.start()
         try:
             yield
         finally:
@@ -66,6 +78,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                 if metrics_endpoint is not None:
                     await metrics_endpoint.stop()
                 signals.restore()
+                watchdog.stop()
 
     def get_service() -> LiveService:
         service = holder.get("service")

@@ -254,3 +254,27 @@ def test_plain_uvicorn_is_told_when_its_backlog_does_not_fit_the_open_file_limit
         limits = GuardedProtocol.limits_in_force(backlog=2048)  # uvicorn's default
     assert limits.backlog < 2048 and limits.max_connections < 1024 - 64 - 3 * 8
     assert f"pass --backlog {limits.backlog}" in caplog.text
+
+
+def test_the_fd_reserve_counts_a_ppipe_plans_executors(tmp_path):
+    """Issue 42, item 10: a plan of 6 stage instances beside 3 devices
+    reserved file descriptors for 3 executors."""
+    from app.planning.ppipe.plan import Cluster, ModelTarget, Pipeline, Plan, Stage, write_plan
+    from app.server.connection_limits import _executors, plan_executors
+
+    stages = (Stage(0, 5, "fast", 1, 2, 0.01), Stage(5, 10, "slow", 1, 4, 0.02))
+    plan = Plan(
+        Cluster({"fast": 2, "slow": 4}, 10.0),
+        (ModelTarget("chain", 1.0, 0.1),),
+        (Pipeline("chain", 1, stages, 50.0),),
+    )
+    path = tmp_path / "plan.json"
+    write_plan(plan, path)
+    assert plan_executors(path) == 6
+    settings = Settings(cpu_slices=0, emulated_devices=3, ppipe_plan=path)
+    assert _executors(settings) == 9
+    assert _executors(Settings(cpu_slices=0, emulated_devices=3)) == 3
+    limits = connection_limits(settings, models=1, nofile=1024)
+    plain = connection_limits(Settings(cpu_slices=0, emulated_devices=3), models=1, nofile=1024)
+    assert limits.max_connections == fd_plan(1024, 9, 1).ceiling == 777
+    assert plain.max_connections == fd_plan(1024, 3, 1).ceiling == 819

@@ -10,6 +10,7 @@ import asyncio
 import logging
 import socket
 import sys
+from collections import Counter
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
@@ -462,3 +463,69 @@ async def test_an_idle_connection_is_closed_after_the_keep_alive_timeout():
             assert (await stub.ServerLive(pb.ServerLiveRequest())).live  # reconnects
     finally:
         await endpoint.stop()
+
+
+# ------------------------------------------------------------------ bursts (issue 42, item 3)
+
+
+class _HeldService(FakeService):
+    """Holds every inference until `release` is set."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.release = asyncio.Event()
+        self.holding = 0
+
+    async def infer(self, model, inputs, **kwargs):
+        self.holding += 1
+        await self.release.wait()
+        return await super().infer(model, inputs, **kwargs)
+
+
+@pytest.mark.anyio
+async def test_a_burst_beyond_the_cap_is_refused_with_resource_exhausted_never_cancelled(caplog):
+    from app.server.metrics import Metrics
+
+    service = _HeldService()
+    metrics = Metrics()
+    settings = Settings(grpc_port=free_port(), max_connections=8)
+    endpoint = await start_grpc_endpoint(settings, lambda: service, metrics)
+    try:
+        async with grpc.aio.insecure_channel(endpoint.address) as channel:
+            stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
+
+            async def one(i: int) -> tuple[Any, str, str]:
+                try:
+                    reply = await stub.ModelInfer(infer_request(id=f"r{i}"))
+                    return grpc.StatusCode.OK, reply.id, ""
+                except grpc.aio.AioRpcError as exc:
+                    reason = dict(exc.trailing_metadata() or ()).get("reason", "")
+                    return exc.code(), exc.details(), reason
+
+            with caplog.at_level(logging.WARNING, logger="app.server"):
+                # 1,500 at once: more than grpcio's core holds by default
+                # (1,000) before cancelling calls silently.
+                calls = [asyncio.create_task(one(i)) for i in range(1500)]
+                while service.holding < 8 or sum(t.done() for t in calls) < 1492:
+                    await asyncio.sleep(0.01)
+                live = await stub.ServerLive(pb.ServerLiveRequest())  # health gets through
+                service.release.set()
+                answers = await asyncio.gather(*calls)
+    finally:
+        await endpoint.stop()
+    codes = [code for code, _, _ in answers]
+    assert codes.count(grpc.StatusCode.OK) == 8 and service.holding == 8
+    assert codes.count(grpc.StatusCode.RESOURCE_EXHAUSTED) == 1492, Counter(codes)
+    assert grpc.StatusCode.CANCELLED not in codes
+    refused = [(details, reason) for code, details, reason in answers if code != grpc.StatusCode.OK]
+    assert all(r == "overloaded" and "8 calls in progress" in d for d, r in refused), refused[0]
+    assert sorted(int(i[1:]) for code, i, _ in answers if code == grpc.StatusCode.OK) == sorted(
+        int(call["id"][1:]) for call in service.calls
+    )
+    assert live.live is True
+    sample = metrics.registry.get_sample_value(
+        f"{metrics.prefix}grpc_refused_total", {"method": "ModelInfer"}
+    )
+    assert sample == 1492.0
+    warnings = [r for r in caplog.records if "RESOURCE_EXHAUSTED overloaded" in r.getMessage()]
+    assert len(warnings) == 1  # rate-limited: one line for the burst

@@ -26,7 +26,6 @@ KNOWN_CYCLES = {
 }  # fmt: skip
 KNOWN_LONG_FUNCTIONS = {
     "app/api/v2_routes.py:add_v2_routes": 151,
-    "app/server/metrics.py:__init__": 117,
     "app/runtime/pool_reshare.py:reshare": 113,
     "app/planning/ppipe/layout.py:build_layout": 104,
     "app/planning/herd/ilp.py:solve": 99,

@@ -8,6 +8,7 @@ error.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import os
 from collections import Counter
@@ -17,10 +18,17 @@ import httpx
 import pytest
 
 from app.api import create_api
+from app.api import models as api_models
 from app.errors import InvalidInput
+from app.runtime.arena import compute_layout
 from app.server.live import LiveService
 from app.server.metrics import Metrics
-from app.server.model_control import apply_override
+from app.server.model_control import (
+    MAX_SLO_MS,
+    apply_override,
+    check_arena,
+    machine_memory_bytes,
+)
 from tests.fakes import FakeService, emulated_config, segments_of
 from tests.test_statistics import body, emulated_repository, live_settings
 
@@ -85,6 +93,70 @@ async def test_bad_requests_name_the_problem():
     assert service.calls == []
 
 
+def test_override_numbers_are_finite_and_bounded_and_may_be_strings():
+    """Issue 42, items 1–2: `{"slo_ms": Infinity}` wedged the loop and
+    `max_batch_size` 10^8 took 8 GB; Triton's own JSON (numbers as strings)
+    is taken, parsed strictly."""
+    config = emulated_config("emu")
+    taken = {
+        '{"max_batch_size": "16"}': ("max_batch_size", 16),
+        '{"max_batch_size": 65536}': ("max_batch_size", 65536),
+        '{"max_batch_size": 8.0}': ("max_batch_size", 8),
+        '{"slo_ms": "50"}': ("slo_ms", 50.0),
+        '{"slo_ms": "2.5e3"}': ("slo_ms", 2500.0),
+        '{"slo_ms": 3600000}': ("slo_ms", 3600000.0),
+        '{"parameters": {"slo_ms": {"string_value": "75"}}}': ("slo_ms", 75.0),
+        '{"allow_slo_loosening": "true"}': ("allow_slo_loosening", True),
+    }
+    for text, (field, value) in taken.items():
+        assert getattr(apply_override(config, text), field) == value, text
+    refused = {
+        '{"slo_ms": Infinity}': "slo_ms",
+        '{"slo_ms": NaN}': "slo_ms",
+        '{"slo_ms": -Infinity}': "slo_ms",
+        '{"slo_ms": 1e400}': "slo_ms",
+        '{"slo_ms": "1e400"}': "slo_ms",
+        '{"slo_ms": "inf"}': "slo_ms",
+        '{"slo_ms": "abc"}': "slo_ms",
+        '{"slo_ms": 3600001}': "slo_ms",
+        '{"slo_ms": true}': "slo_ms",
+        '{"parameters": {"slo_ms": {"string_value": "Infinity"}}}': "slo_ms",
+        '{"parameters": {"slo_ms": {"string_value": "nan"}}}': "slo_ms",
+        '{"max_batch_size": 65537}': "max_batch_size",
+        '{"max_batch_size": 100000000}': "max_batch_size",
+        '{"max_batch_size": 1e9}': "max_batch_size",
+        '{"max_batch_size": "1e400"}': "max_batch_size",
+        '{"max_batch_size": "inf"}': "max_batch_size",
+        '{"max_batch_size": "abc"}': "max_batch_size",
+        '{"max_batch_size": "16.5"}': "max_batch_size",
+        '{"max_batch_size": 2.5}': "max_batch_size",
+        '{"max_batch_size": true}': "max_batch_size",
+        '{"max_batch_size": Infinity}': "max_batch_size",
+        '{"allow_slo_loosening": "yes"}': "allow_slo_loosening",
+        '{"description": "' + "d" * 4097 + '"}': "description",
+        '{"devices": []}': "devices",
+        '{"devices": [""]}': "devices",
+        '{"devices": ["cpu", "cpu"]}': "devices",
+        '{"devices": "cpu"}': "devices",
+        '{"devices": [' + ",".join(['"x"'] * 65) + "]}": "devices",
+    }
+    for text, field in refused.items():
+        with pytest.raises(InvalidInput) as caught:
+            apply_override(config, text)
+        assert f"config override: {field}" in caught.value.message, (text, caught.value.message)
+        assert len(caught.value.message) < 300
+    assert MAX_SLO_MS == api_models.MAX_SLO_MS == 3_600_000.0
+
+
+def test_an_arena_larger_than_a_quarter_of_memory_is_refused_naming_max_batch_size():
+    config = dataclasses.replace(emulated_config("emu"), max_batch_size=65536)
+    slot = compute_layout(config, 1, "x")["slot_nbytes"]
+    check_arena(config, 65536, memory=4 * 65536 * slot)  # exactly a quarter: taken
+    with pytest.raises(InvalidInput, match="max_batch_size 65536 needs a shared-memory arena"):
+        check_arena(config, 65536, memory=4 * 65536 * slot - 1)
+    assert machine_memory_bytes() > 2**28  # this machine's, read
+
+
 def test_config_override_sets_what_maps_and_refuses_the_rest():
     config = emulated_config("emu")
     changed = apply_override(
@@ -103,8 +175,8 @@ def test_config_override_sets_what_maps_and_refuses_the_rest():
     refusals = {
         '{"dynamic_batching": {}}': "field 'dynamic_batching' is not supported",
         '{"backend": "onnx"}': "'backend' cannot change",
-        '{"max_batch_size": 0}': "max_batch_size must be an integer ≥ 1",
-        '{"slo_ms": -1}': "slo_ms must be a number > 0",
+        '{"max_batch_size": 0}': "max_batch_size must be an integer from 1 to 65536, got 0",
+        '{"slo_ms": -1}': "slo_ms must be a finite number > 0",
         '{"parameters": {"policy": {"string_value": "x"}}}': "parameter 'policy' is not supported",
         "[1]": "must be a JSON object",
         "{": "not valid JSON",
@@ -270,3 +342,132 @@ async def test_a_model_added_to_the_repository_is_loaded_and_bad_loads_are_refus
     assert still.status_code == 200  # a refused override leaves the model as it was
     counts = {m["name"]: m["inference_stats"]["success"]["count"] for m in stats["model_stats"]}
     assert counts == {"alpha": 1, "gamma": 1}
+
+
+# ------------------------------------------------------------ issue 42: a model never vanishes
+
+ALPHA_256 = (
+    "backend: emulated\nmax_batch_size: 256\nslo_ms: 5000\n"
+    "profile: {alpha_ms: 1.0, beta_ms: 5.0}\ndevices: [emulated]\n"
+    "inputs: [{name: x, datatype: FP32, shape: [-1, 4]}]\n"
+    "outputs: [{name: x, datatype: FP32, shape: [-1, 4]}]\n"
+)
+BROKEN_ONNX = (
+    "backend: onnx\nmodel_file: model.onnx\nmax_batch_size: 16\nslo_ms: 5000\n"
+    "profile: {alpha_ms: 1.0, beta_ms: 1.0}\ndevices: [cpu]\n"
+    "inputs: [{name: x, datatype: FP32, shape: [-1, 8]}]\n"
+    "outputs: [{name: y, datatype: FP32, shape: [-1, 8]}]\n"
+)
+
+
+def _items(n: int, width: int = 4) -> dict:
+    return {
+        "inputs": [
+            {"name": "x", "shape": [n, width], "datatype": "FP32", "data": [1.0] * n * width}
+        ]
+    }
+
+
+@pytest.mark.slow
+@pytest.mark.anyio
+async def test_failed_loads_leave_the_model_serving_or_failed_with_its_reason(tmp_path: Path):
+    """Issue 42, items 1–4, 8, 9: bad overrides are refused before anything
+    changes; a reload sizes the arena as start-up does; a reload while the
+    executor restarts waits for it; a model that failed at start-up (a
+    truncated ONNX file) loads once fixed; no answer names a server path."""
+    from app.server.settings import Settings
+    from tests.fakes import mlp_onnx
+
+    root = tmp_path / "models"
+    (root / "alpha").mkdir(parents=True)
+    (root / "alpha" / "config.yaml").write_text(ALPHA_256)
+    (root / "broken").mkdir()
+    (root / "broken" / "config.yaml").write_text(BROKEN_ONNX)
+    (root / "broken" / "model.onnx").write_bytes(b"\x08\x07truncated")
+    settings = Settings(
+        repository=root,
+        cpu_slices=1,
+        emulated_devices=1,
+        exit_on_error=False,
+        arena_slots=64,
+        respawn=True,
+    )
+    service = LiveService(settings, Metrics())
+    await service.start()
+    outcomes: dict[str, tuple[int, str]] = {}
+    try:
+        app = create_api(lambda: service, Metrics())
+        transport = httpx.ASGITransport(app=app, raise_app_exceptions=False)
+        async with httpx.AsyncClient(transport=transport, base_url="http://t") as client:
+
+            async def load(model: str, override: str | None = None) -> httpx.Response:
+                body = {"parameters": {"config": override}} if override is not None else None
+                return await client.post(f"/v2/repository/models/{model}/load", json=body)
+
+            async def index() -> dict[str, tuple[str, str]]:
+                entries = (await client.post("/v2/repository/index")).json()
+                return {e["name"]: (e["state"], e["reason"]) for e in entries}
+
+            def record(what: str, reply: httpx.Response) -> None:
+                outcomes[what] = (reply.status_code, reply.text)
+
+            record("index at start", httpx.Response(200, json=await index()))
+            record("load broken", await load("broken"))
+            record("index after", httpx.Response(200, json=await index()))
+            mlp_onnx(root / "broken" / "model.onnx", width=8)  # fixed
+            record("load fixed", await load("broken"))
+            record("infer fixed", await client.post("/v2/models/broken/infer", json=_items(2, 8)))
+
+            record(
+                "200 items before", await client.post("/v2/models/alpha/infer", json=_items(200))
+            )
+            record("plain reload", await load("alpha"))
+            record("200 items after", await client.post("/v2/models/alpha/infer", json=_items(200)))
+            for override in (
+                '{"slo_ms": Infinity}',
+                '{"max_batch_size": "100000000"}',
+                '{"devices": ["tpu"]}',
+            ):
+                record(override, await load("alpha", override))
+                record(
+                    override + " infer", await client.post("/v2/models/alpha/infer", json=_items(1))
+                )
+            record("string mbs", await load("alpha", '{"max_batch_size": "16"}'))
+            record("index alpha", httpx.Response(200, json=await index()))
+
+            # A reload while alpha's executor restarts waits for it.
+            device = service.models["alpha"].devices[0]
+            os.kill(service.pool.pid(device), 9)  # type: ignore[union-attr,arg-type]
+            while service.pool.alive(device):  # type: ignore[union-attr]
+                await asyncio.sleep(0.01)
+            record("reload during respawn", await load("alpha"))
+            record("index after respawn", httpx.Response(200, json=await index()))
+            record(
+                "infer after respawn", await client.post("/v2/models/alpha/infer", json=_items(1))
+            )
+    finally:
+        await service.stop()
+
+    status = {what: code for what, (code, _) in outcomes.items()}
+    text = {what: body for what, (_, body) in outcomes.items()}
+    assert all(str(tmp_path) not in body for body in text.values()), text
+    start = json.loads(text["index at start"])
+    assert start["broken"][0] == "UNAVAILABLE" and "model.onnx" in start["broken"][1], start
+    assert status["load broken"] == 400 and "load_failed" in text["load broken"], text
+    after = json.loads(text["index after"])
+    assert after["broken"][0] == "UNAVAILABLE" and after["broken"][1], after  # still listed
+    assert status["load fixed"] == 200 and status["infer fixed"] == 200, text
+    assert status["200 items before"] == status["plain reload"] == 200, text
+    assert status["200 items after"] == 200, text["200 items after"]  # the arena kept 256 slots
+    for override, field in (
+        ('{"slo_ms": Infinity}', "slo_ms"),
+        ('{"max_batch_size": "100000000"}', "max_batch_size"),
+        ('{"devices": ["tpu"]}', "no device of this server can run it"),
+    ):
+        assert status[override] == 400 and field in text[override], text[override]
+        assert status[override + " infer"] == 200, text[override + " infer"]  # still serving
+    assert status["string mbs"] == 200
+    assert json.loads(text["index alpha"])["alpha"] == ["READY", ""]
+    assert status["reload during respawn"] == 200, text["reload during respawn"]
+    assert json.loads(text["index after respawn"])["alpha"] == ["READY", ""]
+    assert status["infer after respawn"] == 200

@@ -130,7 +130,7 @@ def start(tmp_path: Path, cli_env: dict[str, str]) -> Iterator[Callable[..., Dae
     `uvicorn app.main:app`), ready to serve; killed at the end if still running."""
     started: list[Daemon] = []
 
-    def launch(command: str, hold_ms: float, grace_s: float) -> Daemon:
+    def launch(command: str, hold_ms: float, grace_s: float, **extra: str) -> Daemon:
         port = free_port()
         repository = _repository(tmp_path / f"repo-{len(started)}", hold_ms)
         env = {
@@ -140,6 +140,7 @@ def start(tmp_path: Path, cli_env: dict[str, str]) -> Iterator[Callable[..., Dae
             "CPU_SLICES": "0",
             "POLICY": "clockwork",
             "SHUTDOWN_GRACE_S": str(grace_s),
+            **extra,
         }
         if command == "serve":
             argv = [sys.executable, "-m", "app", "serve", "--port", str(port)]
@@ -325,3 +326,64 @@ def test_a_request_completed_after_sigterm_is_refused_while_an_accepted_one_fini
     log = daemon.log.read_text()
     assert "Traceback" not in log, log[-3000:]
     assert not segments_of(daemon.process.pid)
+
+
+def _raw_exchange(url: str, data: bytes, wait_s: float) -> tuple[bytes, float]:
+    """Send `data` on a fresh connection and read until the server closes it
+    (or `wait_s`); what came back and when."""
+    import socket
+
+    host, port = url.removeprefix("http://").split(":")
+    began = time.monotonic()
+    with socket.create_connection((host, int(port)), timeout=wait_s) as sock:
+        sock.sendall(data)
+        received = b""
+        try:
+            while chunk := sock.recv(65536):
+                received += chunk
+        except (TimeoutError, ConnectionResetError):
+            pass
+    return received, time.monotonic() - began
+
+
+@pytest.mark.slow
+def test_plain_uvicorn_gets_the_connection_protections_and_a_clean_shutdown(start):
+    """Issue 42, item 6: under `uvicorn app.main:app` a stalled head got no
+    408, a 200 KB header a 200, and a stalled body at SIGTERM a 500
+    text/plain with a traceback."""
+    daemon = start("uvicorn", hold_ms=10, grace_s=1.0, HEADER_TIMEOUT_S="1", BODY_TIMEOUT_S="2")
+    stalled, stalled_s = _raw_exchange(
+        daemon.url, b"GET /v2/health/live HTTP/1.1\r\nHost: t\r\n", 8
+    )
+    big = b"GET /v2/health/live HTTP/1.1\r\nHost: t\r\nX-Big: " + b"a" * 200_000 + b"\r\n\r\n"
+    flooded, _ = _raw_exchange(daemon.url, big, 8)
+    body_head = (
+        b"POST /infer HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\n"
+        b'Content-Length: 100\r\n\r\n{"model"'
+    )
+    slow_body, slow_body_s = _raw_exchange(daemon.url, body_head, 8)
+
+    import socket
+
+    host, port = daemon.url.removeprefix("http://").split(":")
+    held = socket.create_connection((host, int(port)), timeout=10)
+    held.sendall(body_head)
+    time.sleep(0.3)
+    daemon.process.send_signal(signal.SIGTERM)
+    at_signal = b""
+    try:
+        while chunk := held.recv(65536):
+            at_signal += chunk
+    except (TimeoutError, ConnectionResetError):
+        pass
+    held.close()
+    code = daemon.process.wait(timeout=20)
+    log = daemon.log.read_text()
+    assert stalled.startswith(b"HTTP/1.1 408 "), stalled[:200]
+    assert 0.9 <= stalled_s <= 4.0, stalled_s
+    assert flooded.startswith(b"HTTP/1.1 431 "), flooded[:200]
+    assert slow_body.startswith(b"HTTP/1.1 408 ") and 1.9 <= slow_body_s <= 5.0, slow_body[:200]
+    assert at_signal.startswith(b"HTTP/1.1 503 ") and b"shutting_down" in at_signal, at_signal
+    assert code == 0, log[-3000:]
+    assert "Traceback" not in log and " 500 " not in log, log[-3000:]
+    assert "replaced by the guarded one" in log, log[-3000:]

@@ -23,6 +23,7 @@ import yaml
 
 from app.errors import InvalidInput
 from app.repository.config import ModelConfig, TensorSpec
+from app.repository.triton_config import DEFAULT_MAX_ELEMENTS
 from app.runtime.arena import Arena
 from app.runtime.executor import run_shape_groups
 
@@ -154,13 +155,11 @@ def test_triton_parameters_bound_dims_and_bytes(tmp_path):
     assert config.inputs[0].max_shape == (-1, 16) and config.inputs[0].pad == (False, True)
     assert config.outputs[0].follows == (None, ("x", 1))
     (model / "config.pbtxt").write_text(pbtxt.split("parameters")[0])
-    with pytest.raises(
-        ValueError,
-        match=r"input \(x\).dims: \[-1\] has a variable dimension: "
-        r'bound it with parameters \{ key: "max_shape" value \{ '
-        r'string_value: "\{x: \[128\]\}" \} \}',
-    ):
-        load_model_config(model)
+    # Without max_shape, as Triton loads it: the variable dimension gets the
+    # default bound (DEFAULT_MAX_ELEMENTS elements an item).
+    config = load_model_config(model)
+    assert config.inputs[0].max_shape == (-1, DEFAULT_MAX_ELEMENTS)
+    assert config.outputs[0].max_shape == (-1, DEFAULT_MAX_ELEMENTS)
 
 
 # ------------------------------------------------------------------ arena + executor

@@ -70,17 +70,20 @@ counts.
 **Where it applies.** `python -m app serve` runs this protocol with the
 settings (`uvicorn_connection_options`, which also passes the keep-alive
 timeout, the accept backlog and h11's header cap to uvicorn). Under plain
-`uvicorn app.main:app` uvicorn chooses the protocol: add `--http
-app.api.connection:GuardedProtocol` and it reads the same settings from the
-environment (logged at the first connection); its `--timeout-keep-alive` is
-then replaced by `KEEP_ALIVE_TIMEOUT_S`, and a `--backlog` larger than the
-open-file limit leaves room for is warned about, with the value to pass.
-Without that flag only uvicorn's own limits hold (`--timeout-keep-alive`,
-default 5 s; `--limit-concurrency`; `--backlog`;
-`--h11-max-incomplete-event-size` under `--http h11`) and the app's
-per-request body limits (413 from `Content-Length` and while the body
-streams): no header or body timeout, and no cap on header bytes (httptools
-has none), on bytes buffered over all connections or on connections.
+`uvicorn app.main:app` the app's lifespan finds the running uvicorn server
+and, where it runs uvicorn's httptools protocol (the default with
+httptools installed), has it build every connection with this protocol and
+the settings' limits instead (`guard_running_uvicorn`; uvicorn builds a
+connection's protocol from its config when the connection opens, and none
+opens before the lifespan has started). Only the accept backlog, already
+listened with, cannot change: one larger than the open-file limit leaves
+room for is warned about, with the `--backlog` to pass. `--http
+app.api.connection:GuardedProtocol` does the same from the start (limits
+read from the environment at the first connection). Under another protocol
+(`--http h11`, no httptools) or another ASGI server, start-up warns that
+these protections do not apply and how to get them; then only uvicorn's own
+limits hold (`--timeout-keep-alive`, `--limit-concurrency`, `--backlog`,
+`--h11-max-incomplete-event-size`) and the app's per-request body limits.
 """
 
 from __future__ import annotations
@@ -500,3 +503,62 @@ def uvicorn_connection_options(
     else:
         options["http"] = guarded_protocol(limits)
     return options
+
+
+def guard_running_uvicorn(settings: Settings, server: Any) -> str:
+    """Under plain `uvicorn app.main:app` (uvicorn's own httptools protocol),
+    make the running `server` (a uvicorn Server, or None under another ASGI
+    server) create `GuardedProtocol` connections with the limits of
+    `settings` from now on: uvicorn builds each connection's protocol from
+    its config when the connection opens, after the app's lifespan has
+    started, so every client connection gets it. Returns what was done; a
+    server whose protocol cannot be guarded is warned about, naming what is
+    missing and how to get it."""
+    how = (
+        "run `python -m app serve`, or `uvicorn app.main:app --http "
+        "app.api.connection:GuardedProtocol` (needs httptools: pip install 'uvicorn[standard]')"
+    )
+    if server is None:
+        log.warning(
+            "no uvicorn server found (in the main thread): no header or body timeouts "
+            "(408), header cap (431), buffered-bytes budget or connection cap below the "
+            "open-file limit; %s",
+            how,
+        )
+        return "unguarded"
+    config = server.config
+    current = getattr(config, "http_protocol_class", None)
+    if GuardedProtocol is not None and isinstance(current, type):
+        if issubclass(current, GuardedProtocol):
+            return "guarded"  # `serve`, or --http app.api.connection:GuardedProtocol
+        from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+        if current in (HttpToolsProtocol, ReceiveStampingProtocol):
+            limits = connection_limits(settings)
+            config.http_protocol_class = guarded_protocol(limits)
+            config.timeout_keep_alive = limits.keep_alive_timeout_s
+            log.info(
+                "uvicorn's httptools protocol replaced by the guarded one: header timeout "
+                "%g s, body timeout %g s, headers up to %d bytes, at most %d connections",
+                limits.header_timeout_s,
+                limits.body_timeout_s,
+                limits.max_header_bytes,
+                limits.max_connections,
+            )
+            if config.backlog > limits.backlog:
+                log.warning(
+                    "uvicorn's accept backlog %d is more than the open-file limit leaves room "
+                    "for beside %d connections: pass --backlog %d (or run `python -m app serve`)",
+                    config.backlog,
+                    limits.max_connections,
+                    limits.backlog,
+                )
+            return "replaced"
+    log.warning(
+        "uvicorn runs the HTTP protocol %s: the connection protections (header and body "
+        "timeouts → 408, header cap → 431, buffered-bytes budget, connection cap below the "
+        "open-file limit) do NOT apply; %s",
+        getattr(current, "__name__", current),
+        how,
+    )
+    return "unguarded"

@@ -24,7 +24,6 @@ same functions (`serving_error_response`, `unexpected_error_response`).
 from __future__ import annotations
 
 import logging
-import re
 from collections.abc import Sequence
 from typing import Any
 
@@ -35,7 +34,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from app.api import models as m
 from app.api.security import short_repr
-from app.errors import Overloaded, ServingError
+from app.errors import Overloaded, ServingError, hide_paths
 
 log = logging.getLogger(__name__)
 
@@ -78,18 +77,6 @@ def error_response(
     if reason is not None:
         body["reason"] = reason
     return JSONResponse(body, status_code=status, headers=headers)
-
-
-# An absolute path: a '/' that starts a word (not after a letter, digit, '.',
-# ':' or '/', so neither "1/2", "a/b" nor a URL's "//"), and what follows it up
-# to a space, quote, bracket, comma or colon.
-_ABSOLUTE_PATH = re.compile(r"(?<![\w.:/])/(?:[^\s'\"()\[\],:;]*/)*([^\s'\"()\[\],:;/]*)")
-
-
-def hide_paths(text: str) -> str:
-    """`text` with each absolute path cut to its last component
-    ("/srv/models/x/config.yaml: ..." → "config.yaml: ...")."""
-    return _ABSOLUTE_PATH.sub(lambda match: match.group(1) or "<path>", text)
 
 
 def serving_error_response(request: Request, exc: ServingError) -> Response:

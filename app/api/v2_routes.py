@@ -27,7 +27,13 @@ from app.api import models as m
 from app.api import v2
 from app.api.bodies import parse_body, parse_model, read_body
 from app.api.context import SERVER_NAME, ApiContext, lookup_model
-from app.api.errors import MalformedRequest, NotReady, PayloadTooLarge, hide_paths
+from app.api.errors import (
+    MalformedRequest,
+    NotReady,
+    PayloadTooLarge,
+    RequestSchemaError,
+    hide_paths,
+)
 from app.api.openapi import (
     ERROR_RESPONSES,
     NOT_FOUND_RESPONSES,
@@ -163,7 +169,14 @@ async def infer(ctx: ApiContext, name: str, version: str | None, request: Reques
         if header_value is None
         else f"JSON header (the first {len(header)} bytes, per {v2.HEADER_LENGTH})"
     )
-    req = await parse_body(m.V2InferRequest, header, what)
+    try:
+        req = await parse_body(m.V2InferRequest, header, what)
+    except RequestSchemaError as exc:
+        if request.headers.get("content-type", "").startswith("application/octet-stream"):
+            # A binary body (any bytes, as its schema says) whose JSON header
+            # is not a request cannot be read: 400, as Triton answers it.
+            raise MalformedRequest(f"{what}: {exc.message}") from None
+        raise
     call = v2.v2_call(
         config, req, binary, None if header_value is None else len(header), limit.bytes
     )

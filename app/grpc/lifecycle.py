@@ -18,8 +18,14 @@ loop, one process and one service — and stops it after the service:
   `max_connection_idle`, a GOAWAY the client's channel reconnects after),
   one with calls in flight is not; calls in progress at once are capped at
   the HTTP connection cap (`MAX_CONNECTIONS`), beyond which a call is
-  answered RESOURCE_EXHAUSTED. grpcio has no cap on connections themselves
-  or timeout on a slow request's head: what HTTP's guarded protocol does
+  refused at once with RESOURCE_EXHAUSTED `overloaded`, counted and logged
+  (app/grpc/admission.py; grpcio's own cap would end it without a reason).
+  Calls arriving faster than the server takes them wait in grpcio's core,
+  up to `PENDING_PER_CALL` × that cap, at least `PENDING_MIN` (grpcio's
+  default, 1,000 to 3,000,
+  cancelled the rest of a burst silently: 63 % of 10,000);
+  grpcio has no cap on connections themselves or timeout on a slow
+  request's head: what HTTP's guarded protocol does
   per connection (app.api.connection) is not done here;
 - at shutdown the endpoint keeps accepting while the service drains, so a
   call that arrives then is answered UNAVAILABLE `shutting_down` by the
@@ -44,6 +50,10 @@ EXTRA = "pip install 'deadline-serve[triton]'"
 # After the service's drain every accepted call has its answer: this only
 # lets the last ones be sent before the connections close.
 STOP_GRACE_S = 1.0
+# Calls grpcio's core may hold before the server takes them, per call the
+# server takes at once (MAX_CONNECTIONS): see start_grpc_endpoint.
+PENDING_PER_CALL = 16
+PENDING_MIN = 16384
 
 
 class GrpcEndpoint:
@@ -78,6 +88,31 @@ def grpc_address(host: str, port: int) -> str:
     return f"{host}:{port}"
 
 
+def _server_options(largest_bytes: int, connections: Any) -> list[tuple[str, Any]]:
+    """grpcio's channel options: message sizes, idle connections, and how
+    many calls it holds before Admission sees them."""
+    options: list[tuple[str, Any]] = [
+        ("grpc.so_reuseport", 0),
+        ("grpc.max_receive_message_length", largest_bytes),
+        ("grpc.max_send_message_length", -1),
+    ]
+    if connections.keep_alive_timeout_s > 0:
+        idle_ms = max(1, int(connections.keep_alive_timeout_s * 1000))
+        options.append(("grpc.max_connection_idle_ms", idle_ms))
+    # grpcio's core cancels calls (CANCELLED, no details) it holds unmatched
+    # beyond grpc.server.max_pending_requests (1,000; at random up to the
+    # hard limit, 3,000): a burst would lose them silently before Admission
+    # sees them. Held up to PENDING_PER_CALL × the call limit instead (at
+    # least PENDING_MIN): one waiting holds its headers, its message at most
+    # what the connection's flow-control window lets in.
+    pending = max(PENDING_MIN, PENDING_PER_CALL * connections.max_connections)
+    options += [
+        ("grpc.server.max_pending_requests", pending),
+        ("grpc.server.max_pending_requests_hard_limit", pending),
+    ]
+    return options
+
+
 async def start_grpc_endpoint(
     settings: Settings,
     get_service: Callable[[], InferenceService],
@@ -104,20 +139,18 @@ async def start_grpc_endpoint(
 
     from app.api.context import server_version
     from app.api.limits import RequestLimits
+    from app.grpc.admission import Admission
     from app.server.connection_limits import connection_limits
 
     limits = RequestLimits(settings.max_body_bytes, settings.max_json_bytes)
     largest = limits.any_model(get_service())
     connections = connection_limits(settings)
-    options: list[tuple[str, Any]] = [
-        ("grpc.so_reuseport", 0),
-        ("grpc.max_receive_message_length", largest.bytes),
-        ("grpc.max_send_message_length", -1),
-    ]
-    if connections.keep_alive_timeout_s > 0:
-        idle_ms = max(1, int(connections.keep_alive_timeout_s * 1000))
-        options.append(("grpc.max_connection_idle_ms", idle_ms))
-    server = grpc.aio.server(options=options, maximum_concurrent_rpcs=connections.max_connections)
+    options = _server_options(largest.bytes, connections)
+    admission = Admission(
+        connections.max_connections,
+        metrics.grpc_call_refused if metrics is not None else lambda method: None,
+    )
+    server = grpc.aio.server(options=options, interceptors=[admission])
     servicer = InferenceServicer(
         get_service,
         limits,

@@ -494,7 +494,12 @@ class ExecutorPool(DeviceRecords, ModelChanges, Reshares, Parking):
         for batch_id in list(w.inflight):
             w.inflight.pop(batch_id, None)
             w.sizes.pop(batch_id, None)
-            self._post(BatchFinished(w.device.id, batch_id, now, now, reason))
+            if w.retiring:
+                # The device serves on (its shadow took over): the batch is
+                # stopped, not failed, and its requests go back to the queue.
+                self._post(BatchStopped(w.device.id, batch_id, now))
+            else:
+                self._post(BatchFinished(w.device.id, batch_id, now, now, reason))
         for req, (owner, fut) in list(self._waiters.items()):
             if owner is w:
                 self._waiters.pop(req, None)

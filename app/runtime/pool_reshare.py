@@ -18,8 +18,9 @@ share)` gives a device's executor a new share without dropping a batch:
    usual, exactly once, a batch that was running during the switch
    included. Once it holds none it is told to stop, and is gone when
    `reshare` returns. The watchdog watches it meanwhile; if it dies or is
-   killed, its batches end in BatchFinished with the reason as error, but
-   no DeviceDown follows and nothing is respawned: the shadow is serving.
+   killed, its batches end in BatchStopped (the core puts their requests
+   back in the queue, as after a preemption, for the new executor), no
+   DeviceDown follows and nothing is respawned: the shadow is serving.
 
 If the shadow fails to start, load a model the old one serves, or warm up,
 or the old executor fails meanwhile, or models are added or removed while

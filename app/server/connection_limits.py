@@ -145,9 +145,11 @@ def connection_limits(
 
 
 def _executors(settings: Settings) -> int:
+    """The executors the settings start: one per device, plus one per stage
+    instance of a PPipe plan (PPIPE_PLAN), whose executors are its own."""
     from app.runtime.devices import detect_devices
 
-    return len(
+    devices = len(
         detect_devices(
             settings.cpu_slices,
             settings.threads_per_slice,
@@ -155,6 +157,21 @@ def _executors(settings: Settings) -> int:
             shares=settings.device_shares,
         )
     )
+    return devices + plan_executors(settings.ppipe_plan)
+
+
+def plan_executors(path: Path | None) -> int:
+    """The executor processes a PPipe plan runs: one per stage instance (0
+    without a plan, or one that cannot be read: start-up says why)."""
+    if path is None:
+        return 0
+    from app.planning.ppipe.plan import read_plan
+
+    try:
+        plan = read_plan(path)
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return 0
+    return sum(stage.devices for pipeline in plan.pipelines for stage in pipeline.stages)
 
 
 def _models(repository: Path) -> int:

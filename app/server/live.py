@@ -37,6 +37,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import multiprocessing
+import os
+import signal
 import time
 
 import numpy as np
@@ -280,6 +283,18 @@ class LiveService(Management):
             self._sched_before = None
         log.info("shut down")
 
+    def emergency_stop(self) -> None:
+        """The process is about to exit with its event loop wedged (called from
+        another thread: app/server/loop_watchdog.py): kill the executor
+        processes and unlink the shared-memory arenas, touching nothing the
+        loop uses."""
+        for child in multiprocessing.active_children():
+            with contextlib.suppress(OSError):
+                os.kill(child.pid, signal.SIGKILL)
+        for state in list(self.models.values()):
+            with contextlib.suppress(OSError):
+                os.unlink(f"/dev/shm/{state.arena.name}")
+
     def _cancel_batches(self, pool: ExecutorPool) -> None:
         """Every request is answered: stop the batches still queued or running
         on the executors, so that stopping them does not wait for those."""
@@ -337,7 +352,7 @@ class LiveService(Management):
             if self.unavailable.get(name) == model_control.UNLOADED:
                 raise ModelUnloaded(f"model {shown} is unloaded")
             if name in self.unavailable:
-                reason = self._relative(self.unavailable[name])
+                reason = self.public_reason(self.unavailable[name])
                 raise ModelNotReady(f"model {shown} is unavailable: {reason}")
             raise ModelNotFound(f"unknown model {name!r}; models: {', '.join(self.model_names())}")
         return state.config

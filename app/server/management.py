@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 from typing import TYPE_CHECKING, Any
 
-from app.errors import ModelNotReady, ShuttingDown
+from app.errors import ModelNotReady, ServingError, ShuttingDown, hide_paths
 from app.repository.config import VERSION_KEY_SEP
 from app.server import model_control, reallocation
 
@@ -26,7 +26,12 @@ class Management:
         restart (app/server/model_control.py)."""
         async with self._control_lock:
             self._check_serving()
-            await model_control.load(self, name, config_override)
+            try:
+                await model_control.load(self, name, config_override)
+            except ServingError as exc:  # its text names no file of the server
+                exc.message = self.public_reason(exc.message)
+                exc.args = (exc.message,)
+                raise
 
     async def unload_model(self: LiveService, name: str) -> None:
         """Unload `name`, every version: it takes no new requests, those
@@ -70,10 +75,15 @@ class Management:
                     "name": name,
                     "version": version or self.versions.get(key, "1"),
                     "state": "LOADING" if loading else "UNAVAILABLE",
-                    "reason": self._relative(reason),
+                    "reason": self.public_reason(reason),
                 }
             )
         return sorted(index, key=lambda entry: (entry["name"], entry["version"]))
+
+    def public_reason(self: LiveService, reason: str) -> str:
+        """A load error as answers give it: files relative to the repository,
+        any other absolute path cut to its last component."""
+        return hide_paths(self._relative(reason))
 
     def _check_serving(self: LiveService) -> None:
         if self.closing:

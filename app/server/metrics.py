@@ -190,6 +190,12 @@ class Metrics:
             ["model"],
             BATCH_BUCKETS,
         )
+        self._batch_series()
+        self._device_series()
+        self._executor_series()
+
+    def _batch_series(self) -> None:
+        """Batches: their sizes, compute time and its ratio to the plan."""
         self.batch_size = self._histogram(
             "batch_size", "Size of each executed batch.", ["model"], BATCH_BUCKETS
         )
@@ -213,6 +219,9 @@ class Metrics:
             ["model"],
             RATIO_BUCKETS,
         )
+
+    def _device_series(self) -> None:
+        """The profiler's re-runs, and each device's load as the autoscaler sees it."""
         self.alone_seconds = self._histogram(
             "alone_seconds",
             "Alone-times in seconds of sampled requests of dynamic models, re-run alone by "
@@ -251,6 +260,9 @@ class Metrics:
             "Symphony autoscaling advice from the last signal period: devices to add "
             "(positive) or remove (negative).",
         )
+
+    def _executor_series(self) -> None:
+        """Executors failing and coming back; parameters ignored; gRPC calls refused."""
         self.executor_failures = self._counter(
             "executor_failures",
             "Executor processes that died or hung (killed by the watchdog).",
@@ -265,6 +277,12 @@ class Metrics:
         )
         self._parameter_names: set[str] = set()
         self._parameter_lock = threading.Lock()
+        self.grpc_refused = self._counter(
+            "grpc_refused",
+            "gRPC calls refused at once with RESOURCE_EXHAUSTED overloaded: MAX_CONNECTIONS "
+            "calls were in progress (app/grpc/admission.py).",
+            ["method"],
+        )
         self.executor_respawn_seconds = self._gauge(
             "executor_respawn_seconds",
             "Seconds from the last executor failure to serving again (respawned).",
@@ -309,6 +327,9 @@ class Metrics:
 
     def executor_restarted(self, device: str, seconds_down: float) -> None:
         self.executor_respawn_seconds.labels(device).set(seconds_down)
+
+    def grpc_call_refused(self, method: str) -> None:
+        self.grpc_refused.labels(method=method).inc()
 
     def request_received(self, model: str) -> None:
         """A request is accepted: counted, and pending until `request_answered`."""

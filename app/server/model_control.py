@@ -33,13 +33,17 @@ import asyncio
 import dataclasses
 import json
 import logging
+import math
+import os
+import re
 import time
 from typing import TYPE_CHECKING, Any
 
-from app.errors import InvalidInput, LoadFailed, ModelNotFound
+from app.errors import ControlBusy, InvalidInput, LoadFailed, ModelNotFound
 from app.repository.config import VERSION_KEY_SEP, ModelConfig, shown_model
 from app.repository.loader import load_repository
-from app.runtime.arena import Arena
+from app.runtime.arena import Arena, compute_layout
+from app.runtime.devices import model_allowed_on
 from app.scheduling.model import ModelInfo
 from app.scheduling.registry import make_scheduler
 from app.scheduling.types import DeviceInfo
@@ -53,7 +57,22 @@ if TYPE_CHECKING:
 log = logging.getLogger("app.server")
 
 _POLL_S = 0.01
+# How long a load waits for a restarting executor it needs before it is
+# refused (503 executor_restarting, nothing changed).
+RESPAWN_WAIT_S = 10.0
 UNLOADED = "unloaded"  # the index's reason for a model unloaded on request
+
+# Bounds of an override's values. max_batch_size: at most MAX_BATCH_SIZE, and
+# its arena must fit (`check_arena`); slo_ms: a request's own bound.
+MAX_BATCH_SIZE = 65536
+MAX_SLO_MS = 3_600_000.0  # 1 hour, a request's own bound (app.api.models.MAX_SLO_MS)
+MAX_DESCRIPTION = 4096
+MAX_DEVICE_ENTRIES = 64
+_DIGITS = re.compile(r"\+?[0-9]{1,12}")
+_DECIMAL = re.compile(r"\+?([0-9]{1,12}(\.[0-9]*)?|\.[0-9]+)([eE][+-]?[0-9]{1,3})?")
+
+# An arena (shared memory) may take at most this share of the machine's memory.
+ARENA_MEMORY_SHARE = 0.25
 
 # Fields of a config override (the body of GET /v2/models/{m}/config, or
 # Triton's) that map onto ModelConfig, and those that must keep their value.
@@ -93,27 +112,23 @@ def apply_override(config: ModelConfig, text: str) -> ModelConfig:
             )
     changes: dict[str, Any] = {}
     if "max_batch_size" in doc:
-        changes["max_batch_size"] = _integer(doc["max_batch_size"], "max_batch_size", 1)
+        changes["max_batch_size"] = _integer(
+            doc["max_batch_size"], "max_batch_size", 1, MAX_BATCH_SIZE
+        )
     if "slo_ms" in doc:
-        changes["slo_ms"] = _positive(doc["slo_ms"], "slo_ms")
+        changes["slo_ms"] = _positive(doc["slo_ms"], "slo_ms", MAX_SLO_MS)
     if "allow_slo_loosening" in doc:
-        value = doc["allow_slo_loosening"]
-        if not isinstance(value, bool):
-            raise InvalidInput(
-                f"config override: allow_slo_loosening must be true or false, got {value!r}"
-            )
-        changes["allow_slo_loosening"] = value
+        changes["allow_slo_loosening"] = _boolean(doc["allow_slo_loosening"], "allow_slo_loosening")
     if "description" in doc:
-        if not isinstance(doc["description"], str):
-            raise InvalidInput("config override: description must be a string")
-        changes["description"] = doc["description"]
+        text = doc["description"]
+        if not isinstance(text, str) or len(text) > MAX_DESCRIPTION:
+            raise InvalidInput(
+                f"config override: description must be a string of at most {MAX_DESCRIPTION} "
+                f"characters, got {_shown(text)}"
+            )
+        changes["description"] = text
     if "devices" in doc:
-        devices = doc["devices"]
-        if devices is not None and (
-            not isinstance(devices, list) or not all(isinstance(d, str) for d in devices)
-        ):
-            raise InvalidInput("config override: devices must be a list of strings or null")
-        changes["devices"] = None if devices is None else tuple(devices)
+        changes["devices"] = _devices(doc["devices"])
     return dataclasses.replace(config, **changes)
 
 
@@ -128,16 +143,31 @@ def _triton_parameters(parameters: Any) -> dict[str, Any]:
         text = value.get("string_value") if isinstance(value, dict) else value
         if not isinstance(text, str):
             raise InvalidInput(f"config override: parameters.{key} needs a string_value")
-        if key == "slo_ms":
-            try:
-                out[key] = float(text)
-            except ValueError:
-                raise InvalidInput(f"config override: parameters.slo_ms: {text!r}") from None
-        else:
-            if text.lower() not in ("true", "false"):
-                raise InvalidInput(f"config override: parameters.{key}: {text!r}")
-            out[key] = text.lower() == "true"
+        out[key] = text  # checked as the field itself is
     return out
+
+
+def machine_memory_bytes() -> int:
+    """Physical memory of this machine (0 where it cannot be told)."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError):
+        return 0
+
+
+def check_arena(config: ModelConfig, capacity: int, memory: int | None = None) -> None:
+    """InvalidInput naming max_batch_size when the model's arena of
+    `capacity` items would take more than ARENA_MEMORY_SHARE of `memory`
+    (the machine's)."""
+    memory = machine_memory_bytes() if memory is None else memory
+    size = compute_layout(config, capacity, "check")["size"]
+    if memory and size > ARENA_MEMORY_SHARE * memory:
+        raise InvalidInput(
+            f"model {shown_model(config.name)}: max_batch_size {config.max_batch_size} needs a "
+            f"shared-memory arena of {capacity} items × {size // capacity} bytes = "
+            f"{size / 2**30:.1f} GiB, more than {ARENA_MEMORY_SHARE:.0%} of this machine's "
+            f"{memory / 2**30:.1f} GiB; lower max_batch_size"
+        )
 
 
 def triton_type(datatype: str) -> str:
@@ -163,16 +193,74 @@ def _fixed_fields(config: ModelConfig) -> dict[str, Any]:
     }
 
 
-def _integer(value: Any, what: str, low: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < low:
-        raise InvalidInput(f"config override: {what} must be an integer ≥ {low}, got {value!r}")
-    return value
+def _shown(value: Any) -> str:
+    """A refused value in an answer, cut short."""
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
 
 
-def _positive(value: Any, what: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
-        raise InvalidInput(f"config override: {what} must be a number > 0, got {value!r}")
-    return float(value)
+def _integer(value: Any, what: str, low: int, high: int) -> int:
+    """An integer in [low, high]: a JSON integer, a float with an integral
+    value, or (Triton's JSON, as protobuf reads int64) a string of digits."""
+    number: int | None = None
+    if isinstance(value, bool):
+        number = None
+    elif isinstance(value, int):
+        number = value
+    elif isinstance(value, float) and math.isfinite(value) and value.is_integer():
+        number = int(value)
+    elif isinstance(value, str) and _DIGITS.fullmatch(value.strip()):
+        number = int(value.strip())
+    if number is None or not low <= number <= high:
+        raise InvalidInput(
+            f"config override: {what} must be an integer from {low} to {high}, got {_shown(value)}"
+        )
+    return number
+
+
+def _positive(value: Any, what: str, high: float) -> float:
+    """A finite number in (0, high]: a JSON number or a decimal string."""
+    number: float | None = None
+    if isinstance(value, bool):
+        number = None
+    elif isinstance(value, int | float):
+        number = float(value) if abs(value) < 1e308 else None
+    elif isinstance(value, str) and _DECIMAL.fullmatch(value.strip()):
+        number = float(value.strip())
+    if number is None or not math.isfinite(number) or not 0 < number <= high:
+        raise InvalidInput(
+            f"config override: {what} must be a finite number > 0 and ≤ {high:.0f}, "
+            f"got {_shown(value)}"
+        )
+    return number
+
+
+def _boolean(value: Any, what: str) -> bool:
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, str) and value.strip().lower() in ("true", "false"):
+        return value.strip().lower() == "true"
+    raise InvalidInput(f"config override: {what} must be true or false, got {_shown(value)}")
+
+
+def _devices(value: Any) -> tuple[str, ...] | None:
+    """null (any device) or a non-empty list of device kinds or names, as
+    the repository's config takes them."""
+    if value is None:
+        return None
+    if (
+        not isinstance(value, list)
+        or not 1 <= len(value) <= MAX_DEVICE_ENTRIES
+        or not all(isinstance(d, str) and 0 < len(d.strip()) <= 128 for d in value)
+    ):
+        raise InvalidInput(
+            "config override: devices must be null or a list of 1 to "
+            f'{MAX_DEVICE_ENTRIES} device kinds or names (e.g. ["cpu"]), got {_shown(value)}'
+        )
+    devices = tuple(d.strip() for d in value)
+    if len(set(devices)) != len(devices):
+        raise InvalidInput(f"config override: devices has duplicate entries: {list(devices)}")
+    return devices
 
 
 # ------------------------------------------------------------------ unload
@@ -237,6 +325,7 @@ async def _unload(service: LiveService, name: str) -> None:
                 raise RuntimeError(
                     f"model {shown_model(name)}: requests still unanswered after unloading"
                 )
+        service.unavailable[name] = "unloading"  # listed until it is unloaded
         del service.models[name]
         service.statistics.remove_model(name)
         await pool.remove_model(name)  # the executors let go, then the arena is unlinked
@@ -260,30 +349,41 @@ async def _wait(done: Any, seconds: float) -> bool:
 
 async def load(service: LiveService, name: str, override: str | None = None) -> None:
     """(Re)load every version of `name` from the repository (see the module
-    docstring)."""
+    docstring): everything that can be checked is checked before the
+    version served is touched; a failure after that leaves the model
+    `failed` with its reason in the index, never gone."""
     _refuse_pipeline(service, name)
     settings = service.settings
     index = await asyncio.to_thread(load_repository, settings.repository)
+    served = _version_keys(service.models, name)
     if name not in index.models:
         if name in index.errors:
+            if not served:  # failed, with its reason (a served one serves on)
+                service.unavailable[name] = index.errors[name]
             raise LoadFailed(f"failed to load model {name!r}: {index.errors[name]}")
         raise ModelNotFound(f"model {name!r} is not in the repository")
     configs = [index.models[key] for key in _version_keys(index.models, name)]
     if override is not None:
         configs = [apply_override(config, override) for config in configs]
-    if _version_keys(service.models, name):
+    plans = [(config, await _preflight(service, config)) for config in configs]
+    if served:
         await unload(service, name)
+    keys = [config.name for config in configs]
     for key in _version_keys(service.unavailable, name):
         del service.unavailable[key]  # versions the repository no longer selects go
-    keys = [config.name for config in configs]
     service.control_state.update(dict.fromkeys(keys, "loading"))
+    service.unavailable.update(dict.fromkeys(keys, "loading"))  # listed while loading
     failure: LoadFailed | None = None
     try:
-        for config in configs:
+        for config, hosts in plans:
             try:
-                await _load(service, config)
-            except LoadFailed as exc:  # the other versions still load
-                failure = failure or exc
+                await _load(service, config, hosts)
+            except Exception as exc:  # the other versions still load
+                reason = exc.message if isinstance(exc, LoadFailed) else _reason(exc)
+                service.unavailable[config.name] = reason
+                log.error("model %s failed to load: %s", config.name, reason)
+                if failure is None:
+                    failure = exc if isinstance(exc, LoadFailed) else LoadFailed(reason)
     finally:
         for key in keys:
             service.control_state.pop(key, None)
@@ -291,21 +391,76 @@ async def load(service: LiveService, name: str, override: str | None = None) -> 
         raise failure
 
 
-async def _load(service: LiveService, config: ModelConfig) -> None:
+def _reason(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+
+
+async def _preflight(service: LiveService, config: ModelConfig) -> tuple[int, ...]:
+    """The devices `config` will load on, once everything that can refuse
+    the load before anything changes has been checked: its arena fits, a
+    device of this server may run it, those devices' executors are up
+    (waited for, at most RESPAWN_WAIT_S, while one restarts), and their
+    set is one a core can take."""
+    pool, dispatcher = service.pool, service.dispatcher
+    assert pool is not None and dispatcher is not None
+    shown = shown_model(config.name)
+    check_arena(config, startup.arena_capacity(service.settings, config))
+    allowed = [d for d in service.devices if model_allowed_on(config, d)]
+    if not allowed:
+        names = ", ".join(f"{d.name} ({d.kind})" for d in service.devices) or "none"
+        which = "any device" if config.devices is None else f"devices {list(config.devices)}"
+        raise LoadFailed(
+            f"model {shown}: no device of this server can run it (backend {config.backend} "
+            f"on {which}; devices here: {names})"
+        )
+    hosts = tuple(sorted(d.id for d in allowed if not pool.parked(d.id)))
+    if not hosts:
+        raise ControlBusy(f"model {shown}: every device that may run it is parked (AUTOSCALE)")
+    if not await _wait(lambda: all(pool.alive(d) for d in hosts), RESPAWN_WAIT_S):
+        down = ", ".join(service.device(d).name for d in hosts if not pool.alive(d))
+        raise ControlBusy(
+            f"model {shown}: the executor of {down} is restarting and did not come back within "
+            f"{RESPAWN_WAIT_S:.0f} s; nothing was changed, retry the load"
+        )
+    groups = dispatcher.groups
+    if not any(g.devices == hosts for g in groups) and any(
+        set(hosts) & set(g.devices) for g in groups
+    ):
+        raise LoadFailed(
+            f"model {shown} would run on devices {[service.device(d).name for d in hosts]}, "
+            "which other models share with a different set of devices; set its devices to "
+            "those of a group (GET /v2/devices) or restart the server to serve it"
+        )
+    return hosts
+
+
+async def _load(service: LiveService, config: ModelConfig, planned: tuple[int, ...]) -> None:
+    """Load `config` on the devices `_preflight` planned (those of them where it loads)."""
     settings, pool, dispatcher = service.settings, service.pool, service.dispatcher
     assert pool is not None and dispatcher is not None
     name = config.name
-    arena = Arena.create(config, settings.arena_slots)
+    if name in pool.configs:  # left in the pool by a load that failed (at start-up)
+        await pool.remove_model(name)
+    arena = Arena.create(config, startup.arena_capacity(settings, config))
     errors = await pool.add_model(config, arena)  # the pool owns the arena now
     hosts = tuple(sorted(d for d, error in errors.items() if error is None))
     if not hosts:
         reasons = "; ".join(f"{e}" for e in errors.values() if e) or "no device can run it"
         await pool.remove_model(name)
-        service.unavailable[name] = reasons
         raise LoadFailed(f"failed to load model {shown_model(name)}: {reasons}")
+    if hosts != planned:
+        log.warning(
+            "model %s loaded on devices %s of %s: %s",
+            name,
+            list(hosts),
+            list(planned),
+            "; ".join(f"{e}" for e in errors.values() if e),
+        )
     state = ModelState(config, arena, hosts)
     try:
-        await startup.measure_model(settings, pool, service.device(hosts[0]), state)
+        device = service.device(hosts[0])
+        serving = any(device.id in group.devices and group.models for group in dispatcher.groups)
+        await startup.measure_model(settings, pool, device, state, serving=serving)
         info = state.info()
         if not dispatcher.add_model(info, hosts):
             if any(set(hosts) & set(group.devices) for group in dispatcher.groups):
@@ -313,7 +468,9 @@ async def _load(service: LiveService, config: ModelConfig) -> None:
                     f"model {shown_model(name)} would run on devices {list(hosts)}, which other "
                     "models share with a different set of devices; restart the server to serve it"
                 )
-            dispatcher.add_group(_new_core(service, info, hosts))
+            # A new core is no one's yet: built off the event loop (a policy
+            # may plan for a while, e.g. nexus ~2 s at max_batch_size 65536).
+            dispatcher.add_group(await asyncio.to_thread(_new_core, service, info, hosts))
     except BaseException:
         await pool.remove_model(name)
         raise

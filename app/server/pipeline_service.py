@@ -43,7 +43,9 @@ from pathlib import Path
 from app.repository.config import ModelConfig
 from app.repository.loader import RepositoryIndex
 from app.runtime.events import DeviceDown, DeviceUp, ExecutorEvent
+from app.scheduling.ppipe import Layout, PPipeScheduler
 from app.scheduling.ppipe.batches import PipelineBatch
+from app.scheduling.ppipe.sequencer import LIVE_HOLD, LIVE_OVERDUE, live_lead
 from app.server.metrics import Metrics
 from app.server.pipeline_setup import LivePipelines
 from app.server.serving_routes import PipelineRoute
@@ -184,8 +186,6 @@ def _build(
     from app.planning.ppipe.profiles import load_profile
     from app.planning.ppipe.reference import timings_root
     from app.repository.partition import load_partitioning
-    from app.scheduling.ppipe import PPipeScheduler
-    from app.scheduling.ppipe.sequencer import LIVE_HOLD, LIVE_OVERDUE, live_lead
 
     assert settings.ppipe_plan is not None
     plan = read_plan(settings.ppipe_plan)
@@ -246,14 +246,7 @@ def _build(
     local = dataclasses.replace(
         plan, cluster=dataclasses.replace(plan.cluster, bandwidth_gbps=SHARED_MEMORY_GBPS)
     )
-    layout = build_layout(local, profiles)
-    core = PPipeScheduler(
-        layout,
-        deadline_margin=settings.deadline_margin_ms / 1000.0,
-        lead=live_lead(layout),
-        hold=LIVE_HOLD,
-        overdue=LIVE_OVERDUE,
-    )
+    core = _live_core(build_layout(local, profiles), settings)
     workdir = Path(tempfile.mkdtemp(prefix="deadline-serve-ppipe-"))
     try:
         live = LivePipelines(
@@ -268,3 +261,16 @@ def _build(
         shutil.rmtree(workdir, ignore_errors=True)
         raise
     return configs, live, workdir
+
+
+def _live_core(layout: Layout, settings: Settings) -> PPipeScheduler:
+    """The `ppipe` core as the daemon's executors need it: stages handed over
+    a lead before their start, two held at a time, overdue instances routed
+    around (app/scheduling/ppipe/sequencer.py)."""
+    return PPipeScheduler(
+        layout,
+        deadline_margin=settings.deadline_margin_ms / 1000.0,
+        lead=live_lead(layout),
+        hold=LIVE_HOLD,
+        overdue=LIVE_OVERDUE,
+    )

@@ -119,11 +119,17 @@ def device_tag(device: ExecutorDevice) -> str:
 
 
 async def measure_profile(
-    settings: Settings, pool: Profiler, device: ExecutorDevice, config: ModelConfig
+    settings: Settings,
+    pool: Profiler,
+    device: ExecutorDevice,
+    config: ModelConfig,
+    *,
+    serving: bool = False,
 ) -> LatencyProfile:
     """The model's latency profile: from its config, else from the cache when
     its fit is good, else measured on `device` (twice when the first is
-    poor) and cached."""
+    poor) and cached. `serving`: the device serves other models meanwhile
+    (a load while serving): see `_measure`."""
     if config.profile is not None:
         declared = profile_from_spec(config.profile, config.max_batch_size)
         if device.kind == "emulated" and device.share < 1.0:
@@ -138,7 +144,7 @@ async def measure_profile(
             return declared.scaled(1.0 / device.share)
         log.info("model %s: latency profile from its config", config.name)
         return declared
-    found = await find_or_measure(settings, pool, device, config)
+    found = await find_or_measure(settings, pool, device, config, serving=serving)
     return LatencyProfile.from_table(monotone_table(found.latency_ms), config.max_batch_size)
 
 
@@ -149,6 +155,7 @@ async def find_or_measure(
     config: ModelConfig,
     *,
     force: bool = False,
+    serving: bool = False,
 ) -> MeasuredProfile:
     """The cached table when its fit is good (and not `force`), else a
     measured one: measured again once when poor, then a WARNING if still."""
@@ -171,7 +178,7 @@ async def find_or_measure(
             found.table_text(),
         )
     else:
-        found = await _measure(settings, pool, device, config)
+        found = await _measure(settings, pool, device, config, serving)
         if not found.problems:
             return found
         log.info(
@@ -180,7 +187,7 @@ async def find_or_measure(
             device.name,
             "; ".join(found.problems),
         )
-    found = await _measure(settings, pool, device, config)
+    found = await _measure(settings, pool, device, config, serving)
     if found.problems:
         log.warning(
             "model %s: latency profile on %s is still poor after measuring it again (%s): %s; "
@@ -197,15 +204,37 @@ async def find_or_measure(
 
 
 async def _measure(
-    settings: Settings, pool: Profiler, device: ExecutorDevice, config: ModelConfig
+    settings: Settings,
+    pool: Profiler,
+    device: ExecutorDevice,
+    config: ModelConfig,
+    serving: bool = False,
 ) -> MeasuredProfile:
-    """Measure on `device`, cache it, log it."""
+    """Measure on `device`, cache it, log it. While the device serves other
+    models (`serving`), their batches run between the profile's and only
+    ever add to its times: it is measured twice, each batch size's lower time
+    kept, and it is used but not cached (a later start measures it on a
+    quiet device; a reload under load once cached ℓ(1) 25.5 ms for 3.8)."""
     sizes = sorted(
         {b for b in settings.profile_batch_sizes if b <= config.max_batch_size}
         | {1, config.max_batch_size}
     )
     measured = await pool.profile(device.id, config.name, sizes)
+    if serving:
+        again = await pool.profile(device.id, config.name, sizes)
+        measured = {b: min(ms, again.get(b, ms)) for b, ms in measured.items()}
     found = MeasuredProfile.of(measured, settings.profile_min_r2, "measured")
+    if serving:
+        log.info(
+            "model %s profiled on %s while it serves other models (lower of two runs): %s; "
+            "fit %s; not cached (python -m app profile %s measures it on a quiet device)",
+            config.name,
+            device.name,
+            found.table_text(),
+            found.fit_text(),
+            config.name,
+        )
+        return found
     path = write_profile_cache(
         config,
         device_tag(device),

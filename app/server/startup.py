@@ -78,11 +78,17 @@ class ModelState:
 
 
 async def measure_model(
-    settings: Settings, pool: ExecutorPool, device: ExecutorDevice, state: ModelState
+    settings: Settings,
+    pool: ExecutorPool,
+    device: ExecutorDevice,
+    state: ModelState,
+    *,
+    serving: bool = False,
 ) -> None:
-    """Set the model's latency profile (`measure_profile`) and, for a
-    dynamic model, its input dependence (`measure_dynamic`), on `device`."""
-    state.profile = await measure_profile(settings, pool, device, state.config)
+    """Set the model's latency profile (`measure_profile`; `serving`: the
+    device serves other models meanwhile) and, for a dynamic model, its
+    input dependence (`measure_dynamic`), on `device`."""
+    state.profile = await measure_profile(settings, pool, device, state.config, serving=serving)
     state.dynamic = await measure_dynamic(pool, device, state.config, state.profile)
 
 
@@ -145,6 +151,12 @@ async def load_models(settings: Settings) -> RepositoryIndex:
     return index
 
 
+def arena_capacity(settings: Settings, config: ModelConfig) -> int:
+    """A model's arena slots, at start-up and on every (re)load alike: one
+    per item, ARENA_SLOTS, and at least one whole request of max_batch_size."""
+    return max(settings.arena_slots, config.max_batch_size)
+
+
 def device_layout(settings: Settings) -> list[ExecutorDevice]:
     devices = detect_devices(
         settings.cpu_slices,
@@ -170,7 +182,7 @@ async def start_executors(
     # One slot per item; at least one whole request of max_batch_size items.
     pool: ExecutorPool | RayExecutorPool
     arenas = {
-        name: Arena.create(config, max(settings.arena_slots, config.max_batch_size))
+        name: Arena.create(config, arena_capacity(settings, config))
         for name, config in index.models.items()
     }
     if settings.ray_address is not None:
@@ -199,7 +211,7 @@ async def start_executors(
         if not hosts:
             unavailable[name] = why_not_loaded(pool, devices, config)
             log.error("model %s unavailable: %s", name, unavailable[name])
-            arenas[name].close_and_unlink()
+            await pool.remove_model(name)  # and its arena: a later load starts afresh
             continue
         models[name] = ModelState(config, arenas[name], hosts)
     return pool, models, unavailable

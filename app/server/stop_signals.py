@@ -19,9 +19,11 @@ it — `should_exit` — without being handed the signal: nothing is raised
 again, and the process exits 0 once the lifespan shutdown is done. If no
 graceful-shutdown timeout was configured, it gets `safety_net_s(grace)`, so
 that a connection the drain cannot answer (a body that never finishes
-arriving) cannot hold the exit forever. A later signal cuts the grace
-short; it is never passed on, so `force_exit` cannot skip freeing
-executors and shared memory.
+arriving) cannot hold the exit forever. A later signal (but the first
+one again within `REPEAT_WINDOW_S`: `timeout` sends one to the process and
+one to its group at once) cuts the grace short; it is never passed on, so
+`force_exit` cannot skip freeing executors and shared memory. Should the
+loop be wedged, app/server/loop_watchdog.py ends the process anyway.
 
 Under another server, a previous handler that is a Python callable is
 called after ours; one that is not (SIG_DFL, SIG_IGN) is left alone, and so
@@ -34,6 +36,7 @@ import asyncio
 import logging
 import signal
 import threading
+import time
 from collections.abc import Callable
 from types import FrameType
 from typing import Any
@@ -46,6 +49,11 @@ HANDLED = (signal.SIGTERM, signal.SIGINT)
 # answers every inference request when the grace ends; this only bounds a
 # connection the drain cannot answer.
 SAFETY_NET_S = 1.0
+
+# The first signal again this soon after it is the same stop sent twice, not
+# a request to hurry: `timeout(1)` signals its child and then the child's
+# process group, so the server gets SIGTERM twice at once.
+REPEAT_WINDOW_S = 0.1
 
 
 def safety_net_s(grace_s: float) -> float:
@@ -67,8 +75,12 @@ class StopSignals:
         grace_s: float,
         on_first: Callable[[str], None],
         on_again: Callable[[str], None],
+        on_received: Callable[[], None] | None = None,
     ) -> None:
         self._loop = loop
+        self._on_received = on_received
+        self._first_at: float | None = None
+        self._first_signal = 0
         self._grace_s = grace_s
         self._on_first = on_first
         self._on_again = on_again
@@ -97,9 +109,21 @@ class StopSignals:
         # A Python signal handler runs on the main thread between two
         # bytecodes of whatever the loop was doing: only hand over to the loop.
         name = signal.Signals(signum).name
-        callback = self._on_first if self.received == 0 else self._on_again
+        now = time.monotonic()
+        if self._on_received is not None:
+            self._on_received()  # the loop watchdog's clock starts (app/server/loop_watchdog.py)
+        if self._first_at is None:
+            self._first_at, self._first_signal = now, signum
+            self._loop.call_soon_threadsafe(self._on_first, name)
+        elif (
+            self.received == 1
+            and signum == self._first_signal
+            and now - self._first_at < REPEAT_WINDOW_S
+        ):  # the same stop, sent twice (`timeout` signals the child, then its group)
+            log.info("%s twice within %.1f s: one stop", name, REPEAT_WINDOW_S)
+        else:
+            self._loop.call_soon_threadsafe(self._on_again, name)
         self.received += 1
-        self._loop.call_soon_threadsafe(callback, name)
         previous = self._previous.get(signum)
         server = _uvicorn_server(previous)
         if server is not None:
@@ -108,6 +132,14 @@ class StopSignals:
                 server.config.timeout_graceful_shutdown = safety_net_s(self._grace_s)
         elif callable(previous):
             previous(signum, frame)
+
+
+def uvicorn_server() -> Any:
+    """The uvicorn Server running this process (found through the SIGTERM
+    handler it installed), else None."""
+    if threading.current_thread() is not threading.main_thread():
+        return None
+    return _uvicorn_server(signal.getsignal(signal.SIGTERM))
 
 
 def _uvicorn_server(handler: Handler) -> Any:

@@ -77,6 +77,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         default=2.0,
         help="SHUTDOWN_GRACE_S of the sigterm attack's daemon (default 2)",
     )
+    parser.add_argument(
+        "--command",
+        choices=("serve", "uvicorn"),
+        default="serve",
+        help="start the daemon with `python -m app serve` (default) or plain "
+        "`uvicorn app.main:app`",
+    )
     parser.add_argument("--out", type=Path, help="write attack.json and summary.md here")
     parser.add_argument("--markdown", type=Path, help="write the markdown tables here")
     parser.add_argument("--list", action="store_true", help="list the attacks and exit")
@@ -110,6 +117,7 @@ def main(argv: list[str] | None = None) -> int:
         settings=dict(args.settings),
         header_timeout_s=args.header_timeout_s,
         grace_s=args.grace_s,
+        command=args.command,
     )
     command = "python -m bench.attack " + shlex.join(sys.argv[1:] if argv is None else argv)
     started = time.monotonic()

@@ -70,18 +70,26 @@ def launch(
     *,
     nofile: int | None = None,
     startup_timeout_s: float = 60.0,
+    command: str = "serve",
 ) -> DaemonHandle:
     """Start the daemon on a free loopback port with `env` over this
     process's environment (and at most `nofile` open files); return once
-    /v2/health/ready answers 200."""
+    /v2/health/ready answers 200. `command`: "serve" (`python -m app serve`)
+    or "uvicorn" (plain `uvicorn app.main:app`, the repository in
+    MODEL_REPOSITORY)."""
     port = free_port()
     log_path = Path(tempfile.mkdtemp(prefix="attack-daemon-")) / "daemon.log"
-    command = [sys.executable, "-m", "app", "serve", "--port", str(port)]
-    command += ["--repository", str(repository.resolve()), "--log-level", "warning"]
+    if command == "uvicorn":
+        argv = [sys.executable, "-m", "uvicorn", "app.main:app", "--port", str(port)]
+        argv += ["--log-level", "warning"]
+        env = {**env, "MODEL_REPOSITORY": str(repository.resolve())}
+    else:
+        argv = [sys.executable, "-m", "app", "serve", "--port", str(port)]
+        argv += ["--repository", str(repository.resolve()), "--log-level", "warning"]
     started = time.monotonic()
     with log_path.open("wb") as log:
         process = subprocess.Popen(
-            command,
+            argv,
             cwd=REPO_ROOT,
             env=dict(os.environ, **env),
             stdin=subprocess.DEVNULL,

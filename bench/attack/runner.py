@@ -44,6 +44,7 @@ class Options:
     settings: dict[str, str] = field(default_factory=dict)  # extra daemon environment
     header_timeout_s: float = 10.0  # the daemon's header timeout the slowloris target uses
     grace_s: float = 2.0  # SHUTDOWN_GRACE_S of the SIGTERM attack
+    command: str = "serve"  # how the daemon is started: "serve" or "uvicorn" (app.main:app)
 
 
 @dataclass
@@ -155,7 +156,7 @@ def run_attack(spec: AttackSpec, options: Options) -> AttackResult:
     if spec.nofile is not None:
         result.details["daemon_nofile"] = spec.nofile
     try:
-        handle = launch(repo, env, nofile=spec.nofile)
+        handle = launch(repo, env, nofile=spec.nofile, command=options.command)
     except RuntimeError as exc:
         result.timed_out.append(f"daemon start ({str(exc).splitlines()[0]})")
         return result
