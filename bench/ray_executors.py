@@ -100,14 +100,40 @@ def start(cluster: LocalRayCluster | None) -> DaemonHandle:
 
 
 def capacity(url: str, workload: Workload, probe_s: float, max_runs: int) -> dict[str, Any]:
-    found, probes = find_live_capacity(url, workload, probe_duration_s=probe_s, max_runs=max_runs)
+    found, _ = find_live_capacity(url, workload, probe_duration_s=probe_s, max_runs=max_runs)
+    probes = sorted(found.probes, key=lambda p: p.scale)
     return {
         "capacity_rps": found.capacity_rps,
         "status": found.status,
+        "target": found.target,
+        "measured": measured(found.capacity_rps, found.status, probes),
         "probes": [
-            {"rate_scale": scale, "within_slo": r.attainment} for scale, r in sorted(probes.items())
+            {
+                "rate_scale": p.scale,
+                "offered_rps": p.offered_rps,
+                "goodput_rps": p.goodput_rps,
+                "within_slo": p.attainment,
+                "passed": p.passed,
+            }
+            for p in probes
         ],
     }
+
+
+def measured(capacity_rps: float, status: str, probes: list[Any]) -> str:
+    """What the probes show of the capacity: the search's value when it
+    converged, else the bound they set (≥ the highest passing rate, < the
+    lowest failing one), never a bare 0 after probes that ran."""
+    if status == "converged" or not probes:
+        return f"{capacity_rps:.0f}"
+    passing = [p.offered_rps for p in probes if p.passed]
+    failing = [p.offered_rps for p in probes if not p.passed]
+    bounds = []
+    if passing:
+        bounds.append(f"≥ {max(passing):.0f}")
+    if failing:
+        bounds.append(f"< {min(failing):.0f}")
+    return " and ".join(bounds)
 
 
 # ------------------------------------------------------------- the kill
@@ -236,9 +262,12 @@ def render(doc: dict[str, Any]) -> str:
         )
     out += ["", "| workload (a) | capacity r/s | search |", "|---|---:|---|"]
     for name, c in doc["capacity"].items():
-        tried = ", ".join(f"{p['rate_scale']:g}× → {p['within_slo']:.1%}" for p in c["probes"])
-        search = f"{c['status']}; probes (rate scale → within SLO): {tried}"
-        out.append(f"| {name} | {c['capacity_rps']:.0f} | {search} |")
+        tried = ", ".join(
+            f"{p['rate_scale']:g}× = {p['offered_rps']:.0f} r/s → {p['within_slo']:.1%}"
+            for p in c["probes"]
+        )
+        search = f"{c['status']} (target {c['target']:.0%}); probes (offered → within SLO): {tried}"
+        out.append(f"| {name} | {c['measured']} | {search} |")
     k = doc["kill"]
     again = k["serving_again_after_s"]
     out += [
@@ -307,7 +336,7 @@ def run(options: Options, cluster: LocalRayCluster) -> dict[str, Any]:
         try:
             found = capacity(handle.url, workload, options.probe_s, options.max_runs)
             doc["capacity"][name] = found
-            log(f"{name}: capacity {found['capacity_rps']:.0f} r/s ({found['status']})")
+            log(f"{name}: capacity {found['measured']} r/s ({found['status']})")
             if on is not None:
                 load = dataclasses.replace(workload, duration_s=options.kill_s)
                 doc["kill"] = asyncio.run(kill_step(handle, cluster, load))

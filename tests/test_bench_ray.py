@@ -52,17 +52,21 @@ def test_quick_ray_bench_equal_outputs_one_event_a_batch_kill_answered_once(tmp_
     assert done.returncode == 0, done.stderr[-3000:]
     doc = json.loads((tmp_path / "ray.json").read_text())
     assert doc["failures"] == []
-    kinds = ["local", "ray same node", "ray other node"]
+    kinds = ["local", "ray same node", "ray same node, Ray calls", "ray other node"]
 
     outputs = doc["outputs"]
     assert list(outputs) == kinds
     for kind in kinds:
         assert outputs[kind]["rows"] == 24
         assert outputs[kind]["max_abs_delta"] <= 1e-6
-    assert outputs["ray same node"]["data_path"].startswith("shared-memory arena (node ")
+    same = outputs["ray same node"]["data_path"]
+    assert same.startswith("shared-memory arena, batch channel (node ")
+    calls = outputs["ray same node, Ray calls"]["data_path"]
+    assert calls.startswith("shared-memory arena, Ray calls (node ")
     assert outputs["ray other node"]["data_path"].startswith("object store (node ")
     # pinned to two different raylets
-    assert outputs["ray same node"]["data_path"] != outputs["ray other node"]["data_path"]
+    assert same.rpartition("(")[2] == calls.rpartition("(")[2]
+    assert same.rpartition("(")[2] != outputs["ray other node"]["data_path"].rpartition("(")[2]
 
     overhead = doc["overhead"]
     for kind in kinds:
@@ -74,8 +78,12 @@ def test_quick_ray_bench_equal_outputs_one_event_a_batch_kill_answered_once(tmp_
     for found in capacity.values():
         assert found["daemon_exit"] == 0  # stopped gracefully, on Ray too
         assert segments_of(found["daemon_pid"]) == set()  # its arenas unlinked
-        assert len(found["probes"]) == 1
-        assert 0 < found["probes"][0]["within_slo"] <= 1
+        (probe,) = found["probes"]
+        assert 0 < probe["within_slo"] <= 1
+        assert probe["offered_rps"] > 100  # workload (a): 400 r/s at 1×
+        # what the probe measured, never "0" after it ran
+        bound = "≥" if probe["passed"] else "<"
+        assert found["measured"] == f"{bound} {probe['offered_rps']:.0f}"
 
     kill = doc["kill"]
     assert kill["sent"] > 100  # 5 s at half of 400 r/s
