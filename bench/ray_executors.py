@@ -92,11 +92,27 @@ def log(message: str) -> None:
 
 
 # ------------------------------------------------------------ the daemons
-def start(cluster: LocalRayCluster | None) -> DaemonHandle:
+def start(cluster: LocalRayCluster | None, ray_nodes: str | None = None) -> DaemonHandle:
     """The daemon on workload (a)'s repository, two emulated devices: local
-    executors, or Ray actors on `cluster`."""
+    executors, or Ray actors on `cluster` (placed by RAY_NODES, or by Ray)."""
     env = dict(NO_AUTH, RAY_ADDRESS=cluster.address) if cluster is not None else {}
+    if ray_nodes is not None:
+        env["RAY_NODES"] = ray_nodes
     return start_daemon(REPOSITORY, free_port(), emulated_devices=2, cpu_slices=0, extra_env=env)
+
+
+# The daemons of the capacity step: (name, on Ray, RAY_NODES). The kill step
+# runs on the last one.
+LOCAL_DAEMON, SAME_NODE_DAEMON, PLACED_DAEMON = (
+    "local executors",
+    "Ray executors, daemon's node",
+    "Ray executors, placed by Ray",
+)
+DAEMONS = (
+    (LOCAL_DAEMON, False, None),
+    (SAME_NODE_DAEMON, True, "0=local,1=local"),  # both take the batch channel
+    (PLACED_DAEMON, True, None),
+)
 
 
 def capacity(url: str, workload: Workload, probe_s: float, max_runs: int) -> dict[str, Any]:
@@ -330,14 +346,15 @@ def run(options: Options, cluster: LocalRayCluster) -> dict[str, Any]:
         ray.shutdown()
     workload = load_workload(WORKLOAD)
     doc["capacity"] = {}
-    for name, on in (("local executors", None), ("Ray executors", cluster)):
-        handle = start(on)
+    for name, on_ray, ray_nodes in DAEMONS:
+        on = cluster if on_ray else None
+        handle = start(on, ray_nodes)
         log(f"{name}: daemon ready in {handle.startup_s:.1f} s")
         try:
             found = capacity(handle.url, workload, options.probe_s, options.max_runs)
             doc["capacity"][name] = found
             log(f"{name}: capacity {found['measured']} r/s ({found['status']})")
-            if on is not None:
+            if name == PLACED_DAEMON:
                 load = dataclasses.replace(workload, duration_s=options.kill_s)
                 doc["kill"] = asyncio.run(kill_step(handle, cluster, load))
                 k = doc["kill"]

@@ -74,7 +74,11 @@ def test_quick_ray_bench_equal_outputs_one_event_a_batch_kill_answered_once(tmp_
         assert 0 < overhead[kind]["median_ms"] <= overhead[kind]["p99_ms"]
 
     capacity = doc["capacity"]
-    assert list(capacity) == ["local executors", "Ray executors"]
+    assert list(capacity) == [
+        "local executors",
+        "Ray executors, daemon's node",
+        "Ray executors, placed by Ray",
+    ]
     for found in capacity.values():
         assert found["daemon_exit"] == 0  # stopped gracefully, on Ray too
         assert segments_of(found["daemon_pid"]) == set()  # its arenas unlinked

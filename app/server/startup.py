@@ -199,7 +199,8 @@ def ray_pool(
     nodes: dict[int, str] = {}
     if settings.ray_nodes is not None:
         try:
-            nodes = resolve_nodes(settings.ray_nodes, ray.nodes(), (d.id for d in devices))
+            here = ray.get_runtime_context().get_node_id()
+            nodes = resolve_nodes(settings.ray_nodes, ray.nodes(), (d.id for d in devices), here)
         except NodeNotFound as exc:
             for arena in arenas.values():
                 arena.close_and_unlink()
