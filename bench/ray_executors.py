@@ -48,6 +48,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import dataclasses
 import json
 import os
@@ -66,11 +67,13 @@ import numpy as np
 from app.workloads.spec import Workload, load_workload
 from bench.daemon_launcher import DaemonHandle, free_port, start_daemon, stop_daemon
 from bench.loadgen import find_live_capacity, prepare_targets, run_load
+from bench.netns import VethNamespace
 from bench.ray_cluster import LocalRayCluster, import_ray, is_live
 from bench.ray_pool_steps import KINDS, pool_steps
 
 ROOT = Path(__file__).resolve().parent.parent
 OUT_DIR = ROOT / "bench" / "results" / "ray"
+TWO_NODES_OUT_DIR = ROOT / "bench" / "results" / "ray-two-nodes"
 WORKLOAD = ROOT / "bench" / "workloads" / "live-a-resnet50-emulated.yaml"
 REPOSITORY = ROOT / "bench" / "repositories" / "live"
 ACTOR_CLASS = "ExecutorActor"  # app/runtime/ray_actor.py; Ray names its worker process after it
@@ -103,16 +106,27 @@ def start(cluster: LocalRayCluster | None, ray_nodes: str | None = None) -> Daem
 
 # The daemons of the capacity step: (name, on Ray, RAY_NODES). The kill step
 # runs on the last one.
-LOCAL_DAEMON, SAME_NODE_DAEMON, PLACED_DAEMON = (
+LOCAL_DAEMON, SAME_NODE_DAEMON, PLACED_DAEMON, TWO_NODE_DAEMON = (
     "local executors",
     "Ray executors, daemon's node",
     "Ray executors, placed by Ray",
+    "Ray executors, one per node",
 )
 DAEMONS = (
     (LOCAL_DAEMON, False, None),
     (SAME_NODE_DAEMON, True, "0=local,1=local"),  # both take the batch channel
     (PLACED_DAEMON, True, None),
 )
+
+
+def two_node_daemons(worker: str) -> tuple[tuple[str, bool, str | None], ...]:
+    """With the worker raylet in a namespace of its own: executor 0 on the
+    daemon's node, executor 1 on the worker (node id `worker`)."""
+    return (
+        (LOCAL_DAEMON, False, None),
+        (SAME_NODE_DAEMON, True, "0=local,1=local"),
+        (TWO_NODE_DAEMON, True, f"0=local,1={worker}"),
+    )
 
 
 def capacity(url: str, workload: Workload, probe_s: float, max_runs: int) -> dict[str, Any]:
@@ -174,17 +188,26 @@ BACK = re.compile(r"executor (\S+) is back \(Ray actor pid (\d+), restart \d+\) 
 
 
 async def kill_and_watch(
-    log_path: Path, cluster: LocalRayCluster, kill_in_s: float, limit_s: float
+    log_path: Path,
+    cluster: LocalRayCluster,
+    kill_in_s: float,
+    limit_s: float,
+    on_node: str | None = None,
 ) -> dict[str, Any]:
-    """Kill one actor's process after `kill_in_s`; watch the daemon's log
-    (app/runtime/ray_faults.py's lines: the actor died or fell silent, it is
-    back) until
-    the device is back, at most `limit_s` after the kill."""
+    """Kill one actor's process (on the node named `on_node`, else any)
+    after `kill_in_s`; watch the daemon's log (app/runtime/ray_faults.py's
+    lines: the actor died or fell silent, it is back) until the device is
+    back, at most `limit_s` after the kill."""
     await asyncio.sleep(kill_in_s)
     pids = actor_pids(cluster)
-    if not pids:
+    if on_node is not None:
+        there = {p.pid for p in cluster.node(on_node).processes()}
+        candidates = [pid for pid in pids if pid in there]
+    else:
+        candidates = pids
+    if not candidates:
         raise RuntimeError(f"no process of the cluster names {ACTOR_CLASS}")
-    victim = pids[0]
+    victim = candidates[0]
     node = next(n.name for n in cluster.nodes if victim in {p.pid for p in n.processes()})
     seen = log_path.stat().st_size
     killed = time.monotonic()
@@ -221,7 +244,7 @@ async def successes(client: httpx.AsyncClient, model: str) -> int:
 
 
 async def kill_step(
-    handle: DaemonHandle, cluster: LocalRayCluster, load: Workload
+    handle: DaemonHandle, cluster: LocalRayCluster, load: Workload, on_node: str | None = None
 ) -> dict[str, Any]:
     """Steady load with one actor killed mid-run (module docstring, step 4)."""
     (model,) = [m.name for m in load.models]
@@ -235,7 +258,11 @@ async def kill_step(
         )
     )
     kill = await kill_and_watch(
-        handle.log_path, cluster, KILL_AT * load.duration_s, load.duration_s + SERVE_AGAIN_TIMEOUT_S
+        handle.log_path,
+        cluster,
+        KILL_AT * load.duration_s,
+        load.duration_s + SERVE_AGAIN_TIMEOUT_S,
+        on_node,
     )
     records = (await running).records
     async with httpx.AsyncClient(base_url=url, timeout=10.0) as client:
@@ -329,7 +356,7 @@ class Options:
     kill_s: float
 
 
-def run(options: Options, cluster: LocalRayCluster) -> dict[str, Any]:
+def run(options: Options, cluster: LocalRayCluster, two_nodes: bool = False) -> dict[str, Any]:
     ray = import_ray()
     doc: dict[str, Any] = {}
     os.environ.update(NO_AUTH)
@@ -339,14 +366,23 @@ def run(options: Options, cluster: LocalRayCluster) -> dict[str, Any]:
     try:
         same = ray.get_runtime_context().get_node_id()
         (other,) = [n.node_id for n in cluster.nodes if n.node_id != same]
-        log(f"driver on node {same[:8]}; other raylet {other[:8]}")
+        doc["nodes"] = {
+            str(n["NodeID"]): str(n["NodeManagerAddress"]) for n in ray.nodes() if n["Alive"]
+        }
+        log(
+            f"driver on node {same[:8]} at {doc['nodes'][same]}; "
+            f"other raylet {other[:8]} at {doc['nodes'][other]}"
+        )
         with tempfile.TemporaryDirectory(prefix="ray-bench-") as tmp:
             doc.update(asyncio.run(pool_steps(same, other, Path(tmp), options.batches, log)))
     finally:
         ray.shutdown()
     workload = load_workload(WORKLOAD)
     doc["capacity"] = {}
-    for name, on_ray, ray_nodes in DAEMONS:
+    worker = cluster.node("worker-0")
+    daemons = two_node_daemons(worker.node_id) if two_nodes else DAEMONS
+    killed_on = worker.name if two_nodes else None  # the other machine's actor
+    for name, on_ray, ray_nodes in daemons:
         on = cluster if on_ray else None
         handle = start(on, ray_nodes)
         log(f"{name}: daemon ready in {handle.startup_s:.1f} s")
@@ -354,9 +390,9 @@ def run(options: Options, cluster: LocalRayCluster) -> dict[str, Any]:
             found = capacity(handle.url, workload, options.probe_s, options.max_runs)
             doc["capacity"][name] = found
             log(f"{name}: capacity {found['measured']} r/s ({found['status']})")
-            if name == PLACED_DAEMON:
+            if name == daemons[-1][0]:
                 load = dataclasses.replace(workload, duration_s=options.kill_s)
-                doc["kill"] = asyncio.run(kill_step(handle, cluster, load))
+                doc["kill"] = asyncio.run(kill_step(handle, cluster, load, killed_on))
                 k = doc["kill"]
                 log(
                     f"kill: {k['answered']}/{k['sent']} answered, {k['answered_twice']} twice, "
@@ -380,7 +416,13 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--probe", type=float, default=5.0, help="seconds per capacity probe")
     parser.add_argument("--max-runs", type=int, default=8, help="capacity probes per daemon")
     parser.add_argument("--kill-duration", type=float, default=10.0)
-    parser.add_argument("--out-dir", type=Path, default=OUT_DIR)
+    parser.add_argument(
+        "--netns",
+        action="store_true",
+        help="the worker raylet in a network namespace of its own, joined by a veth pair "
+        "(root; bench/netns.py); results to bench/results/ray-two-nodes",
+    )
+    parser.add_argument("--out-dir", type=Path, default=None)
     return parser
 
 
@@ -399,9 +441,22 @@ def main(argv: list[str] | None = None) -> int:
     options = Options(args.batches, args.probe, args.max_runs, args.kill_duration)
     signal.signal(signal.SIGTERM, _interrupt)  # leave the cluster's context: torn down
     started = time.monotonic()
-    with LocalRayCluster(workers=1) as cluster:
+    if args.out_dir is None:
+        args.out_dir = TWO_NODES_OUT_DIR if args.netns else OUT_DIR
+    namespace = None
+    with contextlib.ExitStack() as stack:
+        if args.netns:
+            ns = stack.enter_context(VethNamespace.create())
+            namespace = ns.name
+            cluster = LocalRayCluster(
+                workers=1, head_ip=ns.host_ip, worker_prefix=ns.prefix, worker_ip=ns.ns_ip
+            )
+            log(f"namespace {ns.name}: the worker raylet at {ns.ns_ip}, the head at {ns.host_ip}")
+        else:
+            cluster = LocalRayCluster(workers=1)
+        stack.enter_context(cluster)
         log(f"cluster {cluster.address} up in {time.monotonic() - started:.1f} s")
-        doc = run(options, cluster)
+        doc = run(options, cluster, two_nodes=args.netns)
     shown = render(doc)
     print(shown)
     document = {
@@ -410,6 +465,7 @@ def main(argv: list[str] | None = None) -> int:
         "machine": {"platform": platform.platform(), "cpus": os.cpu_count()},
         "options": dataclasses.asdict(options),
         "wall_s": time.monotonic() - started,
+        "namespace": namespace,
         **doc,
         "failures": failures(doc),
     }

@@ -17,8 +17,10 @@ from pathlib import Path
 
 import pytest
 
+from bench import netns
 from bench.daemon_launcher import REPO_ROOT
 from bench.ray_cluster import is_live
+from tests.conftest import peer_missing
 from tests.fakes import segments_of
 
 pytest.importorskip("ray")  # the `ray` extra; CI installs it (pyproject's test extra)
@@ -29,8 +31,16 @@ LIMIT_S = 240  # a quick run takes under a minute on 2 cores
 TEARDOWN_S = 30
 
 
-def run_quick(out_dir: Path) -> subprocess.CompletedProcess[str]:
-    command = [sys.executable, "-m", "bench.ray_executors", "--quick", "--out-dir", str(out_dir)]
+def run_quick(out_dir: Path, *options: str) -> subprocess.CompletedProcess[str]:
+    command = [
+        sys.executable,
+        "-m",
+        "bench.ray_executors",
+        "--quick",
+        "--out-dir",
+        str(out_dir),
+        *options,
+    ]
     process = subprocess.Popen(
         command, cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
     )
@@ -105,3 +115,40 @@ def test_quick_ray_bench_equal_outputs_one_event_a_batch_kill_answered_once(tmp_
     table = (tmp_path / "ray.md").read_text()
     assert table.strip() in done.stdout
     assert "| ray other node | object store" in table
+
+
+def test_quick_two_node_bench_crosses_a_veth_pair_and_a_killed_node_actor_is_answered_once(
+    tmp_path,
+):
+    why = netns.available()
+    if why is not None:
+        peer_missing(f"a network namespace for the second Ray node: {why}")
+    done = run_quick(tmp_path, "--netns")
+    assert done.returncode == 0, done.stderr[-3000:]
+    doc = json.loads((tmp_path / "ray.json").read_text())
+    assert doc["failures"] == []
+    # the second node is the namespace's address, the head the host end of the pair
+    assert sorted(doc["nodes"].values()) == [netns.VethNamespace.host_ip, netns.VethNamespace.ns_ip]
+    other = doc["outputs"]["ray other node"]["data_path"]
+    assert other.startswith("object store (node ")
+    node = other.removeprefix("object store (node ").rstrip(")")
+    (address,) = [a for n, a in doc["nodes"].items() if n.startswith(node)]
+    assert address == netns.VethNamespace.ns_ip
+    for kind, o in doc["outputs"].items():
+        assert o["max_abs_delta"] <= 1e-6, kind
+        assert doc["overhead"][kind]["events"] == doc["overhead"][kind]["batches"] == 50
+    assert list(doc["capacity"]) == [
+        "local executors",
+        "Ray executors, daemon's node",
+        "Ray executors, one per node",
+    ]
+    kill = doc["kill"]
+    assert kill["killed_on"] == "worker-0"  # the executor on the namespace's node
+    assert kill["answered"] == kill["sent"] > 100 and kill["unanswered"] == 0
+    assert kill["answered_twice"] == 0
+    assert kill["server_successes"] == kill["ok"] > 0
+    assert kill["serving_again_after_s"] is not None
+    assert not any(is_live(pid) for pid in [*kill["actor_pids"], kill["new_actor_pid"]])
+    assert doc["namespace"].startswith("dsr")
+    names = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, check=True)
+    assert doc["namespace"] not in names.stdout  # removed on leaving
