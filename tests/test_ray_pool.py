@@ -141,6 +141,27 @@ def test_a_cpu_slice_is_fitted_to_the_node_and_an_infeasible_one_is_named_at_onc
     run(scenario())
 
 
+def test_stop_comes_after_the_batches_sent_on_the_channel():
+    config = emulated_config(alpha_ms=100.0, beta_ms=0.0)  # 100 ms a batch
+
+    async def scenario() -> None:
+        arena = Arena.create(config, capacity=16)
+        events = PoolEvents()
+        pool = RayExecutorPool([EMU], [config], {"emu": arena}, events)
+        await pool.start()
+        assert pool.channelled(EMU.id)
+        slots = arena.acquire_rows(3)
+        ends = [events.expect(i) for i in range(3)]
+        for i in range(3):
+            pool.submit(EMU.id, i, "emu", slots[i : i + 1], time.monotonic())
+        await pool.stop(timeout=10.0)  # the stop reaches the actor before the batches run
+        done = await asyncio.gather(*ends)
+        assert [(e.batch_id, e.error) for e in done] == [(0, None), (1, None), (2, None)]
+        assert all(e.finished_at - e.started_at >= 0.09 for e in done)  # each one ran
+
+    run(scenario())
+
+
 def test_batches_go_through_the_channel_and_its_close_is_the_actors_death():
     config = emulated_config(alpha_ms=1000.0, beta_ms=0.0)  # 1 s a batch
 
@@ -551,6 +572,14 @@ def test_ray_nodes_place_executors_on_the_named_node(tmp_path, ray_local):
             await pool.stop()
 
     assert run(placed()) == node_id
+    for arena in arenas.values():
+        arena.close_and_unlink()
+
+    # `local`: the daemon's own node.
+    settings = Settings(repository=repository, ray_address="auto", ray_nodes={EMU.id: "local"})
+    arenas = {"m": Arena.create(index.models["m"], 8)}
+    pool = startup.ray_pool(settings, [EMU], index, arenas, PoolEvents())
+    assert pool.nodes == {EMU.id: ray.get_runtime_context().get_node_id()}
     for arena in arenas.values():
         arena.close_and_unlink()
 
