@@ -152,3 +152,22 @@ def test_quick_two_node_bench_crosses_a_veth_pair_and_a_killed_node_actor_is_ans
     assert doc["namespace"].startswith("dsr")
     names = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, check=True)
     assert doc["namespace"] not in names.stdout  # removed on leaving
+
+
+def test_ray_channels_bench_prints_each_ways_round_trip():
+    done = subprocess.run(
+        [sys.executable, "-m", "bench.ray_channels", "--repeats", "20"],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=LIMIT_S,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    rows = [line.split("|")[1:-1] for line in done.stdout.splitlines() if line.startswith("| ")]
+    assert [r[0].strip() for r in rows[1:]] == [
+        "Ray call",
+        "Ray compiled graph",
+        "batch channel (Unix socket)",
+    ]
+    for _, median, p99 in rows[1:]:
+        assert 0 < float(median) <= float(p99)

@@ -114,8 +114,12 @@ class Channel:
 
     async def round_trip(self, timeout: float) -> float:
         """The median round trip of an empty message (s)."""
+        return statistics.median((await self.round_trips(PING_REPEATS, timeout))[2:])
+
+    async def round_trips(self, count: int, timeout: float) -> list[float]:
+        """`count` round trips of an empty message, one after another (s)."""
         times = []
-        for _ in range(PING_REPEATS):
+        for _ in range(count):
             seq = next(self._seq)
             pong = self.loop.create_future()
             self._pongs[seq] = pong
@@ -123,7 +127,7 @@ class Channel:
             self.send(ChannelPing(seq))
             await asyncio.wait_for(pong, timeout)
             times.append(time.perf_counter() - t0)
-        return statistics.median(times[2:])
+        return times
 
     def _readable(self) -> None:
         try:
