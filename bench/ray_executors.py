@@ -1,47 +1,56 @@
 """Executors on Ray against local executors, on a local two-raylet cluster
-(issue 24, "What it must show", Ray).
+(issues 24 and 40).
 
     python -m bench.ray_executors              # ~10 min on 2 cores
-    python -m bench.ray_executors --quick      # under a minute
+    python -m bench.ray_executors --quick      # about a minute and a quarter
+    python -m bench.ray_executors --netns      # the worker raylet in a namespace (root)
 
 Options: --batches (dispatch-overhead batches per pool, default 300),
 --probe (seconds per capacity probe, default 5), --max-runs (capacity probes
 per daemon, default 8), --kill-duration (seconds of load in the kill step,
-default 10), --out-dir (default bench/results/ray; writes ray.json, ray.md).
+default 10), --netns (below), --out-dir (default bench/results/ray, with
+--netns bench/results/ray-two-nodes; writes ray.json, ray.md).
 
 Setup: a `LocalRayCluster` (bench/ray_cluster.py) of a head and one worker
-raylet on this machine, one CPU each. Four steps:
+raylet on this machine, one CPU each. With `--netns` the worker raylet runs
+in a network namespace of its own joined by a veth pair (bench/netns.py),
+so what goes to it crosses a real network stack. Four steps:
 
 1. **Outputs** — a small ONNX MLP, the same rows through a local
    `ExecutorPool` (an executor process), a `RayExecutorPool` whose actor is
-   pinned to the driver's raylet (the shared-memory arena path) and one
-   pinned to the other raylet (Ray's object store, across raylets); max |Δ|
-   of each against the local outputs (bench/ray_pool_steps.py).
+   pinned to the driver's raylet (the shared-memory arena and the batch
+   channel), the same through Ray calls, and one pinned to the other raylet
+   (Ray's object store); max |Δ| of each against the local outputs
+   (bench/ray_pool_steps.py).
 2. **Dispatch overhead** — one-row batches of an emulated model with
-   ℓ(b) = 0, one after another, through each of the three: per batch, submit
+   ℓ(b) = 0, one after another, through each of the four: per batch, submit
    → BatchFinished minus the run time the executor reports; median and p99.
 3. **Live capacity on workload (a)** (bench/workloads/live-a-resnet50-
    emulated.yaml, served from bench/repositories/live): the daemon with two
-   local emulated executors, then the daemon with `RAY_ADDRESS` set to the
-   cluster (its two emulated executors Ray actors, placed by Ray);
-   `find_live_capacity` (≥ 99 % within SLO) with short probes.
-4. **Kill** — the daemon on Ray under a steady 50 % of workload (a)'s
-   rate; at 40 % of the run one executor actor's worker process (the
-   cluster's process whose command line names `ExecutorActor`) is killed.
+   local emulated executors; with `RAY_ADDRESS` set to the cluster and both
+   executors on its node (`RAY_NODES=0=local,1=local`); and with Ray
+   placing them (with `--netns`: one on each node instead).
+   `find_live_capacity` (≥ 99 % within SLO) with short probes; the table
+   gives the bracket the probes set when the search ran out of probes.
+4. **Kill** — the last daemon under a steady 50 % of workload (a)'s rate;
+   at 40 % of the run one executor actor's worker process (the cluster's
+   process whose command line names `ExecutorActor`; with `--netns` the one
+   on the namespace's node) is killed.
    Checked: every request sent is answered, and the daemon's Triton
    statistics count as many successes as the generator received answers
    with outputs (none answered twice; the generator waits 5 s past the
-   SLO, since the daemon learns of the death only after up to about a
-   second: the heartbeat's silence, HEARTBEAT_TIMEOUT_S, or Ray's notice).
-   Reported, from the daemon's log (app/runtime/ray_faults.py's lines):
-   when the daemon saw the actor die (DeviceDown), and when it was back —
-   Ray restarted it and it loaded its model (DeviceUp) — in seconds after
-   the kill.
+   SLO, since the daemon learns of a death on another node only after up
+   to about a second: the heartbeat's silence, HEARTBEAT_TIMEOUT_S, or
+   Ray's notice; on its own node the batch channel's close tells it at
+   once). Reported, from the daemon's log (app/runtime/ray_faults.py's
+   lines): when the daemon saw the actor die (DeviceDown), and when it was
+   back — Ray restarted it and it loaded its model (DeviceUp) — in seconds
+   after the kill.
 
 Everything started is torn down by PID: the daemons (`stop_daemon`) and the
-cluster (leaving its context). The exit status is 1 when outputs differ,
-a batch did not end in exactly one event, a request of the kill step was
-unanswered or answered twice, or the device did not come back.
+cluster (leaving its context), then the namespace. The exit status is 1 when
+outputs differ, a batch did not end in exactly one event, a request of the
+kill step was unanswered or answered twice, or the device did not come back.
 """
 
 from __future__ import annotations
