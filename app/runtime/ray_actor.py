@@ -18,9 +18,12 @@ fails the moment the actor dies, idle or busy.
 
 Data. An actor on the daemon's node attaches the model's shared-memory
 arena by its layout and reads and writes slots, as a local executor does
-(`run`). One on another node keeps a scratch arena of its own per model
-(`max_batch_size` slots, the same slot layout) and gets a batch's input
-bytes of each slot as one uint8 array (`run_rows`; through Ray's object
+(`run`); its batches come as `Run` messages on the batch channel
+(`open_channel`, app.runtime.ray_channel), served by a thread of its own
+one at a time with the Ray calls that use the executor (`lock`). One on
+another node keeps a scratch arena of its own per model (`max_batch_size`
+slots, the same slot layout) and gets a batch's input bytes of each slot as
+one uint8 array (`run_rows`; through Ray's object
 store, a zero-copy read on its side), runs the batch on its scratch rows
 and returns the slots' output bytes, which the pool copies into the
 daemon's arena. Whole slots travel, so variable shapes and BYTES tensors

@@ -6,7 +6,10 @@ BatchFinished or BatchStopped exactly once per submitted batch, DeviceDown
 and DeviceUp. One actor (`app.runtime.ray_actor`) runs per `ExecutorDevice`
 — `num_gpus=1` for a GPU, `num_cpus=threads` for a CPU slice, no CPU for an
 emulated device — on the node `nodes` names for it (node affinity) or where
-Ray places it, with the same backends as a local executor. The scheduling
+Ray places it, with the same backends as a local executor. A CPU slice's
+threads are fitted to the nodes (`fit_threads`), and a request no live node
+meets raises ActorInfeasible at start, before anything waits
+(app.runtime.ray_fit); start-up logs each actor's progress. The scheduling
 core stays in the daemon; only small batch plans go to the actors. Ray is
 the `ray` extra, imported when a pool starts.
 
@@ -15,7 +18,9 @@ once, and a task per call awaits it (`await ref`).
 
 Data. Tensor bytes never pass through the scheduler's loop as messages: an
 actor on the daemon's node (`ray.get_runtime_context().get_node_id()`)
-attaches each model's shared-memory arena and reads and writes slots; one
+attaches each model's shared-memory arena and reads and writes slots, and
+gets its batch plans on the batch channel, a Unix socket, rather than as
+Ray calls (app.runtime.ray_channel; `channel=False`: Ray calls); one
 on another node (or every one, with `all_remote`) gets the batch's slots'
 input bytes as one numpy array through Ray's object store and returns the
 output bytes, which the pool copies into the arena before the batch's
