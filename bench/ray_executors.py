@@ -95,6 +95,7 @@ KILL_RATE_SCALE = 0.5
 KILL_TIMEOUT_MARGIN_MS = 5000.0
 MAX_DELTA = 1e-5  # outputs "equal": float32 round-off at most
 POLL_S = 0.05
+PAIRED_SETTLE_S = 0.5  # between two paired runs: the previous daemon drains
 SERVE_AGAIN_TIMEOUT_S = 60.0
 NO_AUTH = {"RAY_AUTH_MODE": "disabled"}  # as the cluster runs (bench/ray_cluster.py)
 
@@ -173,6 +174,39 @@ def measured(capacity_rps: float, status: str, probes: list[Any]) -> str:
     if failing:
         bounds.append(f"< {min(failing):.0f}")
     return " and ".join(bounds)
+
+
+# ------------------------------------------------------ paired probes
+async def paired_probes(
+    handles: dict[str, DaemonHandle], workload: Workload, scale: float, rounds: int, probe_s: float
+) -> dict[str, Any]:
+    """The same short run at `scale` against each daemon in turn, `rounds`
+    times, in ABBA order (the order reversed every round), so that the
+    box's changing load falls on both alike; per daemon, each run's share
+    within SLO and goodput, and their means."""
+    short = dataclasses.replace(workload, duration_s=probe_s)
+    targets = {name: await prepare_targets(h.url, short) for name, h in handles.items()}
+    runs: dict[str, list[tuple[float, float, float]]] = {name: [] for name in handles}
+    for round_ in range(rounds):
+        order = list(handles) if round_ % 2 == 0 else list(reversed(handles))
+        for name in order:
+            await asyncio.sleep(PAIRED_SETTLE_S)
+            result = await run_load(handles[name].url, short, scale, targets=targets[name])
+            offered = float(result.summary["overall"]["offered_rps"])
+            runs[name].append((offered, result.attainment, result.goodput))
+    return {
+        name: {
+            "rate_scale": scale,
+            "rounds": rounds,
+            "probe_s": probe_s,
+            "offered_rps": [o for o, _, _ in done],
+            "within_slo": [a for _, a, _ in done],
+            "goodput_rps": [g for _, _, g in done],
+            "mean_within_slo": float(np.mean([a for _, a, _ in done])),
+            "mean_goodput_rps": float(np.mean([g for _, _, g in done])),
+        }
+        for name, done in runs.items()
+    }
 
 
 # ------------------------------------------------------------- the kill
@@ -320,6 +354,19 @@ def render(doc: dict[str, Any]) -> str:
         )
         search = f"{c['status']} (target {c['target']:.0%}); probes (offered → within SLO): {tried}"
         out.append(f"| {name} | {c['measured']} | {search} |")
+    if doc.get("paired"):
+        first = next(iter(doc["paired"].values()))
+        out += [
+            "",
+            f"| paired runs at {first['rate_scale']:g}× ({first['rounds']} rounds of "
+            f"{first['probe_s']:g} s, ABBA) | mean within SLO | mean goodput r/s | each run |",
+            "|---|---:|---:|---|",
+        ]
+        for name, p in doc["paired"].items():
+            each = ", ".join(f"{a:.1%}" for a in p["within_slo"])
+            out.append(
+                f"| {name} | {p['mean_within_slo']:.2%} | {p['mean_goodput_rps']:.0f} | {each} |"
+            )
     k = doc["kill"]
     again = k["serving_again_after_s"]
     out += [
@@ -363,6 +410,8 @@ class Options:
     probe_s: float
     max_runs: int
     kill_s: float
+    paired_rounds: int = 0
+    paired_scale: float = 1.0
 
 
 def run(options: Options, cluster: LocalRayCluster, two_nodes: bool = False) -> dict[str, Any]:
@@ -411,7 +460,34 @@ def run(options: Options, cluster: LocalRayCluster, two_nodes: bool = False) -> 
             exit_status = stop_daemon(handle)
         # A graceful stop (SIGTERM) exits 0, its arenas unlinked.
         doc["capacity"][name].update(daemon_pid=handle.process.pid, daemon_exit=exit_status)
+    if options.paired_rounds:
+        doc["paired"] = paired(options, cluster, workload, daemons[:2])
     return doc
+
+
+def paired(
+    options: Options,
+    cluster: LocalRayCluster,
+    workload: Workload,
+    daemons: tuple[tuple[str, bool, str | None], ...],
+) -> dict[str, Any]:
+    """Local executors and Ray executors on the daemon's node, both daemons
+    up at once, probed in turn (`paired_probes`)."""
+    handles: dict[str, DaemonHandle] = {}
+    try:
+        for name, on_ray, ray_nodes in daemons:
+            handles[name] = start(cluster if on_ray else None, ray_nodes)
+        found = asyncio.run(
+            paired_probes(
+                handles, workload, options.paired_scale, options.paired_rounds, options.probe_s
+            )
+        )
+    finally:
+        for handle in handles.values():
+            stop_daemon(handle)
+    for name, p in found.items():
+        log(f"paired {name}: mean {p['mean_within_slo']:.2%} within SLO")
+    return found
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -425,6 +501,15 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--probe", type=float, default=5.0, help="seconds per capacity probe")
     parser.add_argument("--max-runs", type=int, default=8, help="capacity probes per daemon")
     parser.add_argument("--kill-duration", type=float, default=10.0)
+    parser.add_argument(
+        "--paired",
+        type=int,
+        default=0,
+        metavar="ROUNDS",
+        help="then, local executors and Ray executors on the daemon's node, both up, "
+        "probed in turn at --paired-scale for ROUNDS rounds (ABBA; default 0: none)",
+    )
+    parser.add_argument("--paired-scale", type=float, default=1.0)
     parser.add_argument(
         "--netns",
         action="store_true",
@@ -447,7 +532,16 @@ def main(argv: list[str] | None = None) -> int:
         args.max_runs, args.kill_duration = 1, min(args.kill_duration, 5.0)
     if args.batches < 1 or args.max_runs < 1 or args.probe <= 0 or args.kill_duration <= 0:
         parser.error("--batches and --max-runs must be ≥ 1, --probe and --kill-duration > 0")
-    options = Options(args.batches, args.probe, args.max_runs, args.kill_duration)
+    if args.paired < 0 or args.paired_scale <= 0:
+        parser.error("--paired must be ≥ 0, --paired-scale > 0")
+    options = Options(
+        args.batches,
+        args.probe,
+        args.max_runs,
+        args.kill_duration,
+        args.paired,
+        args.paired_scale,
+    )
     signal.signal(signal.SIGTERM, _interrupt)  # leave the cluster's context: torn down
     started = time.monotonic()
     if args.out_dir is None:

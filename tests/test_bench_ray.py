@@ -58,7 +58,7 @@ def run_quick(out_dir: Path, *options: str) -> subprocess.CompletedProcess[str]:
 
 
 def test_quick_ray_bench_equal_outputs_one_event_a_batch_kill_answered_once(tmp_path):
-    done = run_quick(tmp_path)
+    done = run_quick(tmp_path, "--paired", "1", "--paired-scale", "0.5")
     assert done.returncode == 0, done.stderr[-3000:]
     doc = json.loads((tmp_path / "ray.json").read_text())
     assert doc["failures"] == []
@@ -98,6 +98,15 @@ def test_quick_ray_bench_equal_outputs_one_event_a_batch_kill_answered_once(tmp_
         # what the probe measured, never "0" after it ran
         bound = "≥" if probe["passed"] else "<"
         assert found["measured"] == f"{bound} {probe['offered_rps']:.0f}"
+
+    paired = doc["paired"]
+    assert list(paired) == ["local executors", "Ray executors, daemon's node"]
+    for p in paired.values():
+        assert p["rate_scale"] == 0.5 and p["rounds"] == 1
+        (offered,) = p["offered_rps"]
+        assert 150 < offered < 250  # half of 400 r/s
+        assert p["mean_within_slo"] == p["within_slo"][0] > 0
+        assert 0 < p["mean_goodput_rps"] <= offered * 1.05
 
     kill = doc["kill"]
     assert kill["sent"] > 100  # 5 s at half of 400 r/s
