@@ -7,10 +7,12 @@ whose traffic crosses a real network stack (bench/ray_executors.py
         ns.host_ip       # this side's address of the pair
         ns.ns_ip         # the namespace's address
 
-The pair is a /30: the namespace has its loopback and that one address, no
-route anywhere else, so whatever runs inside reaches only the host side's
-address (and its own loopback). Everything is named after this process
-(`dsr<pid>`), created with `ip` (root, iproute2), and removed on leaving:
+The pair is a /30 of 10.231.0.0/16: the namespace has its loopback and that
+one address, no route anywhere else, so whatever runs inside reaches only
+the host side's address (and its own loopback). Everything is named and
+numbered after this process (`dsr<pid>`, the /30 from the pid, so that two
+runs at once do not meet), created with `ip` (root, iproute2), and removed
+on leaving:
 deleting the namespace deletes its end of the pair, and the host end goes
 with it. Each `ip` command is bounded in time.
 """
@@ -24,8 +26,8 @@ import subprocess
 from dataclasses import dataclass
 from types import TracebackType
 
-# The pair's addresses: a /30 of a private range.
-SUBNET = "10.231.40"
+# The pairs' addresses: /30s of a private range.
+PREFIX = "10.231"
 IP_TIMEOUT_S = 10.0
 
 
@@ -58,14 +60,23 @@ class VethNamespace:
     name: str
     host_if: str
     ns_if: str
-    host_ip: str = f"{SUBNET}.1"
-    ns_ip: str = f"{SUBNET}.2"
+    host_ip: str
+    ns_ip: str
     made: bool = False
 
     @classmethod
     def create(cls) -> VethNamespace:
-        tag = f"dsr{os.getpid()}"  # interface names: at most 15 bytes
-        return cls(tag, f"{tag}h", f"{tag}n")
+        pid = os.getpid()
+        tag = f"dsr{pid}"  # interface names: at most 15 bytes
+        block = pid % (1 << 14)  # one /30 of the /16 per pid
+        third, fourth = block >> 6, (block & 63) * 4
+        return cls(
+            tag,
+            f"{tag}h",
+            f"{tag}n",
+            f"{PREFIX}.{third}.{fourth + 1}",
+            f"{PREFIX}.{third}.{fourth + 2}",
+        )
 
     @property
     def prefix(self) -> tuple[str, ...]:

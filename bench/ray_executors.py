@@ -546,11 +546,11 @@ def main(argv: list[str] | None = None) -> int:
     started = time.monotonic()
     if args.out_dir is None:
         args.out_dir = TWO_NODES_OUT_DIR if args.netns else OUT_DIR
-    namespace = None
+    namespace: dict[str, str] | None = None
     with contextlib.ExitStack() as stack:
         if args.netns:
             ns = stack.enter_context(VethNamespace.create())
-            namespace = ns.name
+            namespace = {"name": ns.name, "host_ip": ns.host_ip, "ns_ip": ns.ns_ip}
             cluster = LocalRayCluster(
                 workers=1, head_ip=ns.host_ip, worker_prefix=ns.prefix, worker_ip=ns.ns_ip
             )

@@ -137,12 +137,13 @@ def test_quick_two_node_bench_crosses_a_veth_pair_and_a_killed_node_actor_is_ans
     doc = json.loads((tmp_path / "ray.json").read_text())
     assert doc["failures"] == []
     # the second node is the namespace's address, the head the host end of the pair
-    assert sorted(doc["nodes"].values()) == [netns.VethNamespace.host_ip, netns.VethNamespace.ns_ip]
+    ns = doc["namespace"]
+    assert sorted(doc["nodes"].values()) == sorted([ns["host_ip"], ns["ns_ip"]])
     other = doc["outputs"]["ray other node"]["data_path"]
     assert other.startswith("object store (node ")
     node = other.removeprefix("object store (node ").rstrip(")")
     (address,) = [a for n, a in doc["nodes"].items() if n.startswith(node)]
-    assert address == netns.VethNamespace.ns_ip
+    assert address == ns["ns_ip"]
     for kind, o in doc["outputs"].items():
         assert o["max_abs_delta"] <= 1e-6, kind
         assert doc["overhead"][kind]["events"] == doc["overhead"][kind]["batches"] == 50
@@ -158,9 +159,9 @@ def test_quick_two_node_bench_crosses_a_veth_pair_and_a_killed_node_actor_is_ans
     assert kill["server_successes"] == kill["ok"] > 0
     assert kill["serving_again_after_s"] is not None
     assert not any(is_live(pid) for pid in [*kill["actor_pids"], kill["new_actor_pid"]])
-    assert doc["namespace"].startswith("dsr")
+    assert ns["name"].startswith("dsr")
     names = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, check=True)
-    assert doc["namespace"] not in names.stdout  # removed on leaving
+    assert ns["name"] not in names.stdout  # removed on leaving
 
 
 def test_ray_channels_bench_prints_each_ways_round_trip():
