@@ -181,9 +181,9 @@ async def paired_probes(
     handles: dict[str, DaemonHandle], workload: Workload, scale: float, rounds: int, probe_s: float
 ) -> dict[str, Any]:
     """The same short run at `scale` against each daemon in turn, `rounds`
-    times, in ABBA order (the order reversed every round), so that the
-    box's changing load falls on both alike; per daemon, each run's share
-    within SLO and goodput, and their means."""
+    times, the order reversed every round (ABBA…), so that the box's
+    changing load falls on all alike; per daemon, each run's share within
+    SLO and goodput, and their means."""
     short = dataclasses.replace(workload, duration_s=probe_s)
     targets = {name: await prepare_targets(h.url, short) for name, h in handles.items()}
     runs: dict[str, list[tuple[float, float, float]]] = {name: [] for name in handles}
@@ -359,7 +359,8 @@ def render(doc: dict[str, Any]) -> str:
         out += [
             "",
             f"| paired runs at {first['rate_scale']:g}× ({first['rounds']} rounds of "
-            f"{first['probe_s']:g} s, ABBA) | mean within SLO | mean goodput r/s | each run |",
+            f"{first['probe_s']:g} s, order reversed each round) | mean within SLO "
+            "| mean goodput r/s | each run |",
             "|---|---:|---:|---|",
         ]
         for name, p in doc["paired"].items():
@@ -461,7 +462,7 @@ def run(options: Options, cluster: LocalRayCluster, two_nodes: bool = False) -> 
         # A graceful stop (SIGTERM) exits 0, its arenas unlinked.
         doc["capacity"][name].update(daemon_pid=handle.process.pid, daemon_exit=exit_status)
     if options.paired_rounds:
-        doc["paired"] = paired(options, cluster, workload, daemons[:2])
+        doc["paired"] = paired(options, cluster, workload, daemons)
     return doc
 
 
@@ -471,8 +472,8 @@ def paired(
     workload: Workload,
     daemons: tuple[tuple[str, bool, str | None], ...],
 ) -> dict[str, Any]:
-    """Local executors and Ray executors on the daemon's node, both daemons
-    up at once, probed in turn (`paired_probes`)."""
+    """The capacity step's daemons, all up at once, probed in turn
+    (`paired_probes`)."""
     handles: dict[str, DaemonHandle] = {}
     try:
         for name, on_ray, ray_nodes in daemons:
@@ -506,8 +507,8 @@ def build_parser() -> argparse.ArgumentParser:
         type=int,
         default=0,
         metavar="ROUNDS",
-        help="then, local executors and Ray executors on the daemon's node, both up, "
-        "probed in turn at --paired-scale for ROUNDS rounds (ABBA; default 0: none)",
+        help="then the capacity step's daemons, all up at once, probed in turn at "
+        "--paired-scale for ROUNDS rounds, the order reversed each round (default 0: none)",
     )
     parser.add_argument("--paired-scale", type=float, default=1.0)
     parser.add_argument(
