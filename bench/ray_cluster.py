@@ -158,6 +158,12 @@ class LocalRayCluster:
     start_timeout_s: float = 60.0
     stop_timeout_s: float = 10.0
     temp_root: Path | None = None
+    # A head advertised at `head_ip` (e.g. a veth's address) rather than the
+    # machine's; workers started under `worker_prefix` (e.g. `ip netns exec
+    # NS`) and advertised at `worker_ip` (bench/netns.py).
+    head_ip: str | None = None
+    worker_prefix: tuple[str, ...] = ()
+    worker_ip: str | None = None
     nodes: list[RayNode] = field(default_factory=list, init=False)
     temp_dir: Path | None = field(default=None, init=False)
     port: int = field(default=0, init=False)
@@ -176,7 +182,7 @@ class LocalRayCluster:
         """The GCS address to give `ray.init(address=...)` or `RAY_ADDRESS`."""
         if not self.port:
             raise RayClusterError("the cluster is not started")
-        return f"127.0.0.1:{self.port}"
+        return f"{self.head_ip or '127.0.0.1'}:{self.port}"
 
     def node(self, name: str) -> RayNode:
         """The node called `name` (`head`, `worker-0`, …)."""
@@ -220,6 +226,7 @@ class LocalRayCluster:
                     f"--ray-client-server-port={free_port()}",
                     f"--dashboard-port={free_port()}",
                     "--include-dashboard=false",
+                    *([f"--node-ip-address={self.head_ip}"] if self.head_ip else []),
                 ],
             )
             self._wait_alive([head])
@@ -228,7 +235,12 @@ class LocalRayCluster:
                     ray_cli,
                     worker_resource(i),
                     worker_resource(i),
-                    [f"--address={self.address}", f"--num-cpus={self.worker_cpus}"],
+                    [
+                        f"--address={self.address}",
+                        f"--num-cpus={self.worker_cpus}",
+                        *([f"--node-ip-address={self.worker_ip}"] if self.worker_ip else []),
+                    ],
+                    prefix=self.worker_prefix,
                 )
                 for i in range(self.workers)
             ]
@@ -238,12 +250,20 @@ class LocalRayCluster:
             raise
         return self
 
-    def _launch(self, ray_cli: Path, name: str, resource: str, args: list[str]) -> RayNode:
+    def _launch(
+        self,
+        ray_cli: Path,
+        name: str,
+        resource: str,
+        args: list[str],
+        prefix: tuple[str, ...] = (),
+    ) -> RayNode:
         assert self.temp_dir is not None
         node_dir = self.temp_dir / name
         node_dir.mkdir()
         output_path = self.temp_dir / f"{name}.out"
         command = [
+            *prefix,  # `ip netns exec NS` execs the command: the same process
             str(ray_cli),
             "start",
             "--block",

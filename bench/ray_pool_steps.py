@@ -32,9 +32,17 @@ from app.runtime.events import BatchFinished, BatchStopped, ExecutorEvent
 from app.runtime.pool import ExecutorPool
 from app.runtime.ray_pool import RayExecutorPool
 
-# The three ways a batch reaches an executor, in the order they are run.
-LOCAL, SAME_NODE, OTHER_NODE = "local", "ray same node", "ray other node"
-KINDS = (LOCAL, SAME_NODE, OTHER_NODE)
+# The ways a batch reaches an executor, in the order they are run: a local
+# executor process; a Ray actor on the driver's node through its batch
+# channel (app/runtime/ray_channel.py) or through Ray calls; one on another
+# raylet (Ray's object store).
+LOCAL, SAME_NODE, SAME_NODE_CALLS, OTHER_NODE = (
+    "local",
+    "ray same node",
+    "ray same node, Ray calls",
+    "ray other node",
+)
+KINDS = (LOCAL, SAME_NODE, SAME_NODE_CALLS, OTHER_NODE)
 CPU = ExecutorDevice(0, "cpu", "cpu:0", threads=1)
 EMULATED = ExecutorDevice(0, "emulated", "emulated:0")
 WIDTH = 16  # the MLP's features
@@ -134,8 +142,15 @@ def pool_factory(same_node: str, other_node: str) -> PoolFactory:
         arenas = {config.name: arena}
         if kind == LOCAL:
             return ExecutorPool([device], [config], arenas, sink)
-        node = {SAME_NODE: same_node, OTHER_NODE: other_node}[kind]
-        return RayExecutorPool([device], [config], arenas, sink, nodes={device.id: node})
+        node = {SAME_NODE: same_node, SAME_NODE_CALLS: same_node, OTHER_NODE: other_node}[kind]
+        return RayExecutorPool(
+            [device],
+            [config],
+            arenas,
+            sink,
+            nodes={device.id: node},
+            channel=kind != SAME_NODE_CALLS,
+        )
 
     return make
 
@@ -192,13 +207,14 @@ async def overheads_of(make: PoolFactory, kind: str, batches: int) -> dict[str, 
             raise StepFailed("the arena has no room for a row")
         arena.write_rows(slots, {"x": np.ones((1, 4), dtype=np.float32)})
         overheads = await run_one_by_one(pool, sink, EMULATED, config.name, [slots] * batches)
+        path = data_path(pool, EMULATED)
     finally:
         await pool.stop()
     ms = np.asarray(overheads) * 1e3
     return {
         "batches": batches,
         "events": len(sink.ends()),
-        "data_path": data_path(pool, EMULATED),
+        "data_path": path,
         "median_ms": float(np.median(ms)),
         "p99_ms": float(np.percentile(ms, 99)),
         "max_ms": float(ms.max()),
@@ -207,7 +223,12 @@ async def overheads_of(make: PoolFactory, kind: str, batches: int) -> dict[str, 
 
 def data_path(pool: Any, device: ExecutorDevice) -> str:
     if isinstance(pool, RayExecutorPool):
-        where = "object store" if pool.remote(device.id) else "shared-memory arena"
+        if pool.remote(device.id):
+            where = "object store"
+        elif pool.channelled(device.id):
+            where = "shared-memory arena, batch channel"
+        else:
+            where = "shared-memory arena, Ray calls"
         return f"{where} (node {pool.node_of(device.id)[:8]})"
     return "shared-memory arena (executor process)"
 

@@ -17,8 +17,10 @@ from pathlib import Path
 
 import pytest
 
+from bench import netns
 from bench.daemon_launcher import REPO_ROOT
 from bench.ray_cluster import is_live
+from tests.conftest import peer_missing
 from tests.fakes import segments_of
 
 pytest.importorskip("ray")  # the `ray` extra; CI installs it (pyproject's test extra)
@@ -29,8 +31,16 @@ LIMIT_S = 240  # a quick run takes under a minute on 2 cores
 TEARDOWN_S = 30
 
 
-def run_quick(out_dir: Path) -> subprocess.CompletedProcess[str]:
-    command = [sys.executable, "-m", "bench.ray_executors", "--quick", "--out-dir", str(out_dir)]
+def run_quick(out_dir: Path, *options: str) -> subprocess.CompletedProcess[str]:
+    command = [
+        sys.executable,
+        "-m",
+        "bench.ray_executors",
+        "--quick",
+        "--out-dir",
+        str(out_dir),
+        *options,
+    ]
     process = subprocess.Popen(
         command, cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
     )
@@ -48,21 +58,25 @@ def run_quick(out_dir: Path) -> subprocess.CompletedProcess[str]:
 
 
 def test_quick_ray_bench_equal_outputs_one_event_a_batch_kill_answered_once(tmp_path):
-    done = run_quick(tmp_path)
+    done = run_quick(tmp_path, "--paired", "1", "--paired-scale", "0.5")
     assert done.returncode == 0, done.stderr[-3000:]
     doc = json.loads((tmp_path / "ray.json").read_text())
     assert doc["failures"] == []
-    kinds = ["local", "ray same node", "ray other node"]
+    kinds = ["local", "ray same node", "ray same node, Ray calls", "ray other node"]
 
     outputs = doc["outputs"]
     assert list(outputs) == kinds
     for kind in kinds:
         assert outputs[kind]["rows"] == 24
         assert outputs[kind]["max_abs_delta"] <= 1e-6
-    assert outputs["ray same node"]["data_path"].startswith("shared-memory arena (node ")
+    same = outputs["ray same node"]["data_path"]
+    assert same.startswith("shared-memory arena, batch channel (node ")
+    calls = outputs["ray same node, Ray calls"]["data_path"]
+    assert calls.startswith("shared-memory arena, Ray calls (node ")
     assert outputs["ray other node"]["data_path"].startswith("object store (node ")
     # pinned to two different raylets
-    assert outputs["ray same node"]["data_path"] != outputs["ray other node"]["data_path"]
+    assert same.rpartition("(")[2] == calls.rpartition("(")[2]
+    assert same.rpartition("(")[2] != outputs["ray other node"]["data_path"].rpartition("(")[2]
 
     overhead = doc["overhead"]
     for kind in kinds:
@@ -70,12 +84,29 @@ def test_quick_ray_bench_equal_outputs_one_event_a_batch_kill_answered_once(tmp_
         assert 0 < overhead[kind]["median_ms"] <= overhead[kind]["p99_ms"]
 
     capacity = doc["capacity"]
-    assert list(capacity) == ["local executors", "Ray executors"]
+    assert list(capacity) == [
+        "local executors",
+        "Ray executors, daemon's node",
+        "Ray executors, placed by Ray",
+    ]
     for found in capacity.values():
         assert found["daemon_exit"] == 0  # stopped gracefully, on Ray too
         assert segments_of(found["daemon_pid"]) == set()  # its arenas unlinked
-        assert len(found["probes"]) == 1
-        assert 0 < found["probes"][0]["within_slo"] <= 1
+        (probe,) = found["probes"]
+        assert 0 < probe["within_slo"] <= 1
+        assert probe["offered_rps"] > 100  # workload (a): 400 r/s at 1×
+        # what the probe measured, never "0" after it ran
+        bound = "≥" if probe["passed"] else "<"
+        assert found["measured"] == f"{bound} {probe['offered_rps']:.0f}"
+
+    paired = doc["paired"]
+    assert list(paired) == list(capacity)  # every daemon, probed in turn
+    for p in paired.values():
+        assert p["rate_scale"] == 0.5 and p["rounds"] == 1
+        (offered,) = p["offered_rps"]
+        assert 150 < offered < 250  # half of 400 r/s
+        assert p["mean_within_slo"] == p["within_slo"][0] > 0
+        assert 0 < p["mean_goodput_rps"] <= offered * 1.05
 
     kill = doc["kill"]
     assert kill["sent"] > 100  # 5 s at half of 400 r/s
@@ -93,3 +124,60 @@ def test_quick_ray_bench_equal_outputs_one_event_a_batch_kill_answered_once(tmp_
     table = (tmp_path / "ray.md").read_text()
     assert table.strip() in done.stdout
     assert "| ray other node | object store" in table
+
+
+def test_quick_two_node_bench_crosses_a_veth_pair_and_a_killed_node_actor_is_answered_once(
+    tmp_path,
+):
+    why = netns.available()
+    if why is not None:
+        peer_missing(f"a network namespace for the second Ray node: {why}")
+    done = run_quick(tmp_path, "--netns")
+    assert done.returncode == 0, done.stderr[-3000:]
+    doc = json.loads((tmp_path / "ray.json").read_text())
+    assert doc["failures"] == []
+    # the second node is the namespace's address, the head the host end of the pair
+    ns = doc["namespace"]
+    assert sorted(doc["nodes"].values()) == sorted([ns["host_ip"], ns["ns_ip"]])
+    other = doc["outputs"]["ray other node"]["data_path"]
+    assert other.startswith("object store (node ")
+    node = other.removeprefix("object store (node ").rstrip(")")
+    (address,) = [a for n, a in doc["nodes"].items() if n.startswith(node)]
+    assert address == ns["ns_ip"]
+    for kind, o in doc["outputs"].items():
+        assert o["max_abs_delta"] <= 1e-6, kind
+        assert doc["overhead"][kind]["events"] == doc["overhead"][kind]["batches"] == 50
+    assert list(doc["capacity"]) == [
+        "local executors",
+        "Ray executors, daemon's node",
+        "Ray executors, one per node",
+    ]
+    kill = doc["kill"]
+    assert kill["killed_on"] == "worker-0"  # the executor on the namespace's node
+    assert kill["answered"] == kill["sent"] > 100 and kill["unanswered"] == 0
+    assert kill["answered_twice"] == 0
+    assert kill["server_successes"] == kill["ok"] > 0
+    assert kill["serving_again_after_s"] is not None
+    assert not any(is_live(pid) for pid in [*kill["actor_pids"], kill["new_actor_pid"]])
+    assert ns["name"].startswith("dsr")
+    names = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, check=True)
+    assert ns["name"] not in names.stdout  # removed on leaving
+
+
+def test_ray_channels_bench_prints_each_ways_round_trip():
+    done = subprocess.run(
+        [sys.executable, "-m", "bench.ray_channels", "--repeats", "20"],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=LIMIT_S,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    rows = [line.split("|")[1:-1] for line in done.stdout.splitlines() if line.startswith("| ")]
+    assert [r[0].strip() for r in rows[1:]] == [
+        "Ray call",
+        "Ray compiled graph",
+        "batch channel (Unix socket)",
+    ]
+    for _, median, p99 in rows[1:]:
+        assert 0 < float(median) <= float(p99)

@@ -19,6 +19,14 @@ def test_nodes_are_found_by_id_or_by_address():
     assert resolve_nodes({}, [HEAD], [0]) == {}
 
 
+def test_local_names_the_daemons_own_node():
+    wanted = {0: "local", 1: "10.0.0.1"}
+    found = resolve_nodes(wanted, [HEAD, WORKER], [0, 1], local="b" * 56)
+    assert found == {0: "b" * 56, 1: "a" * 56}
+    with pytest.raises(NodeNotFound, match="node 'local' is not a live node"):
+        resolve_nodes({0: "local"}, [HEAD], [0])  # the daemon's node unknown
+
+
 @pytest.mark.parametrize(
     ("wanted", "nodes", "message"),
     [

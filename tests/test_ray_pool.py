@@ -33,6 +33,7 @@ from app.runtime.events import (
     DeviceUp,
 )
 from app.runtime.pool import ExecutorPool
+from app.runtime.ray_fit import ActorInfeasible
 from app.runtime.ray_pool import NotSupportedOnRay, RayExecutorPool
 from app.server import startup
 from app.server.live import LiveService
@@ -104,12 +105,88 @@ async def mlp_outputs(pool_kind: str, tmp_path: Any, xs: np.ndarray, **options: 
 def test_outputs_equal_local_executors_through_the_arena_and_the_object_store(tmp_path):
     xs = np.random.default_rng(3).standard_normal((10, 8)).astype(np.float32)
     local = run(mlp_outputs("local", tmp_path, xs))
-    on_ray = run(mlp_outputs("ray", tmp_path, xs))
+    on_ray = run(mlp_outputs("ray", tmp_path, xs))  # the batch channel
+    by_calls = run(mlp_outputs("ray", tmp_path, xs, channel=False))
     remote = run(mlp_outputs("ray", tmp_path, xs, all_remote=True))
     assert local.shape == (10, 8)
     assert np.abs(local).sum() > 0
     np.testing.assert_array_equal(on_ray, local)
+    np.testing.assert_array_equal(by_calls, local)
     np.testing.assert_array_equal(remote, local)
+
+
+def test_a_cpu_slice_is_fitted_to_the_node_and_an_infeasible_one_is_named_at_once(tmp_path):
+    config = onnx_config("mlp", mlp_onnx(tmp_path / "mlp.onnx"))
+    wide = ExecutorDevice(0, "cpu", "cpu:0", threads=4)  # the instance has 2 CPUs
+
+    async def scenario() -> None:
+        arena = Arena.create(config, capacity=8)
+        pool = RayExecutorPool([wide], [config], {"mlp": arena}, PoolEvents())
+        try:
+            await pool.start()
+            assert pool.request(0) == {"CPU": 2.0}
+            assert pool.devices[0].threads == 2
+            assert pool.models_on(0) == ["mlp"] and pool.alive(0)
+        finally:
+            await pool.stop()
+        arena = Arena.create(config, capacity=8)
+        exact = RayExecutorPool([wide], [config], {"mlp": arena}, PoolEvents(), fit_threads=False)
+        with pytest.raises(ActorInfeasible) as error:
+            await exact.start(timeout=60.0)  # named before any wait, not after it
+        text = str(error.value)
+        assert text.startswith("executor cpu:0: its Ray actor asks for 4 CPU")
+        assert ": 2 CPU, 0 GPU" in text  # what the node offers
+        assert exact.actor(0) is None  # nothing was created
+
+    run(scenario())
+
+
+def test_stop_comes_after_the_batches_sent_on_the_channel():
+    config = emulated_config(alpha_ms=100.0, beta_ms=0.0)  # 100 ms a batch
+
+    async def scenario() -> None:
+        arena = Arena.create(config, capacity=16)
+        events = PoolEvents()
+        pool = RayExecutorPool([EMU], [config], {"emu": arena}, events)
+        await pool.start()
+        assert pool.channelled(EMU.id)
+        slots = arena.acquire_rows(3)
+        ends = [events.expect(i) for i in range(3)]
+        for i in range(3):
+            pool.submit(EMU.id, i, "emu", slots[i : i + 1], time.monotonic())
+        await pool.stop(timeout=10.0)  # the stop reaches the actor before the batches run
+        done = await asyncio.gather(*ends)
+        assert [(e.batch_id, e.error) for e in done] == [(0, None), (1, None), (2, None)]
+        assert all(e.finished_at - e.started_at >= 0.09 for e in done)  # each one ran
+
+    run(scenario())
+
+
+def test_batches_go_through_the_channel_and_its_close_is_the_actors_death():
+    config = emulated_config(alpha_ms=1000.0, beta_ms=0.0)  # 1 s a batch
+
+    async def scenario() -> None:
+        arena = Arena.create(config, capacity=16)
+        events = PoolEvents()
+        pool = RayExecutorPool([EMU], [config], {"emu": arena}, events, heartbeat_timeout_s=0)
+        try:
+            await pool.start()
+            assert pool.channelled(EMU.id)
+            slots = arena.acquire_rows(1)
+            lost = events.expect(1)
+            pool.submit(EMU.id, 1, "emu", slots, time.monotonic())
+            await asyncio.sleep(0.3)  # running
+            os.kill(pool.pid(EMU.id), signal.SIGKILL)
+            failed = await lost
+            assert isinstance(failed, BatchFinished) and "channel closed" in failed.error
+            assert [type(e).__name__ for e in events.events] == ["DeviceDown", "BatchFinished"]
+            while not pool.alive(EMU.id):
+                await asyncio.sleep(0.05)
+            assert pool.channelled(EMU.id)  # a new channel to the new process
+        finally:
+            await pool.stop()
+
+    run(scenario())
 
 
 def test_start_measures_the_dispatch_delays_and_names_the_actor():
@@ -495,6 +572,14 @@ def test_ray_nodes_place_executors_on_the_named_node(tmp_path, ray_local):
             await pool.stop()
 
     assert run(placed()) == node_id
+    for arena in arenas.values():
+        arena.close_and_unlink()
+
+    # `local`: the daemon's own node.
+    settings = Settings(repository=repository, ray_address="auto", ray_nodes={EMU.id: "local"})
+    arenas = {"m": Arena.create(index.models["m"], 8)}
+    pool = startup.ray_pool(settings, [EMU], index, arenas, PoolEvents())
+    assert pool.nodes == {EMU.id: ray.get_runtime_context().get_node_id()}
     for arena in arenas.values():
         arena.close_and_unlink()
 

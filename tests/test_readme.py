@@ -116,7 +116,7 @@ NOT_RUN = {
     "minutes (tests/test_dynamic_workloads.py runs it on a tiny case)",
     "python -m bench.orloj_queue": "a timing micro-benchmark up to 10,000 pending requests "
     "(tests/test_orloj.py checks the structure's answers)",
-    "python -m bench.ray_executors": "a local Ray cluster, two daemons' capacity searches and a "
+    "python -m bench.ray_executors": "a local Ray cluster, three daemons' capacity searches and a "
     "kill under load, ~10 min (tests/test_bench_ray.py runs its --quick form end to end)",
     "python -m bench.orloj_live": "a calibration and several live runs of minutes each",
     "python -m bench.ppipe_planner": "72 reference plans re-solved, seconds to a minute "

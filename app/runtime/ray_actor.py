@@ -18,9 +18,12 @@ fails the moment the actor dies, idle or busy.
 
 Data. An actor on the daemon's node attaches the model's shared-memory
 arena by its layout and reads and writes slots, as a local executor does
-(`run`). One on another node keeps a scratch arena of its own per model
-(`max_batch_size` slots, the same slot layout) and gets a batch's input
-bytes of each slot as one uint8 array (`run_rows`; through Ray's object
+(`run`); its batches come as `Run` messages on the batch channel
+(`open_channel`, app.runtime.ray_channel), served by a thread of its own
+one at a time with the Ray calls that use the executor (`lock`). One on
+another node keeps a scratch arena of its own per model (`max_batch_size`
+slots, the same slot layout) and gets a batch's input bytes of each slot as
+one uint8 array (`run_rows`; through Ray's object
 store, a zero-copy read on its side), runs the batch on its scratch rows
 and returns the slots' output bytes, which the pool copies into the
 daemon's arena. Whole slots travel, so variable shapes and BYTES tensors
@@ -57,14 +60,19 @@ from app.runtime.messages import (
     Profiled,
     Ran,
     RanAlone,
+    Run,
     config_from_dict,
 )
+from app.runtime.ray_channel import ChannelCount, dial, serve
 from app.runtime.ray_pool import inputs_end
 
 log = logging.getLogger("app.runtime.ray_actor")
 
 # The actor's concurrency groups (see the module docstring).
 CONCURRENCY_GROUPS = {"control": 2, "watch": 1}
+# How long `stop` and `unload` wait for the batches sent before them on the
+# channel (the pool's own limit is shorter; this only bounds a lost count).
+AFTER_LIMIT_S = 600.0
 
 
 class _Replies:
@@ -96,6 +104,11 @@ class ExecutorActor:
         self.executor = Executor(self.replies, device)
         self.scratch_arenas: dict[str, Arena] = {}  # the daemon's are on another node
         self.stopped = threading.Event()
+        # Batches come from Ray calls and from the channel's thread
+        # (app.runtime.ray_channel): one at a time, as on the executor's pipe.
+        self.lock = threading.Lock()
+        self.channel_count = ChannelCount()
+        self.channel: Any = None
         # A re-run alone watches this pipe's read end for `interrupt_alone`.
         self.interrupt_r, self.interrupt_w = os.pipe()
         os.set_blocking(self.interrupt_r, False)
@@ -126,6 +139,35 @@ class ExecutorActor:
         """Stop the re-run alone in progress (a batch was sent)."""
         os.write(self.interrupt_w, b"x")
 
+    @ray.method(concurrency_group="control")
+    def open_channel(self, path: str) -> None:
+        """Connect to the pool's socket at `path` and serve batches from it
+        in a thread of its own (app.runtime.ray_channel)."""
+        if self.channel is not None:
+            with contextlib.suppress(OSError):
+                self.channel.close()
+        self.channel = conn = dial(path)
+        self.channel_count.reset()
+        thread = threading.Thread(
+            target=serve,
+            args=(conn, self._run_message, self.channel_count),
+            name="batch-channel",
+            daemon=True,
+        )
+        thread.start()
+
+    def _run_message(self, msg: Run) -> Ran | Cancelled:
+        try:
+            return self.run(msg.batch_id, msg.model, list(msg.slots), msg.start_at, msg.alone)
+        except Exception as exc:  # the batch is answered, whatever happened
+            now = time.monotonic()
+            return Ran(int(msg.batch_id), now, now, f"{type(exc).__name__}: {exc}")
+
+    def _after(self, sent: int) -> None:
+        """Wait until the channel's thread has handled `sent` batches."""
+        if sent > 0 and not self.channel_count.wait_for(sent, AFTER_LIMIT_S):
+            log.error("%s: %d batches sent on the channel never came", self.executor.name, sent)
+
     @ray.method(concurrency_group="watch")
     def watch(self) -> None:
         """Returns at `stop`; fails in the pool when the actor dies."""
@@ -143,14 +185,17 @@ class ExecutorActor:
                     arena = Arena.create(config, max(1, config.max_batch_size))
                     self.scratch_arenas[config.name] = arena
                 layouts[config.name] = self.scratch_arenas[config.name].layout
-        self.executor.load(0, configs, layouts)
-        return self.replies.take()
+        with self.lock:
+            self.executor.load(0, configs, layouts)
+            return self.replies.take()
 
-    def unload(self, models: list[str]) -> None:
-        """Drop the models (after the batches sent before) and their scratch
-        arenas."""
-        self.executor.unload(0, list(models))
-        self.replies.take()
+    def unload(self, models: list[str], after: int = 0) -> None:
+        """Drop the models (after the batches sent before, `after` of them
+        on the channel) and their scratch arenas."""
+        self._after(after)
+        with self.lock:
+            self.executor.unload(0, list(models))
+            self.replies.take()
         for name in models:
             arena = self.scratch_arenas.pop(name, None)
             if arena is not None:
@@ -167,20 +212,22 @@ class ExecutorActor:
     ) -> Ran | Cancelled:
         """Run a batch on the daemon's arena's `slots` at `start_at`;
         `alone` marks samples to re-run alone."""
-        self.executor.run(int(batch_id), model, list(slots), float(start_at), tuple(alone))
-        return self.replies.take()
+        with self.lock:
+            self.executor.run(int(batch_id), model, list(slots), float(start_at), tuple(alone))
+            return self.replies.take()
 
     def rerun_alone(self) -> tuple[RanAlone | None, int]:
         """Re-run the oldest kept sample alone, unless `interrupt_alone`
         stops it; the report (None when there was nothing to run) and how
         many samples are left."""
-        with contextlib.suppress(BlockingIOError):
-            while os.read(self.interrupt_r, 64):  # interrupts meant for earlier re-runs
-                pass
-        if self.executor.profiler.backlog:
-            self.executor.rerun_alone(wake=self.interrupt_r)
-        report = self.replies.take()
-        return report, len(self.executor.profiler.backlog)
+        with self.lock:
+            with contextlib.suppress(BlockingIOError):
+                while os.read(self.interrupt_r, 64):  # interrupts meant for earlier re-runs
+                    pass
+            if self.executor.profiler.backlog:
+                self.executor.rerun_alone(wake=self.interrupt_r)
+            report = self.replies.take()
+            return report, len(self.executor.profiler.backlog)
 
     def run_rows(
         self,
@@ -204,9 +251,12 @@ class ExecutorActor:
             error = f"batch of {rows} items exceeds max_batch_size {arena.capacity}"
             return Ran(int(batch_id), now, now, error), None
         cut = inputs_end(arena.layout)
-        arena.slot_bytes()[:rows, :cut] = inputs
-        self.executor.run(int(batch_id), model, list(range(rows)), float(start_at), tuple(alone))
-        reply = self.replies.take()
+        with self.lock:
+            arena.slot_bytes()[:rows, :cut] = inputs
+            self.executor.run(
+                int(batch_id), model, list(range(rows)), float(start_at), tuple(alone)
+            )
+            reply = self.replies.take()
         if not isinstance(reply, Ran) or reply.error is not None:
             return reply, None
         return reply, arena.slot_bytes()[:rows, cut:].copy()
@@ -219,12 +269,16 @@ class ExecutorActor:
         repeats: int,
         given: dict[str, np.ndarray] | None,
     ) -> Profiled:
-        self.executor.profile(0, model, batch_sizes, warmup, repeats, given)
-        return self.replies.take()
+        with self.lock:
+            self.executor.profile(0, model, batch_sizes, warmup, repeats, given)
+            return self.replies.take()
 
-    def stop(self) -> None:
-        """After the batches sent before it: let go of the arenas."""
-        self.executor.shutdown(reply=False)
+    def stop(self, after: int = 0) -> None:
+        """After the batches sent before it (`after` of them on the
+        channel): let go of the arenas."""
+        self._after(after)
+        with self.lock:
+            self.executor.shutdown(reply=False)
         for arena in self.scratch_arenas.values():
             with contextlib.suppress(Exception):
                 arena.close_and_unlink()

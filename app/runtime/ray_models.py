@@ -83,6 +83,8 @@ class ActorModelChanges:
             if a.dead or a.loading or self._stopped:
                 continue  # an actor that is gone holds nothing; a new one loads from configs
             with contextlib.suppress(Exception):
-                await asyncio.wait_for(a.handle.unload.remote([name]), self.load_timeout_s)
+                await asyncio.wait_for(
+                    a.handle.unload.remote([name], self._sent(a)), self.load_timeout_s
+                )
         if arena is not None:
             arena.close_and_unlink()

@@ -1,10 +1,12 @@
 """Which Ray node each executor actor runs on (RAY_NODES).
 
 A user names a node the way `ray status` and their own inventory show it:
-by its node ID or by its IP address. Actors are placed with node affinity
-(hard), so a name that matches no live node, or an IP address that several
-raylets share (several raylets on one machine), is an error at start-up
-rather than an actor waiting forever for a node that is not there.
+by its node ID or by its IP address; `local` is the daemon's own node
+(where an executor's batches take the batch channel, app.runtime.ray_channel).
+Actors are placed with node affinity (hard), so a name that matches no
+live node, or an IP address that several raylets share (several raylets on
+one machine), is an error at start-up rather than an actor waiting forever
+for a node that is not there.
 """
 
 from __future__ import annotations
@@ -12,16 +14,23 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+# The RAY_NODES name of the daemon's own node.
+LOCAL = "local"
+
 
 class NodeNotFound(ValueError):
     """A RAY_NODES entry names no single live node."""
 
 
 def resolve_nodes(
-    wanted: Mapping[int, str], nodes: Iterable[Mapping[str, Any]], devices: Iterable[int]
+    wanted: Mapping[int, str],
+    nodes: Iterable[Mapping[str, Any]],
+    devices: Iterable[int],
+    local: str | None = None,
 ) -> dict[int, str]:
     """Executor index → node ID. `nodes` is `ray.nodes()` (dicts with
-    "NodeID", "NodeManagerAddress", "Alive"); `devices` the pool's indices."""
+    "NodeID", "NodeManagerAddress", "Alive"); `devices` the pool's indices;
+    `local` the daemon's node ID (what `local` names)."""
     alive = [n for n in nodes if n.get("Alive")]
     ids = {str(n["NodeID"]) for n in alive}
     by_ip: dict[str, list[str]] = {}
@@ -32,6 +41,8 @@ def resolve_nodes(
     for device, name in sorted(wanted.items()):
         if device not in known:
             raise NodeNotFound(f"RAY_NODES names executor {device}; the executors are {known}")
+        if name == LOCAL and local is not None:
+            name = local
         if name in ids:
             resolved[device] = name
             continue

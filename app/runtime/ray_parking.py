@@ -49,7 +49,7 @@ class ActorParking:
         self._parked.add(device_id)
         self._post(DeviceParked(device_id))
         try:
-            await asyncio.wait_for(a.handle.stop.remote(), timeout)
+            await asyncio.wait_for(a.handle.stop.remote(self._sent(a)), timeout)
         except Exception as exc:
             log.warning("executor %s did not stop cleanly (%s); killing it", a.device.name, exc)
         for _ in range(100):  # replies already in hand are handled first

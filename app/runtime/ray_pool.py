@@ -6,7 +6,10 @@ BatchFinished or BatchStopped exactly once per submitted batch, DeviceDown
 and DeviceUp. One actor (`app.runtime.ray_actor`) runs per `ExecutorDevice`
 — `num_gpus=1` for a GPU, `num_cpus=threads` for a CPU slice, no CPU for an
 emulated device — on the node `nodes` names for it (node affinity) or where
-Ray places it, with the same backends as a local executor. The scheduling
+Ray places it, with the same backends as a local executor. A CPU slice's
+threads are fitted to the nodes (`fit_threads`), and a request no live node
+meets raises ActorInfeasible at start, before anything waits
+(app.runtime.ray_fit); start-up logs each actor's progress. The scheduling
 core stays in the daemon; only small batch plans go to the actors. Ray is
 the `ray` extra, imported when a pool starts.
 
@@ -15,7 +18,9 @@ once, and a task per call awaits it (`await ref`).
 
 Data. Tensor bytes never pass through the scheduler's loop as messages: an
 actor on the daemon's node (`ray.get_runtime_context().get_node_id()`)
-attaches each model's shared-memory arena and reads and writes slots; one
+attaches each model's shared-memory arena and reads and writes slots, and
+gets its batch plans on the batch channel, a Unix socket, rather than as
+Ray calls (app.runtime.ray_channel; `channel=False`: Ray calls); one
 on another node (or every one, with `all_remote`) gets the batch's slots'
 input bytes as one numpy array through Ray's object store and returns the
 output bytes, which the pool copies into the arena before the batch's
@@ -71,15 +76,28 @@ from app.runtime.events import (
     EventSink,
     ExecutorEvent,
 )
-from app.runtime.messages import AloneMark, Cancelled, Ran, config_to_dict
+from app.runtime.messages import AloneMark, Cancelled, Ran, Run, config_to_dict
 from app.runtime.pool import LatencyOf
 from app.runtime.pool_records import DeviceRecords, ExecutorRecord
 from app.runtime.ray_alone import ActorAloneRuns
+from app.runtime.ray_channel import Channel, ChannelDirectory, connect
 from app.runtime.ray_faults import ActorBeat, ActorFaults, clock_offset, measure_paths
+from app.runtime.ray_fit import (
+    ActorInfeasible,
+    NodeOffer,
+    describe,
+    fitted,
+    infeasible,
+    offers_of,
+    request_of,
+)
 from app.runtime.ray_models import ActorModelChanges
 from app.runtime.ray_parking import ActorParking
 
 log = logging.getLogger("app.runtime.ray_pool")
+
+# While an actor waits for Ray to place it, a line says so this often.
+PLACE_REPORT_S = 5.0
 
 
 class NotSupportedOnRay(ServingError):
@@ -105,6 +123,8 @@ class Actor:
     node_id: str = ""
     pid: int | None = None
     remote: bool = False  # its data goes through the object store
+    channel: Channel | None = None  # its batch channel (same node; app.runtime.ray_channel)
+    request: dict[str, float] = field(default_factory=dict)  # what it asks Ray for
     clock_offset: float = 0.0  # its monotonic clock minus ours
     models: list[str] = field(default_factory=list)
     load_errors: dict[str, str] = field(default_factory=dict)
@@ -133,7 +153,11 @@ class RayExecutorPool(DeviceRecords, ActorFaults, ActorParking, ActorModelChange
     module docstring; the arguments are `ExecutorPool`'s). `nodes`: a node
     id per device id to pin its actor to; `all_remote`: every actor takes
     the remote data path, wherever it runs; `max_restarts`: Ray's, per
-    actor (-1: without limit)."""
+    actor (-1: without limit); `fit_threads`: a CPU slice's threads are
+    cut to the CPUs of the largest node it may run on (app.runtime.ray_fit;
+    False: it asks for exactly its threads); `channel`: batches go to an
+    actor on the daemon's node through a socket (app.runtime.ray_channel)
+    rather than Ray calls."""
 
     def __init__(
         self,
@@ -152,6 +176,8 @@ class RayExecutorPool(DeviceRecords, ActorFaults, ActorParking, ActorModelChange
         max_restarts: int = -1,
         nodes: Mapping[int, str] | None = None,
         all_remote: bool = False,
+        fit_threads: bool = True,
+        channel: bool = True,
     ) -> None:
         self.devices: dict[int, ExecutorDevice] = {d.id: d for d in devices}
         if len(self.devices) != len(devices):
@@ -177,6 +203,9 @@ class RayExecutorPool(DeviceRecords, ActorFaults, ActorParking, ActorModelChange
         if unknown:
             raise ValueError(f"nodes names devices {unknown} that are not in the pool")
         self.all_remote = all_remote
+        self.fit_threads = fit_threads
+        self.use_channel = channel
+        self._channels: ChannelDirectory | None = None
         self.dispatch_overhead_s = 0.0
         self.bytes_per_s = float("inf")
         self._actors: dict[int, Actor] = {d.id: Actor(d) for d in devices}
@@ -207,6 +236,15 @@ class RayExecutorPool(DeviceRecords, ActorFaults, ActorParking, ActorModelChange
         """Whether the device's batches take the object-store data path."""
         return self._actors[device_id].remote
 
+    def channelled(self, device_id: int) -> bool:
+        """Whether the device's batches go through its batch channel."""
+        channel = self._actors[device_id].channel
+        return channel is not None and not channel.closed
+
+    def request(self, device_id: int) -> dict[str, float]:
+        """What the device's actor asks Ray for (after fitting)."""
+        return dict(self._actors[device_id].request)
+
     def inflight(self, device_id: int) -> dict[int, str]:
         return dict(self._actors[device_id].inflight)
 
@@ -230,7 +268,8 @@ class RayExecutorPool(DeviceRecords, ActorFaults, ActorParking, ActorModelChange
     async def start(self, timeout: float = 300.0) -> None:
         """Create every actor, load its models, measure the dispatch delays.
         Ray must be initialised (`ray.init`) by the caller. Raises
-        ExecutorFailed when an actor does not come up."""
+        ActorInfeasible at once when no live node has what an actor asks
+        for, ExecutorFailed when an actor does not come up in `timeout`."""
         if self._started:
             raise RuntimeError("pool already started")
         self._started = True
@@ -239,14 +278,22 @@ class RayExecutorPool(DeviceRecords, ActorFaults, ActorParking, ActorModelChange
             raise RuntimeError("RayExecutorPool.start: call ray.init(address=...) first")
         self._loop = asyncio.get_running_loop()
         self._node = ray.get_runtime_context().get_node_id()
+        if self.use_channel and not self.all_remote:
+            self._channels = ChannelDirectory()
+        began = time.monotonic()
         try:
+            self._fit(offers_of(ray.nodes()))
             for a in self._actors.values():
                 self._create(a)
-            await asyncio.wait_for(
-                asyncio.gather(*(self._bring_up(a) for a in self._actors.values())), timeout
-            )
+            bring_up = asyncio.gather(*(self._bring_up(a) for a in self._actors.values()))
+            try:
+                await asyncio.wait_for(bring_up, timeout)
+            except TimeoutError:
+                raise ExecutorFailed(self._not_up(timeout)) from None
             for a in self._actors.values():
                 a.overhead_s, a.bytes_per_s = await measure_paths(a.handle)
+                if a.channel is not None:
+                    a.overhead_s = await a.channel.round_trip(timeout)
         except BaseException:
             await self.stop(timeout=2.0)
             raise
@@ -254,18 +301,63 @@ class RayExecutorPool(DeviceRecords, ActorFaults, ActorParking, ActorModelChange
         self.bytes_per_s = min(a.bytes_per_s for a in self._actors.values())
         for a in self._actors.values():
             log.info(
-                "executor %s: Ray actor pid %s on node %s (%s data path; round trip %.3f ms, "
-                "%.0f MB/s): %s",
+                "executor %s: Ray actor pid %s on node %s (%s; round trip %.3f ms, %.0f MB/s): %s",
                 a.device.name,
                 a.pid,
                 a.node_id[:12],
-                "object-store" if a.remote else "shared-memory",
+                self._path_of(a),
                 a.overhead_s * 1e3,
                 a.bytes_per_s / 1e6,
                 ", ".join(a.models) or "no models",
             )
+        log.info(
+            "%d Ray executors serving after %.1f s", len(self._actors), time.monotonic() - began
+        )
         if self.stuck_factor > 0 or self.heartbeat_timeout_s > 0:
             self._background(self._watchdog())
+
+    @staticmethod
+    def _path_of(a: Actor) -> str:
+        if a.remote:
+            return "object-store data path"
+        if a.channel is not None:
+            return "shared-memory arena, batch channel"
+        return "shared-memory arena, Ray calls"
+
+    def _fit(self, offers: list[NodeOffer]) -> None:
+        """Fit each actor's request to the live nodes; raise ActorInfeasible
+        naming every actor no node can run (app.runtime.ray_fit)."""
+        problems = []
+        for a in self._actors.values():
+            node = self.nodes.get(a.device.id)
+            if self.fit_threads:
+                device = fitted(a.device, offers, node)
+                if device is not a.device:
+                    log.info(
+                        "executor %s: %d threads fitted to %d (the CPUs of the largest Ray node "
+                        "it may run on; THREADS_PER_SLICE sets them)",
+                        a.device.name,
+                        a.device.threads,
+                        device.threads,
+                    )
+                    a.device = self.devices[device.id] = device
+            a.request = request_of(a.device)
+            problem = infeasible(a.device, a.request, offers, node, fitted_threads=self.fit_threads)
+            if problem is not None:
+                problems.append(problem)
+            else:
+                log.info("executor %s: Ray actor asks for %s", a.device.name, describe(a.request))
+        if problems:
+            raise ActorInfeasible("; ".join(problems))
+
+    def _not_up(self, timeout: float) -> str:
+        """Which actors did not come up in `timeout`, and where each stood."""
+        late = [a for a in self._actors.values() if a.loading or a.dead]
+        parts = []
+        for a in late:
+            stage = "loading its models" if a.pid is not None else "not placed by Ray"
+            parts.append(f"executor {a.device.name} ({describe(a.request)}): {stage}")
+        return f"Ray executors not up after {timeout:.0f} s: " + "; ".join(parts)
 
     def _create(self, a: Actor) -> None:
         from app.runtime.ray_actor import actor_class
@@ -275,12 +367,12 @@ class RayExecutorPool(DeviceRecords, ActorFaults, ActorParking, ActorModelChange
             "max_restarts": self.max_restarts,
             "max_task_retries": 0,  # a batch lost with its actor is reported, not re-run
         }
+        if not a.request:
+            a.request = request_of(device)
         if device.kind == "cuda":
             options["num_gpus"] = 1
-        elif device.kind == "cpu":
-            options["num_cpus"] = device.threads
         else:
-            options["num_cpus"] = 0
+            options["num_cpus"] = a.request.get("CPU", 0.0)
         node = self.nodes.get(device.id)
         if node is not None:
             from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
@@ -296,14 +388,26 @@ class RayExecutorPool(DeviceRecords, ActorFaults, ActorParking, ActorModelChange
         """Wait for the actor to answer, have it load its models, watch it."""
         a.loading = True
         a.models, a.load_errors, a.load_info = [], {}, {}
-        node_id, pid = await a.handle.where.remote()
+        self._close_channel(a)
+        began = time.monotonic()
+        node_id, pid = await self._placed(a, began)
         a.node_id, a.pid = node_id, pid
         a.remote = self.all_remote or node_id != self._node
         a.clock_offset = await clock_offset(a.handle) if node_id != self._node else 0.0
         names = self.placement(a.device.id)
+        log.info(
+            "executor %s: Ray actor pid %s on node %s after %.1f s; loading %s",
+            a.device.name,
+            pid,
+            node_id[:12],
+            time.monotonic() - began,
+            ", ".join(names) or "no models",
+        )
         configs = [config_to_dict(self.configs[n]) for n in names]
         layouts = None if a.remote else {n: self.arenas[n].layout for n in names}
         loaded = await a.handle.load.remote(configs, layouts)
+        if not a.remote and self._channels is not None:
+            self._open_channel(a, await connect(a.handle, self._channels.socket_path(), 30.0))
         for name, err in loaded.errors.items():
             if err is None:
                 a.models.append(name)
@@ -311,6 +415,12 @@ class RayExecutorPool(DeviceRecords, ActorFaults, ActorParking, ActorModelChange
                 a.load_errors[name] = err
                 log.warning("executor %s: model %s failed to load: %s", a.device.name, name, err)
         a.load_info.update(loaded.info)
+        log.info(
+            "executor %s: models loaded after %.1f s (%s)",
+            a.device.name,
+            time.monotonic() - began,
+            self._path_of(a),
+        )
         a.dead = a.loading = False
         a.serving_since = a.progress_at = time.monotonic()
         a.sizes.clear()
@@ -318,6 +428,59 @@ class RayExecutorPool(DeviceRecords, ActorFaults, ActorParking, ActorModelChange
         if self.heartbeat_timeout_s > 0:
             a.heartbeat = ActorBeat(a.serving_since)
             self._background(self._beat(a, a.generation))
+
+    async def _placed(self, a: Actor, began: float) -> tuple[str, int]:
+        """The actor's node and pid once Ray has placed it; while it waits,
+        a line every PLACE_REPORT_S, and ActorInfeasible should its request
+        become one no live node meets (its node gone)."""
+        where = asyncio.ensure_future(a.handle.where.remote())
+        try:
+            while True:
+                done, _ = await asyncio.wait({where}, timeout=PLACE_REPORT_S)
+                if done:
+                    return where.result()
+                offers = offers_of(self._ray.nodes())
+                node = self.nodes.get(a.device.id)
+                problem = infeasible(
+                    a.device, a.request, offers, node, fitted_threads=self.fit_threads
+                )
+                if problem is not None:
+                    raise ActorInfeasible(problem)
+                free = self._ray.available_resources()
+                log.warning(
+                    "executor %s: waiting %.0f s for Ray to place its actor (asks for %s; "
+                    "free in the cluster now: %s)",
+                    a.device.name,
+                    time.monotonic() - began,
+                    describe(a.request),
+                    describe({k: free.get(k, 0.0) for k in ("CPU", "GPU")}),
+                )
+        finally:
+            where.cancel()
+
+    def _open_channel(self, a: Actor, conn: Any) -> None:
+        generation = a.generation
+        assert self._loop is not None
+
+        def on_reply(reply: Any) -> None:
+            self._ended(a, generation, reply.batch_id, reply)
+
+        def on_closed() -> None:
+            self._fault(
+                a, generation, f"executor {a.device.name} (Ray actor) died: its channel closed"
+            )
+
+        a.channel = Channel(conn, self._loop, on_reply, on_closed)
+
+    def _close_channel(self, a: Actor) -> None:
+        channel, a.channel = a.channel, None
+        if channel is not None:
+            channel.on_closed = lambda: None
+            channel.close()
+
+    def _sent(self, a: Actor) -> int:
+        """Batches sent on the actor's channel (what `stop` and `unload` wait for)."""
+        return a.channel.sent if a.channel is not None else 0
 
     # ------------------------------------------------------------ submit
     def submit(
@@ -341,6 +504,7 @@ class RayExecutorPool(DeviceRecords, ActorFaults, ActorParking, ActorModelChange
         rows = [int(s) for s in slots]
         marks = tuple(alone)
         self._interrupt_rerun(a)
+        ref = None
         try:
             if a.remote:
                 arena = self.arenas[model]
@@ -348,6 +512,8 @@ class RayExecutorPool(DeviceRecords, ActorFaults, ActorParking, ActorModelChange
                 inputs = arena.slot_bytes()[np.asarray(rows, dtype=np.intp), :cut]
                 at = float(start_at) + a.clock_offset
                 ref = a.handle.run_rows.remote(int(batch_id), model, inputs, at, marks)
+            elif a.channel is not None:
+                a.channel.run(Run(int(batch_id), model, rows, float(start_at), marks))
             else:
                 ref = a.handle.run.remote(int(batch_id), model, rows, float(start_at), marks)
         except Exception as exc:
@@ -358,7 +524,8 @@ class RayExecutorPool(DeviceRecords, ActorFaults, ActorParking, ActorModelChange
         a.sizes[batch_id] = (len(rows), float(start_at))
         if marks:
             self._samples_sent(a)
-        self._background(self._finish(a, a.generation, batch_id, model, rows, ref))
+        if ref is not None:
+            self._background(self._finish(a, a.generation, batch_id, model, rows, ref))
 
     async def _finish(
         self, a: Actor, generation: int, batch_id: int, model: str, rows: list[int], ref: Any
@@ -381,6 +548,12 @@ class RayExecutorPool(DeviceRecords, ActorFaults, ActorParking, ActorModelChange
                 )
         else:
             reply = result
+        self._ended(a, generation, batch_id, reply)
+
+    def _ended(self, a: Actor, generation: int, batch_id: int, reply: Any) -> None:
+        """The actor's reply to a batch: its one event."""
+        if a.generation != generation or batch_id not in a.inflight:
+            return  # failed already, with its actor
         a.inflight.pop(batch_id, None)
         a.sizes.pop(batch_id, None)
         a.progress_at = time.monotonic()
@@ -454,7 +627,7 @@ class RayExecutorPool(DeviceRecords, ActorFaults, ActorParking, ActorModelChange
         for a in self._actors.values():
             if a.handle is not None and not a.dead:
                 try:
-                    stops.append(a.handle.stop.remote())
+                    stops.append(a.handle.stop.remote(self._sent(a)))
                 except Exception:
                     log.exception("stopping executor %s failed", a.device.name)
         if stops:
@@ -480,7 +653,10 @@ class RayExecutorPool(DeviceRecords, ActorFaults, ActorParking, ActorModelChange
                         a.device.id, batch_id, now, now, f"executor {a.device.name} stopped"
                     )
                 )
+            self._close_channel(a)
             self._kill(a)
+        if self._channels is not None:
+            self._channels.remove()
         for arena in self.arenas.values():
             try:
                 arena.close_and_unlink()

@@ -184,7 +184,7 @@ class RayNodes:
         return ",".join(f"{device}={node}" for device, node in sorted(value.items()))
 
     def describe(self) -> str:
-        return "executor=node pairs, comma-separated (node: a Ray node ID or IP address)"
+        return "executor=node pairs, comma-separated (node: a Ray node ID, IP address or `local`)"
 
 
 @dataclass(frozen=True)

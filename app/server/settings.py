@@ -259,8 +259,8 @@ class Settings:
         metadata=_setting(
             "RAY_NODES",
             RayNodes(),
-            "with RAY_ADDRESS: each named executor's Ray node (node ID or IP address), e.g. "
-            "`0=10.0.0.2,1=10.0.0.3`; the others go where Ray places them",
+            "with RAY_ADDRESS: each named executor's Ray node (node ID, IP address, or `local`: "
+            "the daemon's), e.g. `0=10.0.0.2,1=local`; the others go where Ray places them",
             shown="unset (Ray places every executor)",
         ),
     )

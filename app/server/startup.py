@@ -34,6 +34,7 @@ from app.runtime.arena import Arena
 from app.runtime.devices import ExecutorDevice, detect_devices
 from app.runtime.events import EventSink
 from app.runtime.pool import ExecutorPool
+from app.runtime.ray_fit import ActorInfeasible
 from app.runtime.ray_nodes import NodeNotFound, resolve_nodes
 from app.runtime.ray_pool import RayExecutorPool
 from app.scheduling.model import InputDependence, ModelInfo
@@ -203,7 +204,10 @@ async def start_executors(
             heartbeat_timeout_s=settings.heartbeat_timeout_s,
             realtime_priority=settings.realtime_priority,
         )
-    await pool.start()
+    try:
+        await pool.start()
+    except ActorInfeasible as exc:  # named at once, not after the start timeout
+        raise StartupFailed(str(exc)) from None
     models: dict[str, ModelState] = {}
     unavailable: dict[str, str] = {}
     for name, config in index.models.items():
@@ -243,7 +247,8 @@ def ray_pool(
     nodes: dict[int, str] = {}
     if settings.ray_nodes is not None:
         try:
-            nodes = resolve_nodes(settings.ray_nodes, ray.nodes(), (d.id for d in devices))
+            here = ray.get_runtime_context().get_node_id()
+            nodes = resolve_nodes(settings.ray_nodes, ray.nodes(), (d.id for d in devices), here)
         except NodeNotFound as exc:
             for arena in arenas.values():
                 arena.close_and_unlink()
@@ -258,6 +263,7 @@ def ray_pool(
         stuck_margin_s=settings.stuck_margin_s,
         heartbeat_timeout_s=settings.heartbeat_timeout_s,
         nodes=nodes,
+        fit_threads=settings.threads_per_slice is None,  # else it says how many
     )
 
 
