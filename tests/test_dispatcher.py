@@ -225,10 +225,10 @@ def test_a_batch_formed_on_an_early_wakeup_may_start_at_once():
 
     async def scenario() -> None:
         # One request of a model expected at 1,000 r/s: far from a full
-        # batch, so Symphony waits to frontrun (symphony.txt §4.3) and the
-        # batch is decided on a timer.
+        # batch, so Symphony (§4.3's hold, as written) waits to frontrun and
+        # the batch is decided on a timer.
         info = model("m", alpha_ms=1.0, beta_ms=5.0, slo_ms=60.0, expected_rate=1000.0)
-        core = SymphonyScheduler([info], devices(1), timer_lead=0.010)
+        core = SymphonyScheduler([info], devices(1), timer_lead=0.010, hold="frontrun")
         dispatcher, executors, clock, timer = _single(core)
         dispatcher.submit_request("m", 0, 0.060)
         assert executors.submits == [] and timer.when is not None

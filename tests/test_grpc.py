@@ -529,3 +529,40 @@ async def test_a_burst_beyond_the_cap_is_refused_with_resource_exhausted_never_c
     assert sample == 1492.0
     warnings = [r for r in caplog.records if "RESOURCE_EXHAUSTED overloaded" in r.getMessage()]
     assert len(warnings) == 1  # rate-limited: one line for the burst
+
+
+@pytest.mark.anyio
+async def test_a_load_failure_names_no_server_path_over_grpc(tmp_path, monkeypatch):
+    """Issue 42, item 9: `load_failed` answers carried absolute server paths."""
+    from app.errors import LoadFailed
+    from app.server import model_control
+    from app.server.live import LiveService
+    from app.server.metrics import Metrics
+
+    repository = tmp_path / "models"
+    service = LiveService(Settings(repository=repository), Metrics())
+    service.ready, service.dispatcher = True, object()  # type: ignore[assignment]
+
+    async def failing(_service, name, _override=None):
+        raise LoadFailed(
+            f"failed to load model {name!r}: {repository}/alpha/model.onnx: truncated; "
+            "see /var/cache/deadline-serve/profiles/alpha.json"
+        )
+
+    monkeypatch.setattr(model_control, "load", failing)
+    settings = Settings(grpc_port=free_port())
+    endpoint = await start_grpc_endpoint(settings, lambda: service)
+    try:
+        async with grpc.aio.insecure_channel(endpoint.address) as channel:
+            stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
+            with pytest.raises(grpc.aio.AioRpcError) as error:
+                await stub.RepositoryModelLoad(pb.RepositoryModelLoadRequest(model_name="alpha"))
+    finally:
+        await endpoint.stop()
+    details = error.value.details()
+    assert error.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert details == (
+        "failed to load model 'alpha': alpha/model.onnx: truncated; see alpha.json "
+        "(reason: load_failed)"
+    ), details
+    assert str(tmp_path) not in details and "/var/cache" not in details

@@ -471,3 +471,32 @@ async def test_failed_loads_leave_the_model_serving_or_failed_with_its_reason(tm
     assert status["reload during respawn"] == 200, text["reload during respawn"]
     assert json.loads(text["index after respawn"])["alpha"] == ["READY", ""]
     assert status["infer after respawn"] == 200
+
+
+@pytest.mark.anyio
+async def test_reshare_bodies_are_held_to_finite_shares_as_requests_are():
+    """Issue 42, item 1: management bodies are input too."""
+    service = FakeService()
+    app = create_api(lambda: service, Metrics())
+    bodies = {
+        b'{"device": "emulated:0", "share": NaN}': 422,
+        b'{"device": "emulated:0", "share": Infinity}': 422,
+        b'{"device": "emulated:0", "share": 1e400}': 422,
+        b'{"device": "emulated:0", "share": 0}': 422,
+        b'{"device": "emulated:0", "share": 1.5}': 422,
+        b'{"device": "emulated:0", "share": "0.5"}': 200,
+        b'{"device": "emulated:0", "share": 0.25}': 200,
+    }
+    answers = {}
+    for text in bodies:
+        reply = await _post(
+            app, "/v2/devices/reshare", content=text, headers={"Content-Type": "application/json"}
+        )
+        answers[text] = reply.status_code
+        if reply.status_code != 200:
+            assert "share" in reply.json()["error"], reply.text
+    assert answers == bodies
+    assert service.calls == [
+        {"reshare": "emulated:0", "share": 0.5},
+        {"reshare": "emulated:0", "share": 0.25},
+    ]

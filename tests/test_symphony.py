@@ -24,11 +24,12 @@ def blocker(duration_ms: float):
 
 
 def test_waits_for_frontrun_at_while_below_beta_lambda_even_with_idle_device():
+    # §4.3's rule as written (hold="frontrun"):
     # ℓ(b) = b + 10 ms, SLO 50 ms, λ ≈ 1000/s ⇒ βλ ≈ 10. Five requests 1 ms
     # apart stay below βλ, so the candidate waits for
     # frontrun_at = dl − ℓ(6) = 50 − 16 = 34 ms although the device is idle.
     info = model(alpha_ms=1.0, beta_ms=10.0, slo_ms=50.0, expected_rate=1000.0)
-    sched = make_scheduler("symphony", [info], devices(1))
+    sched = make_scheduler("symphony", [info], devices(1), hold="frontrun")
     assert dispatches(feed(sched, info, [i * 0.001 for i in range(5)])) == []
     candidate = sched.candidates["m"]
     assert candidate.bs == 5
@@ -43,10 +44,40 @@ def test_waits_for_frontrun_at_while_below_beta_lambda_even_with_idle_device():
     assert sent.batch.finish_at == pytest.approx(0.049)
 
 
+@pytest.mark.parametrize("slo_s", [60.0, 5.0, 1.0])
+def test_a_bursts_last_requests_wait_at_most_what_the_rate_can_add(slo_s):
+    """Issue 42, item 7: with §4.3's hold, the tail of a burst waited on an
+    idle device until its deadline (60 s, 5 s, 1 s). Bounded: ℓ(b) = b + 10
+    ms, λ ≈ 1000/s ⇒ βλ ≈ 10; five requests 1 ms apart (the last at 4 ms)
+    lack 5 items, which the rate brings in 5 ms: they start at 9 ms."""
+    info = model(alpha_ms=1.0, beta_ms=10.0, slo_ms=slo_s * 1000, expected_rate=1000.0)
+    bounded = make_scheduler("symphony", [info], devices(1))
+    assert dispatches(feed(bounded, info, [i * 0.001 for i in range(5)])) == []
+    assert bounded.next_wakeup() == pytest.approx(0.009, abs=1e-4)  # λ as measured
+    assert dispatches(bounded.advance(0.0088)) == []
+    (sent,) = dispatches(bounded.advance(bounded.next_wakeup()))
+    assert (sent.batch.size, sent.batch.start_at) == (5, pytest.approx(0.009, abs=1e-4))
+    paper = make_scheduler("symphony", [info], devices(1), hold="frontrun")
+    feed(paper, info, [i * 0.001 for i in range(5)])
+    assert paper.next_wakeup() == pytest.approx(slo_s - 0.016)  # dl − ℓ(6)
+
+
+def test_a_bounded_hold_is_counted_from_the_last_arrival():
+    # Arrivals keep coming: each one moves the bound, and at βλ ≈ 9.5 the
+    # batch goes at once, as under §4.3's rule. λ ≈ 950/s: 9 requests lack
+    # 0.5 item, 0.5 ms at that rate after the last (at 8 ms).
+    info = model(alpha_ms=1.0, beta_ms=10.0, slo_ms=50.0, expected_rate=950.0)
+    sched = make_scheduler("symphony", [info], devices(1))
+    assert dispatches(feed(sched, info, [i * 0.001 for i in range(9)])) == []
+    assert sched.next_wakeup() == pytest.approx(0.0085, abs=1e-4)
+    (sent,) = dispatches(feed(sched, info, [0.0083]))
+    assert (sent.batch.size, sent.batch.start_at) == (10, pytest.approx(0.0083))
+
+
 def test_dispatches_at_once_when_batch_reaches_beta_lambda():
     # β = 2 ms, λ ≈ 900/s ⇒ βλ ≈ 1.8: one request waits, two are schedulable.
     info = model(alpha_ms=1.0, beta_ms=2.0, slo_ms=50.0, expected_rate=900.0)
-    sched = SymphonyScheduler([info], devices(1))
+    sched = SymphonyScheduler([info], devices(1), hold="frontrun")
     assert dispatches(sched.add_request(request(info, 0.0), 0.0)) == []
     assert sched.candidates["m"].exec_at == pytest.approx(0.050 - 0.004)
     (sent,) = dispatches(sched.add_request(request(info, 0.001), 0.001))
@@ -74,7 +105,7 @@ def test_earliest_free_device_goes_to_the_candidate_with_earliest_exec_at():
     a = model("a", alpha_ms=10.0, beta_ms=10.0, slo_ms=100.0, expected_rate=1000.0)
     b = model("b", alpha_ms=10.0, beta_ms=10.0, slo_ms=95.0, expected_rate=1000.0)
     block = blocker(75.0)
-    sched = SymphonyScheduler([a, b, block], devices(1), grant_by="exec_at")
+    sched = SymphonyScheduler([a, b, block], devices(1), grant_by="exec_at", hold="frontrun")
     (busy,) = dispatches(sched.add_request(request(block, 0.0), 0.0))
     assert busy.batch.finish_at == pytest.approx(0.075)
     sched.add_request(request(a, 0.001), 0.001)
