@@ -41,7 +41,7 @@ async def test_devices_are_started_under_load_and_released_when_idle(tmp_path: P
     try:
         pool = service.pool
         assert pool is not None and service.scaling is not None
-        assert [pool.parked(d) for d in range(4)] == [False, True, True, True]
+        assert [pool.parking.parked(d) for d in range(4)] == [False, True, True, True]
         assert [pool.alive(d) for d in range(4)] == [True, False, False, False]
         ((_, scaler),) = service.scaling.scalers.values()
 
@@ -68,7 +68,7 @@ async def test_devices_are_started_under_load_and_released_when_idle(tmp_path: P
             if len(scaler.serving) == 1 and not scaler.starting:
                 break
         shrunk = len(scaler.serving)
-        parked_after = [pool.parked(d) for d in range(4)]
+        parked_after = [pool.parking.parked(d) for d in range(4)]
     finally:
         await service.stop()
 
@@ -93,14 +93,14 @@ async def test_park_and_unpark_post_their_events_and_refuse_what_cannot_be(tmp_p
         pool = service.pool
         assert pool is not None
         pool.events = events.append  # type: ignore[assignment]
-        await pool.park(1)
+        await pool.parking.park(1)
         with pytest.raises(ValueError, match="emulated:1 is parked already"):
-            await pool.park(1)
+            await pool.parking.park(1)
         with pytest.raises(ValueError, match="emulated:0 is not parked"):
-            await pool.unpark(0)
+            await pool.parking.unpark(0)
         with pytest.raises(ValueError, match="no device 9"):
-            await pool.park(9)
-        took = await pool.unpark(1)
+            await pool.parking.park(9)
+        took = await pool.parking.unpark(1)
         alive = pool.alive(1)
     finally:
         await service.stop()

@@ -17,10 +17,9 @@ MAX_FUNCTION_LINES = 80
 # composed behind narrow interfaces). The tests fail when one comes back
 # after it is gone, when a new one appears, or when a listed function grows.
 KNOWN_CYCLES = {
-    frozenset({"app.runtime.pool", "app.runtime.pool_models", "app.runtime.pool_parking",
-               "app.runtime.pool_reshare"}),
+    frozenset({"app.runtime.pool", "app.runtime.pool_reshare"}),
     frozenset({"app.runtime.ray_actor", "app.runtime.ray_alone", "app.runtime.ray_faults",
-               "app.runtime.ray_models", "app.runtime.ray_parking", "app.runtime.ray_pool"}),
+               "app.runtime.ray_pool"}),
     frozenset({"app.server.live", "app.server.management", "app.server.model_control",
                "app.server.reallocation"}),
 }  # fmt: skip

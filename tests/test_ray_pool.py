@@ -353,14 +353,14 @@ def test_a_parked_actor_finishes_its_batch_frees_its_process_and_a_new_one_serve
             slots = arena.acquire_rows(2)
             held = events.expect(1)
             pool.submit(EMU.id, 1, "emu", slots[:1], time.monotonic())
-            await pool.park(EMU.id)
+            await pool.parking.park(EMU.id)
             # Told first; the batch it held ran and was answered as usual.
             assert isinstance(events.events[0], DeviceParked)
             finished = await held
             assert isinstance(finished, BatchFinished) and finished.error is None
-            assert pool.parked(EMU.id) and not pool.alive(EMU.id)
+            assert pool.parking.parked(EMU.id) and not pool.alive(EMU.id)
             with pytest.raises(ValueError, match="parked already"):
-                await pool.park(EMU.id)
+                await pool.parking.park(EMU.id)
             with pytest.raises(ExecutorFailed):
                 pool.submit(EMU.id, 2, "emu", slots[1:], time.monotonic())
             for _ in range(100):  # the actor's worker process goes away
@@ -369,12 +369,14 @@ def test_a_parked_actor_finishes_its_batch_frees_its_process_and_a_new_one_serve
                 await asyncio.sleep(0.05)
             assert not os.path.exists(f"/proc/{pid}") or _state(pid) == "Z"
 
-            took = await pool.unpark(EMU.id)
+            took = await pool.parking.unpark(EMU.id)
             unparked = [e for e in events.events if isinstance(e, DeviceUnparked)]
             assert [(e.device, e.start_s) for e in unparked] == [(EMU.id, took)] and took > 0
-            assert pool.alive(EMU.id) and not pool.parked(EMU.id) and pool.pid(EMU.id) != pid
+            assert (
+                pool.alive(EMU.id) and not pool.parking.parked(EMU.id) and pool.pid(EMU.id) != pid
+            )
             with pytest.raises(ValueError, match="is not parked"):
-                await pool.unpark(EMU.id)
+                await pool.parking.unpark(EMU.id)
             again = events.expect(2)
             pool.submit(EMU.id, 2, "emu", slots[1:], time.monotonic())
             assert (await again).error is None
@@ -403,10 +405,10 @@ def test_a_service_with_autoscale_on_ray_parks_the_devices_above_min(tmp_path, r
         try:
             pool = service.pool
             assert isinstance(pool, RayExecutorPool)
-            assert sorted(pool.parked(d) for d in (0, 1)) == [False, True]
+            assert sorted(pool.parking.parked(d) for d in (0, 1)) == [False, True]
             xs = [np.full((1, 4), float(i), dtype=np.float32) for i in range(10)]
             answers = await asyncio.gather(*(service.infer("m", {"x": x}) for x in xs))
-            serving = next(d for d in (0, 1) if not pool.parked(d))
+            serving = next(d for d in (0, 1) if not pool.parking.parked(d))
             assert {a.device for a in answers} == {f"emulated:{serving}"}
         finally:
             await service.stop()

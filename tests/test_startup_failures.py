@@ -53,6 +53,7 @@ class _Pool:
 
     def __init__(self) -> None:
         self.removed: list[str] = []
+        self.model_changes = self
 
     async def profile(self, device_id: int, model: str, batch_sizes: list[int]) -> dict[int, float]:
         if model == "simple_string":

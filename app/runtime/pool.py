@@ -14,6 +14,14 @@ batch, DeviceDown and DeviceUp.
 Clock: all times are `time.monotonic()` seconds, the clock of asyncio's
 `loop.time()`; pass `start_at = loop.time() + delay` (or ≤ now for "at once").
 
+Models loaded and unloaded while serving (`pool.model_changes`,
+app.runtime.model_changes) and parking (`pool.parking`, app.runtime.parking)
+are objects the pool owns, written once for executor processes and Ray
+actors (app.runtime.ray_pool): each works through the few calls the pool
+implements for it (`executor_records`, `serves`, `load_on`, `unload_on`;
+`executor_name`, `refuse_park`, `stop_parked`, `start_executor`,
+`failed_start`, `serving`, `post`).
+
 Faults. An executor that dies (crash, SIGKILL, OOM kill) is noticed as EOF on
 its pipe; one that hangs — silent for `heartbeat_timeout_s`, idle or busy, or
 its oldest batch running longer than `stuck_factor`·ℓ(b) + `stuck_margin_s`
@@ -38,9 +46,10 @@ shares of a device summing past 1 (ValueError), or a reshare while that
 device is reshared or respawned (ReshareRefused) are refused before
 anything starts. It returns a `Reshared` with the time of each phase.
 
-Parking (app.runtime.pool_parking). `await pool.park(device_id)` stops a
+Parking (app.runtime.parking, the pool's `parking`, over the executor
+lifecycle it implements below). `await pool.parking.park(device_id)` stops a
 device's executor on purpose (autoscaling) after posting DeviceParked — no
-DeviceDown, no respawn; `await pool.unpark(device_id)` starts it again and
+DeviceDown, no respawn; `await pool.parking.unpark(device_id)` starts it again and
 posts DeviceUnparked once it serves.
 """
 
@@ -81,12 +90,13 @@ from app.runtime.messages import (
     Stop,
     Stopped,
     ToExecutor,
+    Unload,
     Unloaded,
     config_to_dict,
 )
+from app.runtime.model_changes import ModelChanges
 from app.runtime.mps import GpuSharing
-from app.runtime.pool_models import ModelChanges
-from app.runtime.pool_parking import Parking
+from app.runtime.parking import Parking
 from app.runtime.pool_records import DeviceRecords, ExecutorRecord
 from app.runtime.pool_reshare import Reshares
 from app.runtime.pool_worker import Worker, attach_reader, detach_reader, drain, start_process
@@ -99,7 +109,7 @@ LatencyOf = Callable[[str, int], "float | None"]
 
 
 # --------------------------------------------------------------------- pool
-class ExecutorPool(DeviceRecords, ModelChanges, Reshares, Parking):
+class ExecutorPool(DeviceRecords, Reshares):
     """Executor processes for `devices`, serving `configs` through `arenas`.
 
     `configs`: ModelConfigs (a mapping by name or an iterable); `arenas`: one
@@ -143,7 +153,8 @@ class ExecutorPool(DeviceRecords, ModelChanges, Reshares, Parking):
         self._resharing: dict[int, float] = {}
         self._shadows: dict[int, Worker] = {}
         self._retiring: dict[int, Worker] = {}
-        self._parked: set[int] = set()  # stopped on purpose (app.runtime.pool_parking)
+        self.parking = Parking(self)  # executors stopped on purpose (app.runtime.parking)
+        self.model_changes = ModelChanges(self)  # models loaded while serving
         self._waiters: dict[int, tuple[Worker, asyncio.Future]] = {}
         self._req_ids = itertools.count(1)
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -509,6 +520,96 @@ class ExecutorPool(DeviceRecords, ModelChanges, Reshares, Parking):
             self._retired(w, reason)
         if fault and self.respawn and self._loop is not None:
             self._background(self._respawn(w))
+
+    # ------------------------------------------------------------- model changes
+    # What app.runtime.model_changes works through.
+
+    def executor_records(self) -> Iterable[Worker]:
+        return self._workers.values()
+
+    def serves(self, w: Worker) -> bool:
+        return not (w.dead or w.loading or w.stopping or self._stopped)
+
+    async def load_on(
+        self, w: Worker, config: ModelConfig, arena: Arena
+    ) -> tuple[dict[str, str | None], dict[str, Any]]:
+        req = next(self._req_ids)
+        fut = self._expect(req, w)
+        self._send(w, Load(req, [config_to_dict(config)], {config.name: arena.layout}))
+        errors, info = await fut
+        return errors, info
+
+    async def unload_on(self, w: Worker, name: str) -> None:
+        req = next(self._req_ids)
+        fut = self._expect(req, w)
+        self._send(w, Unload(req, [name]))
+        await fut
+
+    # ------------------------------------------------------------- parking
+
+    # The executor lifecycle parking works through (app.runtime.parking).
+
+    @property
+    def stopped(self) -> bool:
+        return self._stopped
+
+    def executor_name(self, device_id: int) -> str:
+        return self._worker_for(device_id).device.name
+
+    def refuse_park(self, device_id: int) -> str | None:
+        w = self._workers[device_id]
+        if w.dead or w.loading or device_id in self._resharing or device_id in self._retiring:
+            return "down, starting or being reshared"
+        return None
+
+    def post(self, event: ExecutorEvent) -> None:
+        self._post(event)
+
+    async def stop_parked(self, device_id: int, timeout: float) -> None:
+        """As at shutdown: Stop after the batches it holds; killed if slow."""
+        w = self._workers[device_id]
+        w.stopping = True
+        with contextlib.suppress(OSError, ValueError):
+            w.conn.send(Stop())
+        deadline = time.monotonic() + timeout
+        while w.process.is_alive() and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
+        if w.process.is_alive():
+            log.warning("executor %s did not stop in %.1f s; killing it", w.device.name, timeout)
+            w.process.kill()
+        if not w.dead:  # its EOF may not have been read yet
+            await asyncio.sleep(0)
+            self._mark_dead(w, f"executor {w.device.name} parked")
+        reap(w.process)
+        w.down_since = time.monotonic()
+
+    async def start_executor(self, device_id: int) -> None:
+        """A fresh process for the device, its models loaded (as a respawn)."""
+        w = self._workers[device_id]
+        w.models, w.load_errors, w.load_info = [], {}, {}
+        w.dead, w.stopping, w.loading = False, False, True
+        self._spawn(w)
+        await self._load(w)
+        w.loading = False
+
+    def failed_start(self, device_id: int, reason: str) -> None:
+        w = self._workers[device_id]
+        if w.process is not None and w.process.is_alive():
+            w.process.kill()
+        self._mark_dead(w, reason)
+        reap(w.process)
+
+    def serving(self, device_id: int) -> str:
+        w = self._workers[device_id]
+        w.down_since = None
+        return f"pid {w.process.pid}"
+
+    def _worker_for(self, device_id: int) -> Worker:
+        if device_id not in self._workers:
+            raise ValueError(f"no device {device_id} in this pool")
+        if not self._started or self._stopped:
+            raise ValueError("the pool is not running")
+        return self._workers[device_id]
 
     def _post(self, event: ExecutorEvent) -> None:
         try:

@@ -39,7 +39,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from app.runtime.events import BatchFinished, DeviceDown, DeviceUp
+from app.runtime.events import DeviceDown, DeviceUp
 from app.runtime.watchdog import beat_interval, check_interval, hang_of
 
 if TYPE_CHECKING:
@@ -157,12 +157,7 @@ class ActorFaults:
         a.down_since = time.monotonic()
         log.error("%s", reason)
         self._post(DeviceDown(a.device.id, reason))
-        now = time.monotonic()
-        for batch_id in list(a.inflight):
-            a.inflight.pop(batch_id, None)
-            self._post(BatchFinished(a.device.id, batch_id, now, now, reason))
-        a.sizes.clear()
-        a.samples_left, a.rerunning = 0, False  # a new process keeps no samples
+        self._fail_inflight(a, reason)
         a.heartbeat = None
         if self.respawn:
             self._background(self._respawn(a))

@@ -42,11 +42,15 @@ that hangs — its pings unanswered for `heartbeat_timeout_s`, or its oldest
 batch running past `stuck_factor`·ℓ(b) + `stuck_margin_s` — is killed and
 goes the same way (the rules of local executors, app.runtime.watchdog).
 
-Parking (autoscaling; app.runtime.ray_parking): a parked device's actor
-is killed, giving its resources back to the cluster, and a new one is
-created when the device is unparked.
+Parking (autoscaling; app.runtime.parking, the pool's `parking`, over the
+actor lifecycle it implements): a parked device's actor stops after the
+batches sent before it and is killed for good (`ray.kill`, no restart),
+giving its resources back to the cluster; a new one is created where Ray
+finds the resources (or on the node RAY_NODES names) when the device is
+unparked.
 
-Models loaded and unloaded while serving: app.runtime.ray_models.
+Models loaded and unloaded while serving: app.runtime.model_changes (the
+pool's `model_changes`, over the actor calls it implements).
 
 Samples re-run alone on an idle actor (the asynchronous profiler):
 app.runtime.ray_alone.
@@ -77,6 +81,8 @@ from app.runtime.events import (
     ExecutorEvent,
 )
 from app.runtime.messages import AloneMark, Cancelled, Ran, Run, config_to_dict
+from app.runtime.model_changes import ModelChanges
+from app.runtime.parking import Parking
 from app.runtime.pool import LatencyOf
 from app.runtime.pool_records import DeviceRecords, ExecutorRecord
 from app.runtime.ray_alone import ActorAloneRuns
@@ -91,8 +97,6 @@ from app.runtime.ray_fit import (
     offers_of,
     request_of,
 )
-from app.runtime.ray_models import ActorModelChanges
-from app.runtime.ray_parking import ActorParking
 
 log = logging.getLogger("app.runtime.ray_pool")
 
@@ -148,7 +152,7 @@ class Actor:
     rerunning: bool = False  # a re-run loop is under way
 
 
-class RayExecutorPool(DeviceRecords, ActorFaults, ActorParking, ActorModelChanges, ActorAloneRuns):
+class RayExecutorPool(DeviceRecords, ActorFaults, ActorAloneRuns):
     """Ray actors for `devices`, serving `configs` through `arenas` (see the
     module docstring; the arguments are `ExecutorPool`'s). `nodes`: a node
     id per device id to pin its actor to; `all_remote`: every actor takes
@@ -209,7 +213,8 @@ class RayExecutorPool(DeviceRecords, ActorFaults, ActorParking, ActorModelChange
         self.dispatch_overhead_s = 0.0
         self.bytes_per_s = float("inf")
         self._actors: dict[int, Actor] = {d.id: Actor(d) for d in devices}
-        self._parked: set[int] = set()  # stopped on purpose (app.runtime.ray_parking)
+        self.parking = Parking(self)  # actors stopped on purpose (app.runtime.parking)
+        self.model_changes = ModelChanges(self)  # models loaded while serving
         self._node = ""
         self._ray: Any = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -675,6 +680,103 @@ class RayExecutorPool(DeviceRecords, ActorFaults, ActorParking, ActorModelChange
         task = self._loop.create_task(coro)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+
+    # ------------------------------------------------------------- model changes
+    # What app.runtime.model_changes works through: on the daemon's arena
+    # when the actor shares the daemon's node, on a scratch arena of its own
+    # otherwise.
+
+    def executor_records(self) -> Iterable[Actor]:
+        return self._actors.values()
+
+    def serves(self, a: Actor) -> bool:
+        return not (a.dead or a.loading or self._stopped)
+
+    async def load_on(
+        self, a: Actor, config: ModelConfig, arena: Arena
+    ) -> tuple[dict[str, str | None], dict[str, Any]]:
+        layouts = None if a.remote else {config.name: arena.layout}
+        try:
+            loaded = await a.handle.load.remote([config_to_dict(config)], layouts)
+        except Exception as exc:
+            raise RuntimeError(f"executor {a.device.name}: {exc}" if str(exc) else "") from exc
+        return loaded.errors, loaded.info
+
+    async def unload_on(self, a: Actor, name: str) -> None:
+        await a.handle.unload.remote([name], self._sent(a))
+
+    # ------------------------------------------------------------- parking
+
+    # The actor lifecycle parking works through (app.runtime.parking).
+
+    @property
+    def stopped(self) -> bool:
+        return self._stopped
+
+    def executor_name(self, device_id: int) -> str:
+        return self._actor_for(device_id).device.name
+
+    def refuse_park(self, device_id: int) -> str | None:
+        a = self._actors[device_id]
+        return "down or starting" if a.dead or a.loading else None
+
+    def post(self, event: ExecutorEvent) -> None:
+        self._post(event)
+
+    async def stop_parked(self, device_id: int, timeout: float) -> None:
+        """The actor's `stop` after the batches sent before it (their
+        replies handled as usual), then killed for good."""
+        a = self._actors[device_id]
+        try:
+            await asyncio.wait_for(a.handle.stop.remote(self._sent(a)), timeout)
+        except Exception as exc:
+            log.warning("executor %s did not stop cleanly (%s); killing it", a.device.name, exc)
+        for _ in range(100):  # replies already in hand are handled first
+            if not a.inflight:
+                break
+            await asyncio.sleep(0.01)
+        self._retire(a, f"executor {a.device.name} parked")
+
+    async def start_executor(self, device_id: int) -> None:
+        a = self._actors[device_id]
+        self._create(a)
+        await self._bring_up(a)
+
+    def failed_start(self, device_id: int, reason: str) -> None:
+        self._retire(self._actors[device_id], reason)
+
+    def serving(self, device_id: int) -> str:
+        a = self._actors[device_id]
+        a.down_since = None
+        return f"Ray actor pid {a.pid}"
+
+    def _retire(self, a: Actor, reason: str) -> None:
+        """The actor is gone on purpose: replies of its life are stale, its
+        batches still in flight fail with `reason`, and it is killed."""
+        a.dead = True
+        a.loading = False
+        a.generation += 1
+        a.heartbeat = None
+        a.down_since = time.monotonic()
+        self._fail_inflight(a, reason)
+        self._kill(a)
+
+    def _fail_inflight(self, a: Actor, reason: str) -> None:
+        """The actor's life ended: its batches in flight each fail with
+        `reason`, and what it kept (sizes, samples) is gone with it."""
+        now = time.monotonic()
+        for batch_id in list(a.inflight):
+            a.inflight.pop(batch_id, None)
+            self._post(BatchFinished(a.device.id, batch_id, now, now, reason))
+        a.sizes.clear()
+        a.samples_left, a.rerunning = 0, False  # a new process keeps no samples
+
+    def _actor_for(self, device_id: int) -> Actor:
+        if device_id not in self._actors:
+            raise ValueError(f"no device {device_id} in this pool")
+        if not self._started or self._stopped:
+            raise ValueError("the pool is not running")
+        return self._actors[device_id]
 
     def _post(self, event: ExecutorEvent) -> None:
         try:

@@ -5,11 +5,11 @@ cool-down, only idle devices released.
 
 At start-up every device serves and is profiled; then each core group keeps
 MIN of its devices (at most MAX, the group's devices capping both) and
-parks the others: `ExecutorPool.park` posts DeviceParked (the dispatcher
+parks the others: `pool.parking.park` (app/runtime/parking.py) posts DeviceParked (the dispatcher
 takes the device out of its core) and stops the executor. Every
 `AUTOSCALE_WINDOW_S` the loop asks each group's autoscaler:
 
-* **scale up** → `ExecutorPool.unpark` starts the parked executors (a new
+* **scale up** → `pool.parking.unpark` starts the parked executors (a new
   process loading its models; seconds); DeviceUnparked brings the device
   into its core, and the autoscaler counts it as serving from then on;
 * **scale down** → the idle devices chosen are parked.
@@ -74,7 +74,7 @@ class DeviceScaling:
             now = asyncio.get_running_loop().time()
             group.scheduler.reset_signals(now)
             for device in sorted(set(group.devices) - scaler.serving):
-                await self.pool.park(device)
+                await self.pool.parking.park(device)
             log.info(
                 "autoscaling %s: %d of %d devices serving (bounds %d..%d)",
                 ", ".join(sorted(group.models)),
@@ -121,10 +121,10 @@ class DeviceScaling:
                 )
                 for device in action.devices:
                     if isinstance(action, ScaleUp):
-                        work = self.pool.unpark(device)
+                        work = self.pool.parking.unpark(device)
                     else:
                         assert isinstance(action, ScaleDown)
-                        work = self.pool.park(device)
+                        work = self.pool.parking.park(device)
                     task = asyncio.create_task(work)
                     self._busy.add(task)
                     task.add_done_callback(self._done)

@@ -328,7 +328,9 @@ async def _unload(service: LiveService, name: str) -> None:
         service.unavailable[name] = "unloading"  # listed until it is unloaded
         del service.models[name]
         service.statistics.remove_model(name)
-        await pool.remove_model(name)  # the executors let go, then the arena is unlinked
+        await pool.model_changes.remove_model(
+            name
+        )  # the executors let go, then the arena is unlinked
     finally:
         service.control_state.pop(name, None)
     service.unavailable[name] = UNLOADED
@@ -413,7 +415,7 @@ async def _preflight(service: LiveService, config: ModelConfig) -> tuple[int, ..
             f"model {shown}: no device of this server can run it (backend {config.backend} "
             f"on {which}; devices here: {names})"
         )
-    hosts = tuple(sorted(d.id for d in allowed if not pool.parked(d.id)))
+    hosts = tuple(sorted(d.id for d in allowed if not pool.parking.parked(d.id)))
     if not hosts:
         raise ControlBusy(f"model {shown}: every device that may run it is parked (AUTOSCALE)")
     if not await _wait(lambda: all(pool.alive(d) for d in hosts), RESPAWN_WAIT_S):
@@ -440,13 +442,13 @@ async def _load(service: LiveService, config: ModelConfig, planned: tuple[int, .
     assert pool is not None and dispatcher is not None
     name = config.name
     if name in pool.configs:  # left in the pool by a load that failed (at start-up)
-        await pool.remove_model(name)
+        await pool.model_changes.remove_model(name)
     arena = Arena.create(config, startup.arena_capacity(settings, config))
-    errors = await pool.add_model(config, arena)  # the pool owns the arena now
+    errors = await pool.model_changes.add_model(config, arena)  # the pool owns the arena now
     hosts = tuple(sorted(d for d, error in errors.items() if error is None))
     if not hosts:
         reasons = "; ".join(f"{e}" for e in errors.values() if e) or "no device can run it"
-        await pool.remove_model(name)
+        await pool.model_changes.remove_model(name)
         raise LoadFailed(f"failed to load model {shown_model(name)}: {reasons}")
     if hosts != planned:
         log.warning(
@@ -472,7 +474,7 @@ async def _load(service: LiveService, config: ModelConfig, planned: tuple[int, .
             # may plan for a while, e.g. nexus ~2 s at max_batch_size 65536).
             dispatcher.add_group(await asyncio.to_thread(_new_core, service, info, hosts))
     except BaseException:
-        await pool.remove_model(name)
+        await pool.model_changes.remove_model(name)
         raise
     service.models[name] = state
     service.unavailable.pop(name, None)

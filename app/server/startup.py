@@ -124,7 +124,7 @@ async def measure_models(
             del models[name]
             failed[name] = reason
             with contextlib.suppress(Exception):  # the executors let go of it
-                await pool.remove_model(name)
+                await pool.model_changes.remove_model(name)
     return failed
 
 
@@ -215,7 +215,7 @@ async def start_executors(
         if not hosts:
             unavailable[name] = why_not_loaded(pool, devices, config)
             log.error("model %s unavailable: %s", name, unavailable[name])
-            await pool.remove_model(name)  # and its arena: a later load starts afresh
+            await pool.model_changes.remove_model(name)  # and its arena: a later load starts afresh
             continue
         models[name] = ModelState(config, arenas[name], hosts)
     return pool, models, unavailable
