@@ -25,6 +25,15 @@ like the other bundled models (app/repository/bundled.py registers them).
     `scores` are global average pool + dense 32 → 10 on the exit state;
     `steps` is the number of blocks the row ran.
 
+`earlyexit-wide`: `earlyexit` with a wide head (dense 32 → 4096, ReLU,
+4096 → 4096, ReLU, 4096 → 10; EARLY_EXIT_WIDE_HEAD), the same inputs,
+outputs and steps. The 4096 × 4096 layer (64 MiB of FP32 weights, more
+than a server CPU's last-level cache) is read from memory once per batch
+whatever the batch's rows, so a batch has a real fixed cost, c0 > 0 in
+orloj.txt's eq. 3 (~8 ms on a 2-core EPYC VM with 32 MiB of L3, against
+≈ 0 for `earlyexit`), as a GPU's batch has: batching pays, which is what
+Orloj's batch-size choice is for.
+
 `encoder`: a transformer encoder over a variable-length token sequence,
 `tokens` INT64 [batch, seq ≤ ENCODER_MAX_LEN] → `hidden` FP32 [batch, seq,
 ENCODER_WIDTH] and `pooled` FP32 [batch, ENCODER_WIDTH].
@@ -65,6 +74,11 @@ EARLY_EXIT_THRESHOLD = 0.5
 EARLY_EXIT_SHAPE = (3, 16, 16)
 EARLY_EXIT_CHANNELS = 32
 EARLY_EXIT_CLASSES = 10
+
+# earlyexit-wide's head: a 4096 × 4096 FP32 layer (64 MiB), more than this
+# class of machine's last-level cache, so every batch reads it from memory
+# once whatever its rows: a fixed cost per batch, c0 (orloj.txt eq. 3).
+EARLY_EXIT_WIDE_HEAD = 4096
 
 ENCODER_VOCAB = 1000
 ENCODER_WIDTH = 128
@@ -108,7 +122,7 @@ def encoder_input(length: int, seed: int = 0) -> np.ndarray:
 
 def probe_inputs(model: str) -> list[dict[str, np.ndarray]]:
     """The representative requests of bundled dynamic model `model`."""
-    if model == "earlyexit":
+    if model in ("earlyexit", "earlyexit-wide"):
         return [{"input": early_exit_input(s, seed=s)} for s in EARLY_EXIT_PROBE_STEPS]
     if model == "encoder":
         return [{"tokens": encoder_input(n, seed=n)} for n in ENCODER_PROBE_LENGTHS]
@@ -187,10 +201,13 @@ def build_early_exit(
     batch_dim: str = "batch",
     channels: int = EARLY_EXIT_CHANNELS,
     side: int = EARLY_EXIT_SHAPE[1],
+    head_width: int = 0,
 ) -> onnx.ModelProto:
     """The `earlyexit` model (see the module docstring). `channels` and
     `side` (the input is [3, side, side]) scale the cost of a step: the
-    bundled model is small, bench.orloj_live serves a heavier one."""
+    bundled model is small, bench.orloj_live serves a heavier one.
+    `head_width` > 0 gives the `earlyexit-wide` head: dense 32 → W, ReLU,
+    W → W, ReLU, W → 10 in place of the one dense layer."""
     g = _Graph(np.random.default_rng(seed))
     c, cin = channels, EARLY_EXIT_SHAPE[0]
     shape = (cin, side, side)
@@ -256,14 +273,22 @@ def build_early_exit(
         )
     )
     pooled = g.op("Flatten", [g.op("GlobalAveragePool", ["h_exit"], "gap")], axis=1)
-    head_w = g.normal("head.weight", (c, EARLY_EXIT_CLASSES), math.sqrt(1.0 / c))
+    features = c
+    if head_width > 0:
+        for i, (fan_in, width) in enumerate(((c, head_width), (head_width, head_width))):
+            w = g.normal(f"wide{i}.weight", (fan_in, width), math.sqrt(2.0 / fan_in))
+            bias = g.const(f"wide{i}.bias", np.zeros(width, np.float32))
+            pooled = g.op("Relu", [g.op("Gemm", [pooled, w, bias], f"wide{i}")], f"wide{i}_relu")
+        features = head_width
+    head_w = g.normal("head.weight", (features, EARLY_EXIT_CLASSES), math.sqrt(1.0 / features))
     head_b = g.const("head.bias", np.zeros(EARLY_EXIT_CLASSES, np.float32))
     g.nodes.append(helper.make_node("Gemm", [pooled, head_w, head_b], ["scores"], name="head"))
     flat = g.op("Reshape", ["steps_exit", g.const("rows", np.array([-1, 1], np.int64))])
     g.nodes.append(helper.make_node("Cast", [flat], ["steps"], name="steps", to=TensorProto.INT64))
     return _model(
-        "earlyexit",
-        f"early-exit CNN, ≤ {EARLY_EXIT_MAX_STEPS} steps, exit when t/(t+|x|²) ≥ ½, seed {seed}",
+        "earlyexit-wide" if head_width > 0 else "earlyexit",
+        f"early-exit CNN, ≤ {EARLY_EXIT_MAX_STEPS} steps, exit when t/(t+|x|²) ≥ ½, "
+        f"head width {head_width or c}, seed {seed}",
         g,
         [helper.make_tensor_value_info("input", TensorProto.FLOAT, [batch_dim, *shape])],
         [
