@@ -12,9 +12,14 @@ Rules (all times in seconds, `now` from the driver; `due` = the request's
 deadline less the core's margin):
 
 1. **Queues per batch size.** The supported sizes are 1..max_batch (items).
-   A request is in Q_bs while ``t + delay(bs) + E[L_bs] ≤ due``, with E[L_bs]
-   from the mixture of all the model's applications (§4.3) on the fastest
-   device. When no size is left the request is dropped
+   A request is in Q_bs while ``t + delay(bs) + E[L_bs] ≤ due``, E[L_bs] on
+   the fastest device. With `batch_estimate="application"` (the default)
+   E[L_bs] is the request's own: a batch of bs requests of its application,
+   c0 + bs·E[max of bs draws of F_app] (Algorithm 1 line 20's
+   EstimateBatchLatency(r, bs)); an application without samples, and every
+   request with `batch_estimate="model"` or a model of one application, use
+   the mixture of all the model's applications (§4.3). When no size is left
+   the request is dropped
    (``DropReason.DEADLINE``); a timer per model fires at the first instant
    that happens to one of its requests (`timers.first_instant_after`), so
    drops are answered promptly while every device is busy.
@@ -23,7 +28,12 @@ deadline less the core's margin):
    to the larger bs.
 3. **The batch** (line 39): the top requests of Q_bs by score (eq. 2),
    removed from every queue. Requests with several items fill it in score
-   order, whole (never split), never above bs items.
+   order, whole (never split), never above bs items. Per application, each
+   request is scored with the L_bs histogram of its own kind (eq. 1's E[L]
+   is the worker time of the batch it would be in), and a request joins
+   only while the batch so far, with it, is expected (eq. 8's product form)
+   to finish by every member's due time — rule 1 admitted it for a batch
+   of its kind, and a longer request could make the batch too long for it.
 4. **Work-conserving**, as Clockwork, which the paper builds on: whenever a
    device is idle and some model has a batch, it is dispatched at
    ``now + delay(k)``; across models, the earliest such deadline first.
@@ -35,6 +45,9 @@ deadline less the core's margin):
 
 Deviations, each for a reason:
 
+* With per-application estimates the queues are no suffix of one list:
+  each is found by a scan of the model's pending requests (tens, not
+  thousands, at the loads Orloj is run at), as with several-item requests.
 * The queues are not kept one by one. E[L_bs] grows with bs, so Q_bs — the
   requests with ``due ≥ t + cost(bs)`` — is a suffix of one deadline-sorted
   list per model; a bisection finds each queue, and removing a request
@@ -71,7 +84,8 @@ Deviations, each for a reason:
 Options: `window_s` (histogram window, s), `min_samples` (samples before a
 window's histogram is used), `delay_rate` (b, per second: the paper's 1e-4
 per ms), `bins` (histogram bins), `max_samples` (samples kept per
-application and window).
+application and window), `batch_estimate` ("application" or "model", rules
+1 and 3).
 """
 
 from __future__ import annotations
