@@ -39,7 +39,9 @@ Deviations, with reasons:
 * After the solve, groups serving no stream are dropped and every device
   the plan leaves unused (constraint (a) is ≤, and the max-min objective is
   indifferent to groups that do not hold the minimum) goes, one at a time,
-  to the served group of least burst tolerance that is below Ḡ. Neither
+  to the served group of least burst tolerance that is below Ḡ (under the
+  tie-break's reading when there is one: a spare device changes no paper
+  optimum, so the tie-break decides where it goes). Neither
   step lowers any stream's burst tolerance; both keep devices from idling.
 * The solve stops at `time_limit_s` and the incumbent is accepted (status
   `time-limit`, with HiGHS's gap); no incumbent is an error.
@@ -370,8 +372,9 @@ def solve(
     for k, j in enumerate(group_of):
         served[j].append(streams[k])
     keep = [j for j in range(len(sizes)) if served[j]]
+    tied = objective == "paper" and options.tie_break == "shared"
     final_sizes, loaded, final_served = _spread_unused(
-        objective,
+        "shared" if tied else objective,
         c.devices,
         inp.max_size,
         [sizes[j] for j in keep],
