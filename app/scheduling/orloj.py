@@ -139,6 +139,23 @@ class ModelState:
     app_expected: dict[str, tuple[float, ...]] = field(default_factory=dict)
     app_cost: dict[str, list[float]] = field(default_factory=dict)
     app_min_cost: dict[str, list[float]] = field(default_factory=dict)
+    # The pending entries again, per application (due order): with an
+    # estimate per application each one's Q_bs is a suffix of its list.
+    by_app: dict[str, SortedList] = field(default_factory=dict)
+    # E[L] of formed batches by composition ((app, count) pairs, items):
+    # the distributions change rarely, the compositions repeat.
+    batch_cache: dict[tuple[tuple[tuple[str, int], ...], int], float] = field(default_factory=dict)
+
+    def expected_batch(self, apps: Sequence[str], items: int) -> float:
+        """`latency.expected_batch`, memoised until the distributions change."""
+        counts: dict[str, int] = {}
+        for app in apps:
+            counts[app] = counts.get(app, 0) + 1
+        key = (tuple(sorted(counts.items())), items)
+        value = self.batch_cache.get(key)
+        if value is None:
+            value = self.batch_cache[key] = self.latency.expected_batch(apps, items)
+        return value
 
     def cost_of(self, request: Request) -> list[float]:
         return self.app_cost.get(request.app, self.cost)
@@ -244,7 +261,7 @@ class OrlojScheduler(ReplanningScheduler):
             raise ValueError(f"model {model!r} has batch sizes 1..{len(state.cost) - 1}, not {bs}")
         self._refresh(state)
         if state.app_cost:
-            return _members(state, bs, now)
+            return _members(state, bs, now) if state.multi_item else _members_by_app(state, bs, now)
         return state.pending.bisect_left((now + state.cost[bs],))
 
     def expected_latency(self, model: str, bs: int) -> float:
@@ -321,7 +338,7 @@ class OrlojScheduler(ReplanningScheduler):
         it is no suffix), or None when no queue holds bs items."""
         pending, cost = state.pending, state.cost
         n = len(pending)
-        if state.app_cost:
+        if state.app_cost and state.multi_item:
             found: tuple[float, int, int | list[Entry]] | None = None
             for bs in range(1, len(cost)):
                 members = _members(state, bs, now)
@@ -329,6 +346,22 @@ class OrlojScheduler(ReplanningScheduler):
                 if enough and (found is None or members[0][0] <= found[0]):
                     found = (members[0][0], bs, members)
             return found
+        if state.app_cost:
+            # Each application's Q_bs is a suffix of its own list: count and
+            # head by bisection, the entries only for the size chosen.
+            chosen: tuple[float, int] | None = None
+            for bs in range(1, len(cost)):
+                count, head = 0, _INF
+                for app, entries in state.by_app.items():
+                    start = entries.bisect_left((now + state.app_cost.get(app, cost)[bs],))
+                    if start < len(entries):
+                        count += len(entries) - start
+                        head = min(head, entries[start][0])
+                if count >= bs and (chosen is None or head <= chosen[0]):
+                    chosen = (head, bs)
+            if chosen is None:
+                return None
+            return chosen[0], chosen[1], _members_by_app(state, chosen[1], now)
         best: tuple[float, int, int] | None = None
         if not state.multi_item:
             # Nested suffixes: D_Q grows and |Q_bs| shrinks with bs, so the
@@ -358,9 +391,7 @@ class OrlojScheduler(ReplanningScheduler):
         """The top requests of Q_bs by score, at most bs items, removed."""
         chosen = self._select(state, bs, queue, now)
         for entry in chosen:
-            state.pending.remove(entry)
-            if entry[2].items > 1:
-                state.multi_item -= 1
+            _forget(state, entry)
         return [entry[2] for entry in chosen]
 
     def _select(
@@ -407,7 +438,6 @@ class OrlojScheduler(ReplanningScheduler):
         of the batch it is in), best first; a request joins only while the
         batch formed so far, with it, is still expected (eq. 8's product
         form) to finish by every member's due time."""
-        latency = state.latency
         scores = np.empty(len(entries))
         by_app: dict[str, list[int]] = {}
         for i, entry in enumerate(entries):
@@ -428,7 +458,7 @@ class OrlojScheduler(ReplanningScheduler):
                 continue
             due = min(first_due, entry[0])
             if chosen:
-                runs = latency.expected_batch([*apps, entry[2].app], items + entry[2].items)
+                runs = state.expected_batch([*apps, entry[2].app], items + entry[2].items)
                 if t + runs / self._speed > due:
                     continue
             chosen.append(entry)
@@ -468,22 +498,29 @@ class OrlojScheduler(ReplanningScheduler):
         batch = self._dispatch(state.model, requests, device, start)
         latency = state.latency
         if latency is not state.static:
-            runs = latency.expected_batch([r.app for r in requests], items)
+            runs = state.expected_batch([r.app for r in requests], items)
             batch.finish_at = start + runs / self.devices[device].speed
 
     def _drop_hopeless(self, state: ModelState, now: float) -> None:
         pending, min_cost = state.pending, state.min_cost
         hopeless: list[tuple[float, int, Request]] = []
-        if state.app_cost:
+        if state.app_cost and not state.multi_item:
+            for app, entries in state.by_app.items():
+                threshold = now + state.app_min_cost.get(app, min_cost)[1]
+                while entries and threshold > entries[0][0]:
+                    hopeless.append(entries[0])
+                    pending.remove(entries.pop(0))
+            hopeless.sort()
+        elif state.app_cost:
             hopeless = [e for e in pending if now + state.min_cost_of(e[2])[e[2].items] > e[0]]
             for entry in hopeless:
-                pending.remove(entry)
-                if entry[2].items > 1:
-                    state.multi_item -= 1
+                _forget(state, entry)
         elif not state.multi_item:
             threshold = now + min_cost[1]
             while pending and threshold > pending[0][0]:
-                hopeless.append(pending.pop(0))
+                entry = pending.pop(0)
+                state.by_app[entry[2].app].remove(entry)
+                hopeless.append(entry)
         else:
             # Only requests due before now + the largest cost can be hopeless.
             limit = now + min_cost[-1]
@@ -491,9 +528,7 @@ class OrlojScheduler(ReplanningScheduler):
                 if now + min_cost[entry[2].items] > entry[0]:
                     hopeless.append(entry)
             for entry in hopeless:
-                pending.remove(entry)
-                if entry[2].items > 1:
-                    state.multi_item -= 1
+                _forget(state, entry)
         if hopeless:
             self._drop([e[2] for e in hopeless], DropReason.DEADLINE)
 
@@ -502,6 +537,14 @@ class OrlojScheduler(ReplanningScheduler):
         pending, min_cost = state.pending, state.min_cost
         if not pending:
             self.timers.cancel(key)
+            return
+        if state.app_cost and not state.multi_item:
+            at = min(
+                first_instant_after(entries[0][0], state.app_min_cost.get(app, min_cost)[1])
+                for app, entries in state.by_app.items()
+                if entries
+            )
+            self.timers.reset(key, at)
             return
         if state.app_cost:
             at = min(
@@ -537,7 +580,9 @@ class OrlojScheduler(ReplanningScheduler):
         self._refresh(state)
 
     def _enqueue(self, state: ModelState, request: Request) -> None:
-        state.pending.add((request.due, request.id, request))
+        entry = (request.due, request.id, request)
+        state.pending.add(entry)
+        state.by_app.setdefault(request.app, SortedList()).add(entry)
         if request.items > 1:
             state.multi_item += 1
 
@@ -557,6 +602,7 @@ class OrlojScheduler(ReplanningScheduler):
             min_cost[bs] = min(min_cost[bs], min_cost[bs + 1])
         state.cost, state.min_cost = cost, min_cost
         state.scores = {}
+        state.batch_cache = {}
         state.app_expected, state.app_cost, state.app_min_cost = {}, {}, {}
         if (
             self.batch_estimate == "application"
@@ -591,6 +637,25 @@ class OrlojScheduler(ReplanningScheduler):
             table = ScoreTable(edges / self._speed, masses, expected, self.delay_rate)
             state.scores[(app, bs)] = table
         return table
+
+
+def _forget(state: ModelState, entry: Entry) -> None:
+    """Remove a pending entry from both lists."""
+    state.pending.remove(entry)
+    state.by_app[entry[2].app].remove(entry)
+    if entry[2].items > 1:
+        state.multi_item -= 1
+
+
+def _members_by_app(state: ModelState, bs: int, now: float) -> list[Entry]:
+    """`_members` from the per-application lists (requests of one item):
+    each application's suffix, merged in due order."""
+    entries: list[Entry] = []
+    for app, pending in state.by_app.items():
+        start = pending.bisect_left((now + state.app_cost.get(app, state.cost)[bs],))
+        entries.extend(pending.islice(start))
+    entries.sort()
+    return entries
 
 
 def _members(state: ModelState, bs: int, now: float) -> list[Entry]:
