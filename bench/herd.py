@@ -15,7 +15,8 @@ zoo-memory.yaml), one model-stream each at an exponential rate (the paper
 aggregates its 1,000 streams per model into model-streams before the ILP),
 10 candidate groups of ≤ W/10 devices, 16 GB per device (2 GB reserved),
 one affinity set, loads summing to 70 % of W devices; HiGHS, one thread, a
-60-s limit (incumbent accepted, gap reported).
+60-s limit (incumbent accepted, gap reported), from the greedy start
+(app/planning/herd/greedy.py) and from none.
 
 (b) Goodput: the 35 zoo models on 32 emulated devices, groups of ≤ 8 among
 6 candidates, 1.5 GB per device with 0.5 GB for FLEX (so the zoo's 4.6 GB of
@@ -24,8 +25,10 @@ of the devices (Σ n_i = 0.7·N). Arrivals, Azure-trace-like: each model an
 on-off MMPP: 3× its mean rate for dwells of mean 1 s, ⅓ of it for dwells of
 mean 3 s (random order; the mean stays the model's rate); the same arrivals
 for every grouping.
-Groupings: HERD (`paper` and `shared` burst tolerance) and random groups
-(seeds 0 … 4, mean and range), each group its own `flex` core
+Groupings: HERD (`paper` burst tolerance with its optima tie-broken by the
+`shared` reading, the default; `paper` untied, from no start: whichever
+optimum HiGHS ends with; `shared`) and random groups (seeds 0 … 4, mean
+and range), each group its own `flex` core
 (app/simulation/grouped.py). `--goodput measured` takes (b)'s T_i from
 app/simulation/herd_goodput.py (one capacity search per zoo model, seconds
 in all) for the load and the groupings alike; (a) keeps the analytic T, as
@@ -71,6 +74,17 @@ MB = 1 << 20
 MAX_BATCH = 64
 
 
+#: HERD's groupings in (b): the paper's objective with its optima tie-broken
+#: by the shared reading (the default), the paper's objective with whichever
+#: optimum HiGHS ends with from no start (as before the tie-break), and the
+#: shared reading as the objective.
+VARIANTS: dict[str, dict[str, Any]] = {
+    "herd-paper": {"objective": "paper"},
+    "herd-paper-untied": {"objective": "paper", "tie_break": "none", "warm_start": False},
+    "herd-shared": {"objective": "shared"},
+}
+
+
 def zoo() -> list[dict[str, Any]]:
     memory = yaml.safe_load(MEMORY.read_text())
     models = yaml.safe_load(ZOO.read_text())["models"]
@@ -104,7 +118,9 @@ def loaded_streams(
     return [Stream(m.name, float(w) * devices / need) for m, w in zip(models, weights, strict=True)]
 
 
-def solve_time(workers: int, time_limit: float, seed: int) -> dict[str, Any]:
+def solve_time(
+    workers: int, time_limit: float, seed: int, warm_start: bool = True
+) -> dict[str, Any]:
     rng = np.random.default_rng(seed)
     base = zoo()
     models = []
@@ -115,11 +131,15 @@ def solve_time(workers: int, time_limit: float, seed: int) -> dict[str, Any]:
     cluster = Cluster(workers, 16 << 30, max(1, workers // 10), reserve=2 << 30, groups=10)
     problem = Problem(tuple(models), tuple(streams), cluster)
     began = time.perf_counter()
-    plan = solve(problem, SolveOptions("paper", time_limit))
+    plan = solve(problem, SolveOptions("paper", time_limit, warm_start=warm_start))
     wall = time.perf_counter() - began
     s = plan.solver
     return {
         "workers": workers,
+        "start": "greedy" if warm_start else "none",
+        "greedy_least_bt": s["greedy_least_bt"],
+        "bound": s["bound"],
+        "tie_break": s.get("tie_break"),
         "models": workers,
         "groups": len(plan.groups),
         "status": s["status"],
@@ -185,13 +205,10 @@ def goodput(args: argparse.Namespace) -> dict[str, Any]:
     load = bursty_workload(problem, args.duration, args.dwell, args.seed)
     arrivals = generate_arrivals(load)
     out: dict[str, Any] = {}
-    for objective in ("paper", "shared"):
-        plan = solve(problem, SolveOptions(objective, args.time_limit), t)
-        out[f"herd-{objective}"] = run_grouping(load, arrivals, plan)
-        print(
-            f"  herd-{objective}: {out[f'herd-{objective}']['goodput_rps']:.0f} r/s",
-            file=sys.stderr,
-        )
+    for name, options in VARIANTS.items():
+        plan = solve(problem, SolveOptions(time_limit_s=args.time_limit, **options), t)
+        out[name] = run_grouping(load, arrivals, plan)
+        print(f"  {name}: {out[name]['goodput_rps']:.0f} r/s", file=sys.stderr)
     randoms = [
         run_grouping(load, arrivals, random_plan(problem, s, goodput=t))
         for s in range(args.randoms)
@@ -209,18 +226,18 @@ def goodput(args: argparse.Namespace) -> dict[str, Any]:
 
 def render(body: dict[str, Any]) -> str:
     lines = ["# HERD", "", "## Solve time (paper Table 5: 0.55 s at 200, 13.26 s at 1,000)", ""]
-    lines += ["| workers | models | groups | status | solver s | gap | least bt |"]
-    lines += ["|---:|---:|---:|---|---:|---:|---:|"]
+    lines += ["| workers | models | groups | start | status | solver s | gap | least bt |"]
+    lines += ["|---:|---:|---:|---|---|---:|---:|---:|"]
     for r in body["solve_time"]:
         lines.append(
-            f"| {r['workers']} | {r['models']} | {r['groups']} | {r['status']} | "
+            f"| {r['workers']} | {r['models']} | {r['groups']} | {r['start']} | {r['status']} | "
             f"{r['solver_s']:.2f} | {r['gap']:.2%} | {r['min_burst_tolerance']:.3f} |"
         )
     g = body["goodput"]
     kind = body["options"].get("goodput", "analytic")
     lines += ["", f"## Goodput, Table 5 zoo, bursty arrivals, FLEX per group ({kind} T_i)", ""]
     lines += ["| grouping | goodput r/s | within SLO | least bt |", "|---|---:|---:|---:|"]
-    for name in ("herd-paper", "herd-shared"):
+    for name in VARIANTS:
         r = g[name]
         lines.append(
             f"| {name} | {r['goodput_rps']:.0f} | {r['slo_attainment']:.2%} | "
@@ -262,9 +279,13 @@ def main(argv: list[str] | None = None) -> int:
     args.randoms = 2 if args.quick else 5
     solve_rows = []
     for w in args.workers:
-        solve_rows.append(solve_time(w, args.time_limit, args.seed))
-        r = solve_rows[-1]
-        print(f"  {w} workers: {r['status']} in {r['solver_s']:.2f} s", file=sys.stderr)
+        for warm in (True, False):
+            solve_rows.append(solve_time(w, args.time_limit, args.seed, warm))
+            r = solve_rows[-1]
+            print(
+                f"  {w} workers, start {r['start']}: {r['status']} in {r['solver_s']:.2f} s",
+                file=sys.stderr,
+            )
     body = {
         "options": {k: v for k, v in vars(args).items() if k != "out_dir"},
         "solve_time": solve_rows,

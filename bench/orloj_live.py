@@ -1,7 +1,9 @@
-"""Orloj live: the bundled dynamic model `earlyexit` served by the daemon,
-beside the simulator on the same arrivals, and the profiler's overhead.
+"""Orloj live: the bundled dynamic model `earlyexit` (or `earlyexit-wide`,
+whose batch has a fixed cost) served by the daemon, beside the simulator on
+the same arrivals, and the profiler's overhead.
 
-    python -m bench.orloj_live [--policies orloj,clockwork] [--duration S]
+    python -m bench.orloj_live [--model earlyexit|earlyexit-wide]
+                               [--policies orloj,clockwork] [--duration S]
                                [--slo-multiple 3] [--load F]
                                [--sample-rates 0,0.05,0.2] [--quick] [--out DIR]
                                [--deadline-margin-ms M] [--timer-lead-ms L]
@@ -92,6 +94,7 @@ from app.repository import BUNDLED_REPOSITORY
 from app.repository.dynamic_models import (
     EARLY_EXIT_MAX_STEPS,
     EARLY_EXIT_PROBE_STEPS,
+    EARLY_EXIT_WIDE_HEAD,
     build_early_exit,
     early_exit_input,
     probes_bytes,
@@ -116,6 +119,8 @@ from bench.orloj_live_report import markdown, print_calibration, print_table
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 MODEL = "earlyexit"
+# The models it serves: name → head width (0: the one dense layer).
+MODELS = {"earlyexit": 0, "earlyexit-wide": EARLY_EXIT_WIDE_HEAD}
 MAX_BATCH = 8
 # The served earlyexit's size (the bundled one: 32 channels, 16²).
 BENCH_CHANNELS = 64
@@ -157,6 +162,7 @@ def build_workload(
     seed: int = 1,
     apps: Sequence[AppSteps] = DEFAULT_APPS,
     sample_rate: float = 0.0,
+    model: str = MODEL,
 ) -> Workload:
     """The live workload (see the module docstring), ℓ_r in steps."""
     if not (load > 0 and math.isfinite(load)):
@@ -171,7 +177,7 @@ def build_workload(
             "profile_sample_rate": sample_rate,
             "models": [
                 {
-                    "name": MODEL,
+                    "name": model,
                     "max_batch": MAX_BATCH,
                     "rate": rate,
                     "slo_p99_multiple": slo_multiple,
@@ -197,8 +203,8 @@ def build_workload(
     # The one-ℓ(b) policies plan with the daemon's profile, measured on the
     # slowest input (module docstring, 4).
     slowest = LatencyProfile.linear(cal.c1_ms * EARLY_EXIT_MAX_STEPS, cal.c0_ms, MAX_BATCH)
-    model = dataclasses.replace(workload.models[0], profile=slowest)
-    return dataclasses.replace(workload, models=[model])
+    served = dataclasses.replace(workload.models[0], profile=slowest)
+    return dataclasses.replace(workload, models=[served])
 
 
 def step_arrivals(workload: Workload, arrivals: Arrivals) -> tuple[Arrivals, np.ndarray]:
@@ -213,7 +219,7 @@ def step_arrivals(workload: Workload, arrivals: Arrivals) -> tuple[Arrivals, np.
 
 
 def request_bodies(
-    apps: np.ndarray, steps: np.ndarray, slo_ms: float
+    apps: np.ndarray, steps: np.ndarray, slo_ms: float, model: str = MODEL
 ) -> tuple[list[tuple[str, int]], RequestVariants]:
     """One native /infer body per (application, steps) pair that occurs, and
     which one each request sends."""
@@ -223,7 +229,7 @@ def request_bodies(
     for app, s in pairs:
         x = early_exit_input(s, side=BENCH_SIDE)
         doc = {
-            "model": MODEL,
+            "model": model,
             "inputs": {"input": x.tolist()},
             "slo_ms": float(slo_ms),
             "app_id": app,
@@ -261,19 +267,22 @@ class Slack:
         }
 
 
-def one_model_repository(root: Path) -> Path:
-    """A repository under `root` serving only `earlyexit`, built with
-    `BENCH_CHANNELS` channels on a `BENCH_SIDE`² input: the bundled model's
-    config with that input shape, and its probes (1..16 steps) at that size."""
+def one_model_repository(root: Path, name: str = MODEL) -> Path:
+    """A repository under `root` serving only `name` (`earlyexit` or
+    `earlyexit-wide`), built with `BENCH_CHANNELS` channels on a
+    `BENCH_SIDE`² input: the bundled model's config with that input shape,
+    and its probes (1..16 steps) at that size."""
+    if name not in MODELS:
+        raise ValueError(f"model must be one of {list(MODELS)}, got {name!r}")
     repo = root / "models"
-    directory = repo / MODEL
+    directory = repo / name
     directory.mkdir(parents=True)
-    model = build_early_exit(channels=BENCH_CHANNELS, side=BENCH_SIDE)
+    model = build_early_exit(channels=BENCH_CHANNELS, side=BENCH_SIDE, head_width=MODELS[name])
     (directory / "model.onnx").write_bytes(serialize(model))
-    config = (BUNDLED_REPOSITORY / MODEL / "config.yaml").read_text()
+    config = (BUNDLED_REPOSITORY / name / "config.yaml").read_text()
     bundled_shape = "[-1, 3, 16, 16]"
     if bundled_shape not in config:
-        raise RuntimeError(f"the bundled {MODEL} config no longer declares {bundled_shape}")
+        raise RuntimeError(f"the bundled {name} config no longer declares {bundled_shape}")
     config = config.replace(bundled_shape, f"[-1, 3, {BENCH_SIDE}, {BENCH_SIDE}]")
     (directory / "config.yaml").write_text(config)
     probes = [
@@ -317,7 +326,7 @@ def run_live(
     print(f"  daemon pid {handle.process.pid} ({policy}, rate {sample_rate:g})", file=sys.stderr)
     try:
         slo_ms = workload.models[0].slo_ms
-        target = ModelTarget(MODEL, slo_ms, variants.bodies[0])
+        target = ModelTarget(workload.models[0].name, slo_ms, variants.bodies[0])
         bound = workload.duration_s + slo_ms / 1000.0 + RUN_GRACE_S
         result = asyncio.run(
             asyncio.wait_for(
@@ -383,6 +392,12 @@ def build_parser() -> argparse.ArgumentParser:
         prog="python -m bench.orloj_live", description=__doc__.split("\n")[0]
     )
     p.add_argument("--policies", default="orloj,clockwork", help="comma-separated policies")
+    p.add_argument(
+        "--model",
+        choices=list(MODELS),
+        default=MODEL,
+        help="earlyexit (c0 ≈ 0 on a CPU) or earlyexit-wide (a 64 MiB head: c0 > 0) [%(default)s]",
+    )
     p.add_argument(
         "--duration",
         type=float,
@@ -466,9 +481,9 @@ def run_all(
     """Calibrate, build the workload, run every (policy, rate) live and
     simulated; the results document."""
     with tempfile.TemporaryDirectory(prefix="orloj-live-") as tmp:
-        repo = one_model_repository(Path(tmp))
+        repo = one_model_repository(Path(tmp), args.model)
         cal = calibrate(
-            repo / MODEL / "model.onnx",
+            repo / args.model / "model.onnx",
             threads,
             batches=QUICK_BATCHES if args.quick else CAL_BATCHES,
             steps=QUICK_STEPS if args.quick else CAL_STEPS,
@@ -478,11 +493,16 @@ def run_all(
         cal_doc = cal.to_dict()
         print_calibration(cal_doc)
         workload = build_workload(
-            cal, load=args.load, slo_multiple=args.slo_multiple, duration_s=duration, seed=args.seed
+            cal,
+            load=args.load,
+            slo_multiple=args.slo_multiple,
+            duration_s=duration,
+            seed=args.seed,
+            model=args.model,
         )
         model = workload.models[0]
         arrivals, steps = step_arrivals(workload, generate_arrivals(workload))
-        pairs, variants = request_bodies(arrivals.apps, steps, model.slo_ms)
+        pairs, variants = request_bodies(arrivals.apps, steps, model.slo_ms, args.model)
         print(
             f"workload: {len(arrivals)} requests at {model.rate:.1f} r/s over {duration:g} s, "
             f"SLO {model.slo_ms:.2f} ms, {len(pairs)} distinct (app, steps) bodies",
@@ -512,6 +532,7 @@ def run_all(
     return {
         "calibration": cal_doc,
         "workload": {
+            "model": args.model,
             "duration_s": duration,
             "seed": args.seed,
             "load": args.load,

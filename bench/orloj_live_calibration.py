@@ -78,15 +78,21 @@ class Calibration:
 
 
 def fit_eq3(points: Sequence[CalPoint], threads: int = 1) -> Calibration:
-    """Least squares t = c0 + c1·k·s with c0 ≥ 0 (through the origin when
-    the free intercept comes out negative)."""
+    """Least squares of the relative residuals, (t − c0 − c1·k·s) / t, with
+    c0 ≥ 0 (through the origin when the free intercept comes out
+    negative). Relative, because the points span 30× or more: an absolute
+    fit lets the largest batch decide and can lose a c0 that the smallest
+    ones show plainly (earlyexit-wide: ~8 ms at k = s = 1)."""
     if len({p.batch * p.steps for p in points}) < 2:
         raise ValueError("calibration needs points at two or more values of k·s")
     x = np.array([p.batch * p.steps for p in points], dtype=float)
     t = np.array([p.measured_ms for p in points])
-    (c0, c1), *_ = np.linalg.lstsq(np.column_stack([np.ones_like(x), x]), t, rcond=None)
+    w = 1.0 / t
+    design = np.column_stack([np.ones_like(x), x]) * w[:, None]
+    (c0, c1), *_ = np.linalg.lstsq(design, t * w, rcond=None)
     if c0 < 0.0:
-        c0, c1 = 0.0, float(x @ t / (x @ x))
+        xw = x * w
+        c0, c1 = 0.0, float(xw @ (t * w) / (xw @ xw))
     if c1 <= 0.0:
         raise ValueError(f"calibration: time does not grow with k·s (c1 = {c1:.4g} ms)")
     return Calibration(float(c0), float(c1), tuple(points), threads)

@@ -42,7 +42,7 @@ HEADERS = [
 def markdown(doc: dict[str, Any]) -> str:
     cal, wl = doc["calibration"], doc["workload"]
     lines = [
-        "# Orloj live: earlyexit, live vs simulated",
+        f"# Orloj live: {wl.get('model', 'earlyexit')}, live vs simulated",
         "",
         f"Calibration (eq. 3, {cal['threads']} threads): c0 = {cal['c0_ms']:.3f} ms, "
         f"c1 = {cal['c1_ms_per_row_step']:.4f} ms per row-step, r² = {cal['r2']:.4f}, "
@@ -63,7 +63,7 @@ def print_table(runs: Sequence[dict[str, Any]]) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    table = Table(title="earlyexit: live vs simulated (finish rate = within SLO / all)")
+    table = Table(title="live vs simulated (finish rate = within SLO / all)")
     for h in HEADERS:
         table.add_column(h, justify="left" if h == "policy" else "right")
     for row in table_rows(runs):

@@ -277,8 +277,9 @@ def test_dynamic_parameter_in_a_triton_config(repo: Path, tmp_path: Path) -> Non
 
 
 class _FakePool:
-    """ℓ(b) = 1.5·b + 4 ms on synthetic inputs; a probe's time is 4 ms plus
-    1 ms per unit of its first value (the probes below say their time)."""
+    """ℓ(b) = 1.5·b + 4 ms on synthetic inputs; k rows of a probe take 4 ms
+    plus k ms per unit of its first value (the probes below say their time;
+    c0 = 4 ms, as eq. 3 has it)."""
 
     def __init__(self) -> None:
         self.calls: list[tuple[list[int], bool]] = []
@@ -288,7 +289,7 @@ class _FakePool:
         if inputs is None:
             return {b: 1.5 * b + 4.0 for b in batch_sizes}
         (array,) = inputs.values()
-        return {batch_sizes[0]: 4.0 + float(array.flat[0])}
+        return {batch_sizes[0]: 4.0 + len(array) * float(array.flat[0])}
 
 
 def _measure(config, tmp_path: Path) -> ModelState:
@@ -306,12 +307,46 @@ def test_startup_sets_model_info_dynamic_from_the_profile_and_probes(repo, tmp_p
     state = _measure(load_model_config(model), tmp_path)
     info = state.info()
     assert info.dynamic is not None
-    assert info.dynamic.c0 == pytest.approx(0.004)  # the fit's intercept, 4 ms
+    # c0: the intercept of the fastest probe (2 ms a row) over 1, 2, 4 rows.
+    assert info.dynamic.c0 == pytest.approx(0.004)
     ((app, prior),) = info.dynamic.prior
     assert app == "" and prior == pytest.approx((0.006, 0.013))
     assert info.profile.latency(8) == pytest.approx(0.016)
     static = _model_dir(repo, tmp_path / "static", "earlyexit", dynamic=False)
     assert _measure(load_model_config(static), tmp_path).info().dynamic is None
+
+
+class _FixedCostPool(_FakePool):
+    """As _FakePool, but a probe's batch has a fixed cost of 7 ms: the
+    synthetic profile's β (4 ms) understates it."""
+
+    async def profile(self, device_id, model, batch_sizes, warmup=3, repeats=10, inputs=None):
+        if inputs is None:
+            return await super().profile(device_id, model, batch_sizes, warmup, repeats)
+        self.calls.append((list(batch_sizes), True))
+        (array,) = inputs.values()
+        return {batch_sizes[0]: 7.0 + len(array) * float(array.flat[0])}
+
+
+def test_c0_is_the_fastest_probes_intercept_over_small_batches(repo, tmp_path) -> None:
+    model = _model_dir(repo, tmp_path, "earlyexit")
+    probes = {f"{i}/input": np.full((1, 3, 16, 16), t, np.float32) for i, t in enumerate([9, 2])}
+    np.savez(model / DEFAULT_PROBES, **probes)
+    state = ModelState(load_model_config(model), arena=None, devices=(0,))  # type: ignore[arg-type]
+    pool = _FixedCostPool()
+    settings = Settings(profile_cache_dir=tmp_path / "cache")
+    asyncio.run(measure_model(settings, pool, ExecutorDevice(0, "cpu", "cpu:0"), state))
+    info = state.info()
+    assert info.dynamic.c0 == pytest.approx(0.007)
+    assert info.dynamic.prior[0][1] == pytest.approx((0.016, 0.009))
+    # One call per probe, then the fastest (2 ms a row) at 1, 2 and 4 rows.
+    assert [c for c in pool.calls if c[1]] == [
+        ([1], True),
+        ([1], True),
+        ([1], True),
+        ([2], True),
+        ([4], True),
+    ]
 
 
 def test_c0_is_capped_at_the_shortest_alone_time(repo, tmp_path) -> None:

@@ -236,12 +236,90 @@ def test_bench_quick_writes_both_parts(tmp_path, capsys):
 
     assert bench_main(["--quick", "--out-dir", str(tmp_path)]) == 0
     body = json.loads((tmp_path / "herd.json").read_text())
-    assert [r["workers"] for r in body["solve_time"]] == [20, 50]
+    assert [(r["workers"], r["start"]) for r in body["solve_time"]] == [
+        (20, "greedy"),
+        (20, "none"),
+        (50, "greedy"),
+        (50, "none"),
+    ]
     assert all(r["status"] in ("optimal", "time-limit") for r in body["solve_time"])
     g = body["goodput"]
     offered = g["herd-paper"]["offered_rps"]
     # The same arrivals for every grouping; each answered within SLO or not.
-    assert g["herd-shared"]["offered_rps"] == offered
+    assert g["herd-shared"]["offered_rps"] == g["herd-paper-untied"]["offered_rps"] == offered
     assert all(s["offered_rps"] == offered for s in g["random"]["seeds"])
     assert 0 < g["random"]["goodput_rps"] <= offered
     assert "| herd-paper |" in (tmp_path / "herd.md").read_text()
+
+
+def test_greedy_balances_load_and_meets_the_bound():
+    from app.planning.herd.greedy import greedy_plan
+
+    # n = 4, 2, 1, 1 (α = 1 ms, T = 1000 r/s): LPT puts a alone, b with c and d.
+    p = problem(
+        [(n, 10, "x") for n in "abcd"],
+        [("a", 4000), ("b", 2000), ("c", 1000), ("d", 1000)],
+        8,
+        4,
+        groups=2,
+    )
+    streams = model_streams(p)
+    g = greedy_plan("paper", streams, [10 * MB] * 4, [0] * 4, 2, 8, 4, 1000 * MB)
+    assert g is not None
+    assert g.group_of == (0, 1, 1, 1) and g.sizes == (4, 4)
+    assert g.least_bt == pytest.approx(1.0)  # = min_k Ḡ / n_k: the bound, so optimal
+
+
+def test_greedy_reports_when_memory_does_not_fit():
+    from app.planning.herd.greedy import greedy_plan
+
+    p = problem([(n, 600, "x") for n in "abc"], [(n, 100) for n in "abc"], 4, 2, groups=2)
+    g = greedy_plan("paper", model_streams(p), [600 * MB] * 3, [0] * 3, 2, 4, 2, 1000 * MB)
+    assert g is None
+
+
+def test_paper_optimum_tie_break_spreads_the_load():
+    # a pins the paper optimum at 4/4 = 1 wherever b and c go; stacked with a
+    # they leave a (4 − 6 + 4)/4 = 0.5 devices per unit at its peak, apart 1.
+    p = problem(
+        [(n, 10, "x") for n in "abc"], [("a", 4000), ("b", 1000), ("c", 1000)], 8, 4, groups=2
+    )
+    for warm in (True, False):
+        plan = solve(p, SolveOptions("paper", 10, warm_start=warm))
+        assert plan.min_burst_tolerance == pytest.approx(1.0)
+        assert sorted(g.models for g in plan.groups) == [("a",), ("b", "c")]
+        assert [len(g.devices) for g in plan.groups] == [4, 4]
+    # Without the tie-break, the paper optimum is any of them; still optimal.
+    plain = solve(p, SolveOptions("paper", 10, tie_break="none", warm_start=False))
+    assert plain.min_burst_tolerance == pytest.approx(1.0)
+
+
+def test_warm_start_reaches_the_same_optimum():
+    # Two affinity sets: the greedy start (2.22) is below the optimum; the search goes on.
+    p, _, _ = load_config(EXAMPLE)
+    warm = solve(p, SolveOptions("paper", 10, tie_break="none"))
+    cold = solve(p, SolveOptions("paper", 10, tie_break="none", warm_start=False))
+    assert warm.min_burst_tolerance == pytest.approx(cold.min_burst_tolerance)
+    assert warm.solver["status"] == "optimal" and warm.solver["gap"] < 1e-3
+    assert warm.solver["greedy_least_bt"] == pytest.approx(2.223, abs=1e-3)
+    assert warm.min_burst_tolerance == pytest.approx(2.360, abs=1e-3)
+
+
+def test_warm_start_meeting_the_bound_skips_the_search():
+    # The greedy's least bt equals min_k Ḡ / n_k, t's upper bound: proven optimal.
+    p = problem(
+        [(n, 10, "x") for n in "abcd"],
+        [("a", 4000), ("b", 2000), ("c", 1000), ("d", 1000)],
+        8,
+        4,
+        groups=2,
+    )
+    plan = solve(p, SolveOptions("paper", 10))
+    s = plan.solver
+    assert (s["status"], s["gap"], s["runtime_s"]) == ("optimal", 0.0, 0.0)
+    assert s["bound"] == pytest.approx(1.0) and s["tie_break"]["runtime_s"] == 0.0
+
+
+def test_tie_break_option_is_checked():
+    with pytest.raises(ValueError, match="tie_break must be one of"):
+        SolveOptions(tie_break="lexicographic")

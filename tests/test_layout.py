@@ -30,7 +30,6 @@ KNOWN_LONG_FUNCTIONS = {
     "app/planning/herd/ilp.py:solve": 99,
     "app/repository/loader.py:parse_model_config": 95,
     "app/server/pipeline_service.py:_build": 93,
-    "app/repository/dynamic_models.py:build_early_exit": 92,
     "app/simulation/capacity_search.py:find_capacity": 90,
     "bench/ppipe_live.py:live_part": 176,
     "bench/ppipe_live.py:main": 162,

@@ -329,6 +329,7 @@ def test_a_small_workload_through_the_simulator_answers_every_request_once() -> 
         ({"bins": True}, "bins must be an integer ≥ 1"),
         ({"min_samples": 64, "max_samples": 10}, "max_samples must be an integer ≥ 64"),
         ({"bogus": 1}, "bad option for policy 'orloj'"),
+        ({"batch_estimate": "batch"}, "batch_estimate must be one of"),
     ],
 )
 def test_bad_options_are_refused(options, message) -> None:
@@ -341,3 +342,66 @@ def test_integral_float_options_are_taken() -> None:
     assert (s.min_samples, s.bins) == (16, 32)
     with pytest.raises(ValueError, match=r"batch sizes 1\.\.8, not 9"):
         s.queue("m", 9, 0.0)
+
+
+# Two applications, c0 = 5 ms: short x ~ U[10, 20] ms, long x ~ U[60, 100] ms.
+SHORT = tuple(np.linspace(0.010, 0.020, 1001))
+LONG = tuple(np.linspace(0.060, 0.100, 1001))
+
+
+def two_apps(**options) -> OrlojScheduler:
+    return orloj([dynamic(c0=0.005, short=SHORT, long=LONG)], **options)
+
+
+def test_each_request_is_eligible_by_a_batch_of_its_own_kind() -> None:
+    # Algorithm 1 line 20, EstimateBatchLatency(r, bs): a short request
+    # expects c0 + 8·E[max of 8 short x] ≈ 156 ms of a batch of 8, so with
+    # 199 ms left it is in Q_8; a long one expects 178 ms of a batch of 2
+    # and 275 of 3, so it is in Q_2, not Q_3. With one estimate for the
+    # model (the mixture, E[L_8] ≈ 0.8 s) neither is in Q_8.
+    for mode, in_q8 in (("application", [1]), ("model", [])):
+        s = two_apps(batch_estimate=mode)
+        occupy(s, "d")
+        short, long = Request(1, "d", 0.0, 0.2, app="short"), Request(2, "d", 0.0, 0.2, app="long")
+        s.add_request(short, 0.0)
+        s.add_request(long, 0.0)
+        assert [r.id for r in s.queue("d", 8, 0.001)] == in_q8
+        if mode == "application":
+            assert s.expected_latency("d", 8) > 0.7  # the mixture's, for inspection
+            assert long in s.queue("d", 2, 0.001) and long not in s.queue("d", 3, 0.001)
+
+
+def test_cheaper_requests_batch_together_where_one_estimate_runs_them_alone() -> None:
+    # Two short requests with 98 ms left and a long one with 298 ms: a batch
+    # of 2 shorts is expected to take 38 ms, so bs = 2 and the shorts (whose
+    # batch costs less worker time, eq. 1's 1/E[L]) go together. The
+    # mixture plans 139 ms for any batch of 2 and 52 ms (x up to 105) alone:
+    # bs = 1, and its L_1 makes a short (98 ms left) less likely to finish
+    # than the long one, which runs first, alone.
+    batches = {}
+    for mode in ("application", "model"):
+        s = two_apps(batch_estimate=mode)
+        busy = occupy(s, "d")
+        s1, s2 = (Request(i, "d", 0.0, 0.1, app="short") for i in (1, 2))
+        long = Request(3, "d", 0.0, 0.3, app="long")
+        for r in (s1, s2, long):
+            s.add_request(r, 0.0)
+        (dispatch,) = dispatches(s.batch_finished(0, busy.id, 0.002))
+        batches[mode] = [r.id for r in dispatch.batch.requests]
+    assert batches == {"application": [1, 2], "model": [3]}
+
+
+def test_a_request_joins_only_if_the_formed_batch_still_meets_every_due_time() -> None:
+    # Q_2 holds both (the short expects 38 ms of a batch of shorts); the
+    # short scores first, and the long one would make the batch ≈ 165 ms,
+    # past the short's 58 ms: it stays queued, the short runs alone.
+    s = two_apps()
+    busy = occupy(s, "d")
+    short = Request(1, "d", 0.0, 0.06, app="short")
+    long = Request(2, "d", 0.0, 0.5, app="long")
+    s.add_request(short, 0.0)
+    s.add_request(long, 0.0)
+    assert s.queue("d", 2, 0.002) == [short, long]
+    (dispatch,) = dispatches(s.batch_finished(0, busy.id, 0.002))
+    assert dispatch.batch.requests == [short]
+    assert s.queued() == 1

@@ -41,14 +41,21 @@ def _cal(c0: float = 0.3, c1: float = 0.1):
 
 
 def test_fit_recovers_eq3_and_keeps_c0_non_negative() -> None:
+    # A c0 the small points show is kept whatever the largest point does.
+    wide = [CalPoint(k, s, 8.0 + 0.6 * k * s) for k in (1, 2, 4) for s in (1, 4, 8, 16)]
+    skewed = fit_eq3([*wide, CalPoint(8, 16, 254.0)])
+    assert skewed.c0_ms > 6.0
     cal = _cal(0.3, 0.1)
     assert cal.c0_ms == pytest.approx(0.3) and cal.c1_ms == pytest.approx(0.1)
     doc = cal.to_dict()
     assert doc["r2"] == pytest.approx(1.0) and doc["max_abs_residual_pct"] < 1e-9
     # A negative free intercept is refitted through the origin.
-    steep = fit_eq3([CalPoint(1, 1, 0.5), CalPoint(8, 16, 64.0), CalPoint(4, 8, 15.0)])
+    # t = −0.1 + 0.5·k·s exactly: the free intercept is negative.
+    steep = fit_eq3([CalPoint(1, 1, 0.4), CalPoint(8, 16, 63.9), CalPoint(4, 8, 15.9)])
     assert steep.c0_ms == 0.0
-    assert steep.c1_ms == pytest.approx((0.5 + 128 * 64.0 + 32 * 15.0) / (1 + 128**2 + 32**2))
+    # Through the origin, relative residuals: c1 = Σ (k·s/t) / Σ (k·s/t)².
+    ratios = np.array([1 / 0.4, 128 / 63.9, 32 / 15.9])
+    assert steep.c1_ms == pytest.approx(ratios.sum() / (ratios**2).sum())
     with pytest.raises(ValueError, match="two or more values of k·s"):
         fit_eq3([CalPoint(1, 4, 1.0), CalPoint(2, 2, 1.1)])
 
@@ -197,3 +204,36 @@ def test_sigterm_mid_run_stops_the_daemon(cli_env: dict[str, str]) -> None:
             bench.wait()
     with pytest.raises(ProcessLookupError):
         os.kill(pid, 0)
+
+
+def test_the_wide_head_keeps_steps_and_answers_per_row() -> None:
+    import onnxruntime as ort
+
+    from app.repository.dynamic_models import build_early_exit, serialize
+
+    wide = build_early_exit(head_width=64)
+    gemms = [n for n in wide.graph.node if n.op_type == "Gemm"]
+    assert len(gemms) == 3  # 32 → 64 → 64 → 10 in place of 32 → 10
+    so = ort.SessionOptions()
+    so.intra_op_num_threads = 1
+    session = ort.InferenceSession(serialize(wide), so, providers=["CPUExecutionProvider"])
+    rows = [early_exit_input(s, seed=s) for s in (2, 9)]
+    scores, steps = session.run(None, {"input": np.concatenate(rows)})
+    assert steps.ravel().tolist() == [2, 9] and scores.shape == (2, 10)
+    alone, _ = session.run(None, {"input": rows[0]})
+    np.testing.assert_allclose(scores[:1], alone, rtol=1e-5, atol=1e-6)
+
+
+def test_the_bench_serves_either_model(tmp_path) -> None:
+    from bench.orloj_live import MODELS, one_model_repository
+
+    assert MODELS == {"earlyexit": 0, "earlyexit-wide": 4096}
+    with pytest.raises(ValueError, match="model must be one of"):
+        one_model_repository(tmp_path, "encoder")
+    cal = _cal(8.0, 0.6)
+    workload = build_workload(
+        cal, load=0.5, slo_multiple=3.0, duration_s=5.0, model="earlyexit-wide"
+    )
+    assert workload.models[0].name == "earlyexit-wide"
+    _, variants = request_bodies(np.array(["short"]), np.array([3]), 40.0, "earlyexit-wide")
+    assert json.loads(variants.bodies[0])["model"] == "earlyexit-wide"

@@ -28,7 +28,7 @@ from app.repository.signatures import onnx_signature, ort_signature, signature_p
 
 REPO_MODELS = BUNDLED_REPOSITORY
 EMULATED = ["bert-emulated", "densenet121-emulated", "efficientnetb3-emulated", "resnet50-emulated"]
-DYNAMIC = ["earlyexit", "encoder"]
+DYNAMIC = ["earlyexit", "earlyexit-wide", "encoder"]
 
 
 def _session(path_or_bytes) -> ort.InferenceSession:
@@ -106,10 +106,24 @@ def test_bundled_configs_all_parse(repo: Path) -> None:
     # emulated ones load; then building the files makes everything load.
     index = load_repository(repo)
     assert sorted(index.models) == EMULATED
-    assert sorted(index.errors) == ["cnn", "earlyexit", "encoder", "mlp", "torchcnn"]
+    assert sorted(index.errors) == [
+        "cnn",
+        "earlyexit",
+        "earlyexit-wide",
+        "encoder",
+        "mlp",
+        "torchcnn",
+    ]
     assert "model file not found" in index.errors["mlp"]
     (repo / "mlp" / "model.onnx").write_bytes(b"placeholder")  # not the 256 MiB one
     (repo / "torchcnn" / "model.pt").write_bytes(b"placeholder")  # torch may be missing
+    from app.repository import dynamic_models
+
+    wide = repo / "earlyexit-wide"
+    (wide / "model.onnx").write_bytes(b"placeholder")  # not the 64 MiB head
+    (wide / "probes.npz").write_bytes(
+        dynamic_models.probes_bytes(dynamic_models.probe_inputs("earlyexit-wide"))
+    )
     assert bundled.ensure_bundled_models(repo, ["cnn", "earlyexit", "encoder"]) == [
         "cnn/model.onnx",
         "earlyexit/model.onnx",
@@ -120,7 +134,7 @@ def test_bundled_configs_all_parse(repo: Path) -> None:
     index = load_repository(repo)
     assert index.errors == {}
     assert sorted(index.models) == sorted([*DYNAMIC, "cnn", "mlp", "torchcnn", *EMULATED])
-    assert [index.models[n].dynamic is not None for n in DYNAMIC] == [True, True]
+    assert [index.models[n].dynamic is not None for n in DYNAMIC] == [True, True, True]
     mlp = index.models["mlp"]
     assert mlp.inputs[0].name == "input" and mlp.inputs[0].shape == (-1, 4096)
     assert mlp.outputs[0].shape == (-1, 4096) and mlp.profile is None
@@ -135,7 +149,7 @@ def test_bundled_configs_all_parse(repo: Path) -> None:
     )
     assert gains[0] < 0.1 and gains[-1] > 5  # a spread of batching gains
     rows = {r["name"]: r for r in index.index()}
-    assert rows["cnn"]["state"] == "READY" and len(rows) == 9
+    assert rows["cnn"]["state"] == "READY" and len(rows) == 10
 
 
 def test_committed_repository_lists_every_bundled_model() -> None:

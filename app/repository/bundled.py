@@ -50,9 +50,10 @@ Generated models (tensor names `input` → `output`, both FP32):
   they do not depend on torch's RNG. Skipped (the model stays unavailable)
   when torch is not installed.
 
-- `earlyexit` and `encoder`: dynamic models, whose execution time depends
+- `earlyexit`, `earlyexit-wide` and `encoder`: dynamic models, whose execution time depends
   on their input (an early-exit CNN whose `Loop` runs until a confidence
-  threshold, and a transformer encoder over variable-length sequences
+  threshold — `-wide` with a 64 MiB dense head read once per batch, a fixed
+  cost per batch — and a transformer encoder over variable-length sequences
   padded per batch), each with `probes.npz`, the representative inputs its
   `dynamic` config key measures at start-up: app/repository/dynamic_models.py.
 
@@ -402,6 +403,19 @@ GENERATED: tuple[Generated, ...] = (
         "earlyexit",
         "probes.npz",
         lambda: dynamic_models.probes_bytes(dynamic_models.probe_inputs("earlyexit")),
+    ),
+    Generated(
+        "earlyexit-wide",
+        "model.onnx",
+        lambda: serialize(
+            dynamic_models.build_early_exit(seed=0, head_width=dynamic_models.EARLY_EXIT_WIDE_HEAD)
+        ),
+        version=BUILDER_VERSION,
+    ),
+    Generated(
+        "earlyexit-wide",
+        "probes.npz",
+        lambda: dynamic_models.probes_bytes(dynamic_models.probe_inputs("earlyexit-wide")),
     ),
     Generated(
         "encoder",

@@ -25,6 +25,15 @@ like the other bundled models (app/repository/bundled.py registers them).
     `scores` are global average pool + dense 32 → 10 on the exit state;
     `steps` is the number of blocks the row ran.
 
+`earlyexit-wide`: `earlyexit` with a wide head (dense 32 → 4096, ReLU,
+4096 → 4096, ReLU, 4096 → 10; EARLY_EXIT_WIDE_HEAD), the same inputs,
+outputs and steps. The 4096 × 4096 layer (64 MiB of FP32 weights, more
+than a server CPU's last-level cache) is read from memory once per batch
+whatever the batch's rows, so a batch has a real fixed cost, c0 > 0 in
+orloj.txt's eq. 3 (~8 ms on a 2-core EPYC VM with 32 MiB of L3, against
+≈ 0 for `earlyexit`), as a GPU's batch has: batching pays, which is what
+Orloj's batch-size choice is for.
+
 `encoder`: a transformer encoder over a variable-length token sequence,
 `tokens` INT64 [batch, seq ≤ ENCODER_MAX_LEN] → `hidden` FP32 [batch, seq,
 ENCODER_WIDTH] and `pooled` FP32 [batch, ENCODER_WIDTH].
@@ -65,6 +74,11 @@ EARLY_EXIT_THRESHOLD = 0.5
 EARLY_EXIT_SHAPE = (3, 16, 16)
 EARLY_EXIT_CHANNELS = 32
 EARLY_EXIT_CLASSES = 10
+
+# earlyexit-wide's head: a 4096 × 4096 FP32 layer (64 MiB), more than this
+# class of machine's last-level cache, so every batch reads it from memory
+# once whatever its rows: a fixed cost per batch, c0 (orloj.txt eq. 3).
+EARLY_EXIT_WIDE_HEAD = 4096
 
 ENCODER_VOCAB = 1000
 ENCODER_WIDTH = 128
@@ -108,7 +122,7 @@ def encoder_input(length: int, seed: int = 0) -> np.ndarray:
 
 def probe_inputs(model: str) -> list[dict[str, np.ndarray]]:
     """The representative requests of bundled dynamic model `model`."""
-    if model == "earlyexit":
+    if model in ("earlyexit", "earlyexit-wide"):
         return [{"input": early_exit_input(s, seed=s)} for s in EARLY_EXIT_PROBE_STEPS]
     if model == "encoder":
         return [{"tokens": encoder_input(n, seed=n)} for n in ENCODER_PROBE_LENGTHS]
@@ -181,33 +195,17 @@ def _model(
     return model
 
 
-def build_early_exit(
-    seed: int = 0,
-    *,
-    batch_dim: str = "batch",
-    channels: int = EARLY_EXIT_CHANNELS,
-    side: int = EARLY_EXIT_SHAPE[1],
-) -> onnx.ModelProto:
-    """The `earlyexit` model (see the module docstring). `channels` and
-    `side` (the input is [3, side, side]) scale the cost of a step: the
-    bundled model is small, bench.orloj_live serves a heavier one."""
-    g = _Graph(np.random.default_rng(seed))
-    c, cin = channels, EARLY_EXIT_SHAPE[0]
-    shape = (cin, side, side)
-    conv = {"kernel_shape": [3, 3], "pads": [1, 1, 1, 1]}
-    # ‖x‖² per row, kept [batch, 1, 1, 1] to broadcast over the hidden state.
-    norm2 = g.op("ReduceSumSquare", ["input"], "norm2", axes=[1, 2, 3], keepdims=1)
-    stem_w = g.normal("stem.weight", (c, cin, 3, 3), math.sqrt(2.0 / (cin * 9)))
-    stem_b = g.const("stem.bias", np.zeros(c, np.float32))
-    h0 = g.op("Tanh", [g.op("Conv", ["input", stem_w, stem_b], "stem", **conv)], "h0")
-    zero = g.const("zero", np.array(0.0, np.float32))
-    active0 = g.op("GreaterOrEqual", [norm2, zero], "active0")  # every row (NaN: none)
-    steps0 = g.op("Mul", [g.op("Cast", [active0], to=TensorProto.FLOAT), zero], "steps0")
-    block_w = g.normal("block.weight", (c, c, 3, 3), math.sqrt(2.0 / (c * 9)))
-    block_b = g.const("block.bias", np.zeros(c, np.float32))
-
-    # The loop body: (iteration, condition, h, active, steps) → (any active,
-    # h, active, steps). Outer-scope names (norm2, weights) are visible in it.
+def _early_exit_step(
+    g: _Graph,
+    outer: tuple[str, str, str, str],
+    conv: dict[str, object],
+    state: list[object],
+    batch_dim: str,
+) -> onnx.GraphProto:
+    """The early-exit loop's body: (iteration, condition, h, active, steps) →
+    (any active, h, active, steps). The outer graph's names it uses (`outer`:
+    norm2, zero, the block's weight and bias) are visible in it."""
+    norm2, zero, block_w, block_b = outer
     b = _Graph(g.rng, outer=g)
     quarter = g.const("quarter", np.array(0.25, np.float32))
     one = g.const("one", np.array(1, np.int64))
@@ -225,7 +223,6 @@ def build_early_exit(
     )
     remaining = b.op("ReduceMax", [b.op("Cast", ["active_out"], to=TensorProto.FLOAT)], keepdims=0)
     b.nodes.append(helper.make_node("Greater", [remaining, zero], ["cond_out"], name="any"))
-    state = [batch_dim, c, side, side]
     mask = [batch_dim, 1, 1, 1]
     body = helper.make_graph(
         b.nodes,
@@ -244,6 +241,56 @@ def build_early_exit(
             helper.make_tensor_value_info("steps_out", TensorProto.FLOAT, mask),
         ],
     )
+    return body
+
+
+def _early_exit_head(g: _Graph, pooled: str, channels: int, head_width: int) -> None:
+    """The classifier on the pooled state: one dense layer, or with
+    `head_width` > 0 the `earlyexit-wide` head (dense 32 → W, ReLU, W → W,
+    ReLU, W → 10) that gives a batch a real fixed cost."""
+    c = channels
+    features = c
+    if head_width > 0:
+        for i, (fan_in, width) in enumerate(((c, head_width), (head_width, head_width))):
+            w = g.normal(f"wide{i}.weight", (fan_in, width), math.sqrt(2.0 / fan_in))
+            bias = g.const(f"wide{i}.bias", np.zeros(width, np.float32))
+            pooled = g.op("Relu", [g.op("Gemm", [pooled, w, bias], f"wide{i}")], f"wide{i}_relu")
+        features = head_width
+    head_w = g.normal("head.weight", (features, EARLY_EXIT_CLASSES), math.sqrt(1.0 / features))
+    head_b = g.const("head.bias", np.zeros(EARLY_EXIT_CLASSES, np.float32))
+    g.nodes.append(helper.make_node("Gemm", [pooled, head_w, head_b], ["scores"], name="head"))
+
+
+def build_early_exit(
+    seed: int = 0,
+    *,
+    batch_dim: str = "batch",
+    channels: int = EARLY_EXIT_CHANNELS,
+    side: int = EARLY_EXIT_SHAPE[1],
+    head_width: int = 0,
+) -> onnx.ModelProto:
+    """The `earlyexit` model (see the module docstring). `channels` and
+    `side` (the input is [3, side, side]) scale the cost of a step: the
+    bundled model is small, bench.orloj_live serves a heavier one.
+    `head_width` > 0 gives the `earlyexit-wide` head: dense 32 → W, ReLU,
+    W → W, ReLU, W → 10 in place of the one dense layer."""
+    g = _Graph(np.random.default_rng(seed))
+    c, cin = channels, EARLY_EXIT_SHAPE[0]
+    shape = (cin, side, side)
+    conv = {"kernel_shape": [3, 3], "pads": [1, 1, 1, 1]}
+    # ‖x‖² per row, kept [batch, 1, 1, 1] to broadcast over the hidden state.
+    norm2 = g.op("ReduceSumSquare", ["input"], "norm2", axes=[1, 2, 3], keepdims=1)
+    stem_w = g.normal("stem.weight", (c, cin, 3, 3), math.sqrt(2.0 / (cin * 9)))
+    stem_b = g.const("stem.bias", np.zeros(c, np.float32))
+    h0 = g.op("Tanh", [g.op("Conv", ["input", stem_w, stem_b], "stem", **conv)], "h0")
+    zero = g.const("zero", np.array(0.0, np.float32))
+    active0 = g.op("GreaterOrEqual", [norm2, zero], "active0")  # every row (NaN: none)
+    steps0 = g.op("Mul", [g.op("Cast", [active0], to=TensorProto.FLOAT), zero], "steps0")
+    block_w = g.normal("block.weight", (c, c, 3, 3), math.sqrt(2.0 / (c * 9)))
+    block_b = g.const("block.bias", np.zeros(c, np.float32))
+
+    outer = (norm2, zero, block_w, block_b)
+    body = _early_exit_step(g, outer, conv, [batch_dim, c, side, side], batch_dim)
     trips = g.const("max_steps", np.array(EARLY_EXIT_MAX_STEPS, np.int64))
     go = g.const("go", np.array(True))
     g.nodes.append(
@@ -256,14 +303,13 @@ def build_early_exit(
         )
     )
     pooled = g.op("Flatten", [g.op("GlobalAveragePool", ["h_exit"], "gap")], axis=1)
-    head_w = g.normal("head.weight", (c, EARLY_EXIT_CLASSES), math.sqrt(1.0 / c))
-    head_b = g.const("head.bias", np.zeros(EARLY_EXIT_CLASSES, np.float32))
-    g.nodes.append(helper.make_node("Gemm", [pooled, head_w, head_b], ["scores"], name="head"))
+    _early_exit_head(g, pooled, c, head_width)
     flat = g.op("Reshape", ["steps_exit", g.const("rows", np.array([-1, 1], np.int64))])
     g.nodes.append(helper.make_node("Cast", [flat], ["steps"], name="steps", to=TensorProto.INT64))
     return _model(
-        "earlyexit",
-        f"early-exit CNN, ≤ {EARLY_EXIT_MAX_STEPS} steps, exit when t/(t+|x|²) ≥ ½, seed {seed}",
+        "earlyexit-wide" if head_width > 0 else "earlyexit",
+        f"early-exit CNN, ≤ {EARLY_EXIT_MAX_STEPS} steps, exit when t/(t+|x|²) ≥ ½, "
+        f"head width {head_width or c}, seed {seed}",
         g,
         [helper.make_tensor_value_info("input", TensorProto.FLOAT, [batch_dim, *shape])],
         [

@@ -12,6 +12,9 @@ alone-times the profiler measured, and derives from them:
   from all the model's applications: the mixture Σ_i w_i F_i with w_i the
   application's share of the samples in use (the traffic the profiler saw),
   and the CDF of the maximum is (Σ_i w_i F_i)^k (eq. 6).
+* **E[L_k] of a batch of one application** (`expected_alike`): c0 +
+  k·E[max of k draws of F_app], what a request of that application expects
+  of a batch of its own kind (Orloj's per-request eligibility, orloj.py).
 * **The expected latency of a formed batch** (`expected_batch`): its
   requests' applications are known, the draws are independent but not
   identically distributed, and the CDF of the maximum is Π_r F_app(r).
@@ -285,6 +288,29 @@ class AloneTimes(BatchLatency):
             counts[key] = counts.get(key, 0) + 1
         factors = [(self.cdf_at_edges(a), n) for a, n in counts.items()]
         return self.c0 + items * expected_max(edges, factors)
+
+    def expected_alike(self, app: str) -> tuple[float, ...]:
+        """E[L_k] of a batch of k requests all of `app` (index k, 0 unused):
+        c0 + k·E[max of k draws of F_app] (eq. 5 with eq. 6), the batch
+        latency Algorithm 1's EstimateBatchLatency(r, bs) gives a request of
+        `app`; an application without samples gets the mixture's."""
+        edges, masses, _ = self.grid()
+        if app not in masses:
+            return self.tables().expected
+        cdf = self.cdf_at_edges(app)
+        return (
+            0.0,
+            *(self.c0 + k * expected_max(edges, [(cdf, k)]) for k in range(1, self.max_batch + 1)),
+        )
+
+    def histogram_alike(self, app: str, k: int) -> tuple[np.ndarray, np.ndarray]:
+        """The histogram (edges, masses) of L_k for a batch of k requests all
+        of `app`: the mixture's when `app` has no samples."""
+        edges, masses, _ = self.grid()
+        if app not in masses:
+            return self.histogram(k)
+        cdf = self.cdf_at_edges(app)
+        return self.c0 + k * edges, np.diff(cdf**k)
 
     def pdf_cdf(self, app: str | None, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(density, CDF) of `app`'s x at points `x` (uniform within a bin);

@@ -10,13 +10,18 @@ measures it again on a quiet machine (`python -m app profile MODEL --force`).
 
 A dynamic model (config key `dynamic`, app/repository/dynamic_fields.py)
 gets `ModelInfo.dynamic` = InputDependence(c0, prior) besides its profile
-(`measure_dynamic`): c0 is the intercept β of the profile's linear fit (the
-profile is measured on one synthetic input repeated over the batch, so
-ℓ(b) = c0 + b·x), and the prior is its alone-time on each of its probes, a
+(`measure_dynamic`): the prior is its alone-time on each of its probes, a
 batch of one timed like a profile point (PROBE_WARMUP runs, then the median
-of PROBE_REPEATS). c0 is capped at the shortest alone-time, which it cannot
-exceed (a_r = c0 + x_r, x_r ≥ 0). The probes are measured at every start
-(not cached: a handful of single requests).
+of PROBE_REPEATS), and c0 is the intercept of a line through the fastest
+probe's time repeated over batches of 1, 2 and 4 rows (C0_BATCHES, within
+the model's max batch): ℓ_B = c0 + k·x for k copies of one input
+(orloj.txt eq. 3). The fastest probe, because its batches stay small: the
+profile's own β is fitted on the slowest input up to the max batch, where
+a batch can outgrow the caches and bend the line (earlyexit-wide, 16 steps:
+β ≈ 3.5 ms against a c0 of 5–8 ms). With a max batch of 1, the profile's
+β. c0 is capped at the shortest alone-time, which it cannot exceed
+(a_r = c0 + x_r, x_r ≥ 0). The probes are measured at every start (not
+cached: a handful of small batches).
 """
 
 from __future__ import annotations
@@ -26,6 +31,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
+
+import numpy as np
 
 from app.repository.config import ModelConfig
 from app.repository.dynamic_fields import load_probes
@@ -74,6 +81,8 @@ class Prober(Protocol):
 # at every start.
 PROBE_WARMUP = 2
 PROBE_REPEATS = 5
+# Batch sizes of the fastest probe whose line gives a dynamic model's c0.
+C0_BATCHES = (1, 2, 4)
 
 
 @dataclass(frozen=True)
@@ -261,7 +270,8 @@ async def measure_dynamic(
     if config.dynamic is None:
         return None
     alone: list[float] = []
-    for probe in load_probes(config.dynamic.probes):
+    probes = list(load_probes(config.dynamic.probes))
+    for probe in probes:
         batch = len(next(iter(probe.values())))
         measured = await pool.profile(
             device.id,
@@ -272,7 +282,26 @@ async def measure_dynamic(
             inputs=probe,
         )
         alone.append(measured[batch] / 1000.0)
-    c0 = min(max(0.0, profile.beta or 0.0), min(alone))
+    c0 = max(0.0, profile.beta or 0.0)
+    sizes = [k for k in C0_BATCHES if k <= config.max_batch_size]
+    if len(sizes) > 1:
+        fastest = probes[int(np.argmin(alone))]
+        times = []
+        for k in sizes:
+            tiled = {name: np.concatenate([array] * k) for name, array in fastest.items()}
+            batch = len(next(iter(tiled.values())))
+            measured = await pool.profile(
+                device.id,
+                config.name,
+                [batch],
+                warmup=PROBE_WARMUP,
+                repeats=PROBE_REPEATS,
+                inputs=tiled,
+            )
+            times.append(measured[batch] / 1000.0)
+        slope, intercept = np.polyfit(np.array(sizes, float), np.array(times), 1)
+        c0 = max(0.0, float(intercept)) if slope > 0 else c0
+    c0 = min(c0, min(alone))
     log.info(
         "model %s is dynamic: c0 = %.3f ms; alone-times on its %d probes on %s: %s ms",
         config.name,

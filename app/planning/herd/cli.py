@@ -1,5 +1,6 @@
 """`python -m app plan herd CONFIG.yaml [--out FILE] [--time-limit S]
-[--objective paper|shared] [--random SEED] [--goodput analytic|measured]`
+[--objective paper|shared] [--tie-break shared|none] [--random SEED]
+[--goodput analytic|measured]`
 — HERD's serving groups (ilp.py) from the command line.
 
 Reads the cluster, models and streams from YAML (config.py), prints the plan
@@ -24,7 +25,7 @@ from pathlib import Path
 from typing import Protocol, TextIO
 
 from app.planning.herd.config import load_config
-from app.planning.herd.ilp import SolveOptions, solve
+from app.planning.herd.ilp import TIE_BREAKS, SolveOptions, solve
 from app.planning.herd.plan import OBJECTIVES, HerdPlan, write_plan
 from app.planning.herd.problem import Goodput, Problem, model_streams, single_device_goodput
 from app.planning.herd.random_groups import random_plan
@@ -54,6 +55,13 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--out", type=Path, help="write the plan to this file (JSON)")
     parser.add_argument("--time-limit", type=float, help="solver seconds (over the config's)")
     parser.add_argument("--objective", choices=OBJECTIVES, help="over the config's")
+    parser.add_argument(
+        "--tie-break",
+        choices=TIE_BREAKS,
+        default="shared",
+        help="among the paper objective's optima take the one of the largest least shared "
+        "burst tolerance (shared, default) or whichever the solver ends with (none)",
+    )
     parser.add_argument("--random", type=int, metavar="SEED", help="the random baseline")
     parser.add_argument(
         "--goodput",
@@ -94,7 +102,9 @@ def main(
         if args.random is not None:
             plan = random_plan(problem, args.random, objective, goodput=goodput)
         else:
-            plan = solve(problem, SolveOptions(objective, time_limit), goodput)
+            plan = solve(
+                problem, SolveOptions(objective, time_limit, tie_break=args.tie_break), goodput
+            )
     except ValueError as error:
         err.write(f"{PROG}: error: {error}\n")
         return 2
