@@ -1,6 +1,6 @@
 """Settings from one source: every setting by its variable and by its flag,
 errors that name the setting, the CLI leaving the environment alone, and the
-README's table generated from the same metadata."""
+the settings page's table (docs/settings.md) generated from the same metadata."""
 
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ from app.server.settings import (
 )
 from app.server.settings_cli import TABLE_END, TABLE_START, markdown_table, table_in, with_table
 
-README = Path(__file__).resolve().parent.parent / "README.md"
+SETTINGS_PAGE = Path(__file__).resolve().parent.parent / "docs" / "settings.md"
 
 # For every setting: a text other than its default, and the value it gives.
 SAMPLES: dict[str, tuple[str, object]] = {
@@ -342,17 +342,17 @@ def test_the_admin_token_is_not_in_the_settings_repr():
     assert "s3cret" not in repr(Settings.from_env({"ADMIN_TOKEN": "s3cret"}))
 
 
-# ------------------------------------------------------------------ the README
+# ------------------------------------------------------------------ docs/settings.md
 
 
-def test_readme_table_is_the_generated_one():
-    readme = README.read_text(encoding="utf-8")
-    assert table_in(readme) == markdown_table(), (
-        "README.md's settings table is stale: run "
-        "`python -m app.server.settings_cli --write README.md`"
+def test_the_settings_page_table_is_the_generated_one():
+    page = SETTINGS_PAGE.read_text(encoding="utf-8")
+    assert table_in(page) == markdown_table(), (
+        "docs/settings.md's settings table is stale: run "
+        "`python -m app.server.settings_cli --write docs/settings.md`"
     )
-    assert with_table(readme) == readme
-    assert readme.count(TABLE_START) == readme.count(TABLE_END) == 1
+    assert with_table(page) == page
+    assert page.count(TABLE_START) == page.count(TABLE_END) == 1
 
 
 def test_table_has_a_row_per_setting_with_its_default():

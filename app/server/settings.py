@@ -6,8 +6,8 @@ field's metadata): the environment variable, the parser that checks its text
 Everything else is generated from that: the environment reader
 (`Settings.from_env`, used by `uvicorn app.main:app`), a `python -m app serve`
 flag for every setting (`app.server.settings_cli`; MAX_QUEUE → `--max-queue`,
-a flag wins over its variable), and the table under "Server settings" in the
-README (`python -m app.server.settings_cli --write README.md` rewrites it; a
+a flag wins over its variable), and the table in docs/settings.md
+(`python -m app.server.settings_cli --write docs/settings.md` rewrites it; a
 test checks it is current). Read the table there, or `python -m app serve
 --help`.
 
@@ -62,7 +62,7 @@ class Setting:
 
     env: str  # the environment variable; the flag is derived from it
     parser: Parser
-    meaning: str  # one line, as the README's table and `--help` show it
+    meaning: str  # one line, as the settings table (docs/settings.md) and `--help` show it
     shown_default: str | None = None  # where the default value does not say it
     aliases: tuple[str, ...] = ()  # further flags, kept for existing command lines
     name: str = ""  # the `Settings` attribute (filled in from the field)
@@ -544,7 +544,7 @@ def _described(spec: Field[Any]) -> Setting:
     return replace(setting, name=spec.name, default=default)
 
 
-# Every setting, in the order of the README's table.
+# Every setting, in the order of the settings table (docs/settings.md).
 SETTINGS: tuple[Setting, ...] = tuple(_described(spec) for spec in fields(Settings))
 SETTING_BY_NAME: dict[str, Setting] = {setting.name: setting for setting in SETTINGS}
 
