@@ -571,3 +571,18 @@ def test_the_scheduling_core_example_runs() -> None:
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.split()[-1] == "True"
+
+
+def _slug(heading: str) -> str:
+    """GitHub's anchor of a Markdown heading."""
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+def test_benchmarks_opens_with_a_short_summary_that_links_to_its_sections() -> None:
+    text = (ROOT / "BENCHMARKS.md").read_text()
+    summary = text.split("## Summary\n", 1)[1].split("\n## ", 1)[0]
+    assert text.index("## Summary") < text.index("## Reading the figures")
+    assert len(summary.strip().splitlines()) <= 20
+    anchors = {_slug(line.lstrip("#")) for line in text.splitlines() if line.startswith("#")}
+    links = re.findall(r"\]\(#([^)]+)\)", summary)
+    assert len(links) >= 10 and set(links) <= anchors, set(links) - anchors
