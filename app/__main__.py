@@ -142,6 +142,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         host=settings.host,
         port=settings.port,
         log_level=command.log_level,
+        access_log=settings.access_log,  # ACCESS_LOG, off by default
         timeout_graceful_shutdown=safety_net_s(settings.shutdown_grace_s),
         server_header=False,  # no software name in answers (docs/reliability.md: Exposure)
         **connections,

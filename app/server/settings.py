@@ -1,19 +1,11 @@
 """The daemon's settings, and how each is set.
 
-Each field of `Settings` carries its own description (`Setting`, in the
-field's metadata): the environment variable, the parser that checks its text
-(`app.server.setting_parsers`), its default, and one line saying what it means.
-Everything else is generated from that: the environment reader
-(`Settings.from_env`, used by `uvicorn app.main:app`), a `python -m app serve`
-flag for every setting (`app.server.settings_cli`; MAX_QUEUE → `--max-queue`,
-a flag wins over its variable), and the table in docs/settings.md
-(`python -m app.server.settings_cli --write docs/settings.md` rewrites it; a
-test checks it is current). Read the table there, or `python -m app serve
---help`.
-
-One default depends on another setting: the deadline margin and the timer
-lead are smaller under REALTIME_PRIORITY (`NORMAL_SLACK_MS`,
-`REALTIME_SLACK_MS`) unless set explicitly.
+Each field of `Settings` carries its own description (`Setting`, in its
+metadata): variable, parser (`app.server.setting_parsers`), default, meaning.
+From that come the environment reader (`Settings.from_env`), a flag per
+setting (`app.server.settings_cli`; MAX_QUEUE → `--max-queue`; a flag wins)
+and the table in docs/settings.md (`python -m app.server.settings_cli --write
+docs/settings.md`; a test checks it). Slack defaults follow REALTIME_PRIORITY.
 """
 
 from __future__ import annotations
@@ -444,6 +436,14 @@ class Settings:
             "METRICS_PREFIX",
             MetricPrefix(),
             "prefix of every metric name on `/metrics` (empty: none)",
+        ),
+    )
+    access_log: bool = field(
+        default=False,
+        metadata=_setting(
+            "ACCESS_LOG",
+            Boolean(),
+            "a log line per HTTP request (uvicorn's; ~9 % of the CPU it uses)",
         ),
     )
     admin_token: str | None = field(

@@ -34,6 +34,7 @@ from bench.compare.measure import (
 )
 from bench.compare.setups import Setup
 from bench.loadgen import ModelTarget, build_targets
+from bench.progress import say
 
 
 class PeerUnavailable(RuntimeError):
@@ -273,7 +274,9 @@ def screen(
     targets = peer.targets(setup, workload)
     rows: list[dict[str, Any]] = []
     best: tuple[float, PeerPoint] | None = None
-    for point in peer.grid(setup, workload, options):
+    grid = list(peer.grid(setup, workload, options))
+    for i, point in enumerate(grid, 1):
+        say(f"grid point {i}/{len(grid)} ({point.label}): starting")
         running = peer.start(setup, workload, point)
         try:
             with fifo_while(options.realtime_priority, "--realtime-priority"):
@@ -307,6 +310,7 @@ def run_peer(peer: Peer, setup: Setup, workload: Workload, options: Options) -> 
     """Screen the grid, then measure the best point as the daemon is measured."""
     best, rows = screen(peer, setup, workload, options)
     targets = peer.targets(setup, workload)
+    say(f"best point ({best.label}): starting")
     running = peer.start(setup, workload, best)
     try:
         measured = measure(
