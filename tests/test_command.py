@@ -31,6 +31,7 @@ def test_usage_and_unknown_commands(capsys) -> None:
     assert "unknown command 'serv'" in capsys.readouterr().err
 
 
+@pytest.mark.filterwarnings("ignore:.*found in sys.modules:RuntimeWarning")  # imported here
 def test_bench_runs_a_benchmark_module_by_name_with_its_exit_status(capsys) -> None:
     assert command.main(["bench", "compare", "--systems", "nope"]) == 2
     assert "unknown systems ['nope']" in capsys.readouterr().err

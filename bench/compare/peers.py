@@ -185,7 +185,9 @@ class TritonServer(Peer):
         try:
             find_triton()
         except TritonUnavailable as exc:
-            raise PeerUnavailable(f"peer {self.name!r}: {exc} ({self.install})") from None
+            # The launcher's message names the install command once already.
+            hint = "" if self.install in str(exc) else f" ({self.install})"
+            raise PeerUnavailable(f"peer {self.name!r}: {exc}{hint}") from None
 
     def grid(self, setup: Setup, workload: Workload, options: Options) -> list[PeerPoint]:
         from bench.peers.triton_grid import triton_grid
