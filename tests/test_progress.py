@@ -106,5 +106,5 @@ def test_plain_lines_in_a_log_none_when_quiet() -> None:
     log = make_progress(Console(file=out, force_terminal=False, width=200))
     with log, plain_lines(log, every_s=0.05):
         log.add_task("work", total=2)
-        time.sleep(1.1)
+        time.sleep(0.75)
     assert out.text.count("work · 0/2 · elapsed 0:00") >= 3, out.text

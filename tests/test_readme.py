@@ -479,6 +479,7 @@ def test_herd_planner_command(cli_env) -> None:
     assert f"least burst tolerance {plan.min_burst_tolerance:.3f}" in done.stdout.decode()
 
 
+@pytest.mark.slow  # over a second
 def test_herd_measured_goodput_command(cli_env) -> None:
     """HERD with measured T_i: named, and a row per model and SLO beside the analytic T."""
     done = subprocess.run(
