@@ -13,6 +13,10 @@ FROM ${BASE}
 
 # "gpu": ONNX Runtime's CUDA build instead of its CPU one (the `gpu` extra).
 ARG EXTRAS=""
+# Behind a TLS-inspecting proxy: its CA bundle, mounted into the build
+# (podman build -v /etc/ssl/certs/ca-certificates.crt:/run/ca.crt:ro
+#  --build-arg CA_BUNDLE=/run/ca.crt), for pip.
+ARG CA_BUNDLE=""
 
 RUN apt-get update \
  && apt-get install -y --no-install-recommends python3 python3-venv ca-certificates \
@@ -24,7 +28,8 @@ ENV PATH=/opt/deadline-serve/bin:$PATH
 # The package only (the wheel installs `app`; bench/ and tests/ stay out).
 COPY pyproject.toml README.md /src/
 COPY app /src/app
-RUN pip install --no-cache-dir "/src${EXTRAS:+[$EXTRAS]}" \
+RUN if [ -n "$CA_BUNDLE" ]; then export PIP_CERT="$CA_BUNDLE"; fi \
+ && pip install --no-cache-dir "/src${EXTRAS:+[$EXTRAS]}" \
  && if [ "$EXTRAS" = "gpu" ]; then \
       pip uninstall -y onnxruntime \
       && pip install --no-cache-dir --force-reinstall --no-deps "onnxruntime-gpu>=1.17"; \

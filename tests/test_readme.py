@@ -159,6 +159,10 @@ NOT_RUN = {
     "~10 min (tests/test_symphony_partition.py runs its --quick form)",
     "python -m bench.inprocess --workload bench/workloads/live-a-resnet50-emulated.yaml "
     "--capacity": "a capacity bisection of 15-s runs, minutes of load",
+    "podman build -t deadline-serve .": "builds the container image: root, podman and the "
+    "package index (deploy/container/smoke.sh builds and checks it)",
+    "podman run --rm -p 8000:8000 -p 8001:8001 deadline-serve": "runs the container image "
+    "(deploy/container/smoke.sh runs it and checks HTTP and gRPC)",
     "perf_analyzer -m resnet50-emulated -u localhost:8001 -i grpc --shape input:16 "
     "--concurrency-range 1:4": "Triton's perf_analyzer binary is not among the test "
     "dependencies (`pip install perf-analyzer`); the gRPC calls it makes are the README "
