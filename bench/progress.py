@@ -39,6 +39,11 @@ def _clock(seconds: float) -> str:
     return f"{seconds // 60}:{seconds % 60:02d}"
 
 
+def about(seconds: float) -> str:
+    """An estimate as a person reads it: "about 40 s", "about 26 min"."""
+    return f"about {seconds:.0f} s" if seconds < 90 else f"about {seconds / 60:.0f} min"
+
+
 def task_line(task: Any) -> str:
     """One task as a plain line: what, how far, how long, how long left."""
     parts = [task.description or "working"]
@@ -105,7 +110,7 @@ def make_progress(console: Console, *, quiet: bool = False) -> Progress:
 class Status:
     """What an uncounted piece of work is doing now: a live line on a
     terminal, a plain line every few seconds elsewhere. While one is open,
-    `say(text)` anywhere sets its line and `about(name)` what the line is
+    `say(text)` anywhere sets its line and `about_subject(name)` what the line is
     about (its prefix: the system being measured)."""
 
     def __init__(self, console: Console, *, quiet: bool = False) -> None:
@@ -151,7 +156,7 @@ def say(text: str) -> None:
         _open.say(text)
 
 
-def about(subject: str) -> None:
+def about_subject(subject: str) -> None:
     """What the open Status's lines are about from now on."""
     if _open is not None:
         _open.subject = subject

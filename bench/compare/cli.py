@@ -16,7 +16,7 @@ from bench.compare.measure import Options, SystemResult, run_daemon
 from bench.compare.output import write_outputs
 from bench.compare.peers import PEERS, PeerUnavailable, run_peer
 from bench.compare.setups import REPO_ROOT, SETUPS
-from bench.progress import Status, about
+from bench.progress import Status, about_subject
 
 DAEMON_POLICIES = ("symphony", "triton", "clockwork")
 
@@ -140,7 +140,7 @@ def _compare(args: Any, systems: list[str], peers: list[str], options: Options) 
         results: list[SystemResult] = []
         for system in [*systems, *peers]:
             started = time.monotonic()
-            about(f"({key}) {system}")
+            about_subject(f"({key}) {system}")
             if system in PEERS:
                 result = run_peer(PEERS[system], setup, workload, options)
             else:
