@@ -4,7 +4,7 @@ and store it in the profile cache (app/server/profile_command.py);
 `python -m app plan ppipe …` — make a PPipe serving plan (app/planning/ppipe/cli.py);
 `python -m app plan inss …` — place models on shared devices (app/planning/inss/cli.py).
 
-Every setting has a flag (`--help` lists them, the README's settings table
+Every setting has a flag (`--help` lists them, docs/settings.md's table
 too); a flag wins over its environment variable. The flags are passed to
 `create_app` as `Settings`, never written into the environment.
 """
@@ -142,8 +142,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         host=settings.host,
         port=settings.port,
         log_level=command.log_level,
+        access_log=settings.access_log,  # ACCESS_LOG, off by default
         timeout_graceful_shutdown=safety_net_s(settings.shutdown_grace_s),
-        server_header=False,  # no software name in answers (README: Exposure)
+        server_header=False,  # no software name in answers (docs/reliability.md: Exposure)
         **connections,
     )
     return 0

@@ -23,6 +23,7 @@ from app.server.loop_watchdog import LoopWatchdog
 from app.server.metrics import Metrics
 from app.server.one_process import refuse_several_workers
 from app.server.settings import Settings
+from app.server.startup import StartupFailed
 from app.server.stop_signals import StopSignals, uvicorn_server
 from app.server.triton_metrics import MetricsEndpoint
 
@@ -33,6 +34,12 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     refuse_several_workers()  # one scheduler per box (app/server/one_process.py)
     settings = settings or Settings.from_env()
     _ensure_logging()
+    # ACCESS_LOG: uvicorn's line per request, off unless asked for (under
+    # `python -m app serve` uvicorn is told; under plain uvicorn, its logger).
+    logging.getLogger("uvicorn.access").disabled = not settings.access_log
+    uvicorn_error = logging.getLogger("uvicorn.error")
+    if _STARTUP_TRACEBACK not in uvicorn_error.filters:
+        uvicorn_error.addFilter(_STARTUP_TRACEBACK)
     warning = exposure_warning(settings.admin_token, settings.host)
     if warning:
         log.warning(warning)
@@ -118,6 +125,26 @@ async def start_metrics_endpoint(
         return None
     log.info("Triton-compatible metrics on http://%s:%d/metrics", settings.host, port)
     return endpoint
+
+
+class _StartupTraceback(logging.Filter):
+    """uvicorn logs a failed start-up's traceback (Starlette hands it over).
+    A StartupFailed was said in one line already ("start-up stopped: …"):
+    its traceback is dropped; any other error is cut to its last line, the
+    exception and its message. With debug logging the traceback stays."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        if not message.startswith("Traceback") or log.isEnabledFor(logging.DEBUG):
+            return True
+        last = message.rstrip().splitlines()[-1]
+        if last.startswith(f"{StartupFailed.__module__}.{StartupFailed.__name__}:"):
+            return False
+        record.msg, record.args, record.exc_info = f"start-up failed: {last}", (), None
+        return True
+
+
+_STARTUP_TRACEBACK = _StartupTraceback()
 
 
 def _ensure_logging() -> None:

@@ -44,9 +44,12 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+from rich.console import Console
+
 from app.planning.ppipe.plan import Plan, read_reference_plan
 from app.planning.ppipe.profiles import BUNDLED_DIR, load_profile
 from app.simulation.ppipe_run import ARRIVALS, BurstShape, PlanRunResult, simulate_plan
+from bench.progress import about, make_progress, plain_lines
 
 PLANS = BUNDLED_DIR / "plans-maf19"
 OUT_DIR = Path(__file__).resolve().parent / "results" / "ppipe"
@@ -249,14 +252,24 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit("--duration must be > 0 and --max-load ≥ 0.05")
     cells: list[dict[str, Any]] = []
     started = time.perf_counter()
-    for g in chosen:
-        group = all_groups[int(g) - 1]
-        for cluster in clusters:
-            for process in arrivals:
-                print(f"group {g} {cluster} {process}", file=sys.stderr)
-                cell = run_cell(group, cluster, process, variants, args)
-                cell["group_index"] = int(g)
-                cells.append(cell)
+    err = Console(stderr=True)
+    count = len(chosen) * len(clusters) * len(arrivals)
+    # ~26 min for the 48 cells of 3 variants at 30 s on the 2-core test box
+    # (BENCHMARKS.md): ~11 s per variant and cell at the default duration.
+    guess_s = count * len(variants) * 11.0 * args.duration / 30.0
+    err.print(f"{count} cells × {len(variants)} variants: {about(guess_s)}", highlight=False)
+    progress = make_progress(err)
+    with progress, plain_lines(progress):
+        task = progress.add_task("cells", total=count)
+        for g in chosen:
+            group = all_groups[int(g) - 1]
+            for cluster in clusters:
+                for process in arrivals:
+                    progress.update(task, description=f"group {g} {cluster} {process}")
+                    cell = run_cell(group, cluster, process, variants, args)
+                    cell["group_index"] = int(g)
+                    cells.append(cell)
+                    progress.advance(task)
     summary = summarise(cells, variants)
     table = render(cells, summary, variants)
     print(table)

@@ -45,14 +45,7 @@ from pathlib import Path
 from typing import Any
 
 from rich.console import Console
-from rich.progress import (
-    BarColumn,
-    MofNCompleteColumn,
-    Progress,
-    SpinnerColumn,
-    TextColumn,
-    TimeElapsedColumn,
-)
+from rich.progress import Progress
 
 from app.scheduling.registry import make_scheduler, policy_names, scheduler_class
 from app.simulation.capacity_search import CapacityResult, find_capacity
@@ -61,6 +54,7 @@ from app.workloads.arrivals import Arrivals, generate_arrivals
 from app.workloads.spec import Workload
 from bench import cli
 from bench.cli import UsageError, sanitize
+from bench.progress import make_progress, plain_lines
 from bench.simulate_report import build_document, plot_curves, print_table
 
 DEFAULT_SCALES = (0.25, 0.5, 0.75, 1.0, 1.25, 1.5, 1.75, 2.0)
@@ -271,7 +265,8 @@ class Runner:
             return self.cache[key]
         if extra:  # a capacity probe: its count is not known up front
             self.progress.update(self.task, total=self.progress.tasks[self.task].total + 1)
-        self.progress.update(self.task, description=f"{spec.label} @ ×{scale:.4g}")
+        what = "capacity probe" if extra else "run"
+        self.progress.update(self.task, description=f"{spec.label}: {what} at ×{scale:.4g}")
         with _time_limit(self.timeout_s):
             result = simulate(
                 workload,
@@ -374,18 +369,10 @@ def _main(argv: list[str] | None, err: Console) -> int:
     capacities: dict[str, CapacityResult] = {}
     curves: dict[str, list[dict[str, float]]] = {}
 
-    progress = Progress(
-        SpinnerColumn(),
-        TextColumn("{task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-        console=err,
-        transient=True,
-        disable=args.quiet,
-    )
+    # On a terminal a live bar; in a log a line every few seconds (bench/progress.py).
+    progress = make_progress(err, quiet=args.quiet)
     runs = len(specs) * (1 + (len(scales) if sweep else 0))
-    with progress:
+    with progress, plain_lines(progress):
         task = progress.add_task("simulating", total=runs)
         runner = Runner(workload, progress, task, args.run_timeout, serving)
 

@@ -17,6 +17,7 @@ from app.simulation.capacity_search import CapacityResult
 from app.simulation.run import SimResult
 from app.workloads.spec import Workload
 from bench import cli
+from bench.simulate_notes import notes
 
 MAX_MODEL_ROWS = 8  # per-model rows in the table only for workloads this small
 
@@ -134,6 +135,8 @@ def print_table(
         out.print("* capacity search did not converge (see capacity_status in --json)")
     for label, msg in doc.get("errors", {}).items():
         out.print(f"[red]{label}[/]: {msg}", highlight=False)
+    for note in notes(doc, workload):  # why a row looks odd (bench/simulate_notes.py)
+        out.print(f"note: {note}", highlight=False, markup=False)
 
 
 def _table(title: str | None, columns: list[str]) -> Table:

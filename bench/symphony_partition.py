@@ -49,11 +49,13 @@ from typing import Any
 
 import numpy as np
 import yaml
+from rich.console import Console
 
 from app.planning.partition.milp import greedy_assignment, solve
 from app.planning.partition.plan import PartitionPlan, read_plan, write_plan
 from app.planning.partition.problem import PartitionModel, PartitionProblem, measure
 from app.planning.partition.random_solver import solve_random
+from bench.progress import about, make_progress, plain_lines
 
 ZOO = Path(__file__).parent / "workloads" / "symphony-table5-zoo.yaml"
 DEFAULT_OUT = Path(__file__).parent / "results" / "partition"
@@ -244,9 +246,21 @@ def main(argv: list[str] | None = None) -> int:
         if getattr(args, key) is None:
             setattr(args, key, value)
     runs = []
-    with tempfile.TemporaryDirectory() as scratch:
+    err = Console(stderr=True)
+    # Each configuration: the MILP, the random baseline and the re-plan, each
+    # stopped at the time limit at the latest.
+    err.print(
+        f"{args.configs} configurations of {args.models} models, each up to 3 solves of "
+        f"{args.time_limit:g} s: {about(args.configs * 3 * args.time_limit)} at most",
+        highlight=False,
+    )
+    progress = make_progress(err)
+    with tempfile.TemporaryDirectory() as scratch, progress, plain_lines(progress):
+        task = progress.add_task("configurations", total=args.configs)
         for seed in range(args.configs):
+            progress.update(task, description=f"configuration {seed + 1}/{args.configs}")
             run = run_configuration(seed, args, Path(scratch))
+            progress.advance(task)
             runs.append(run)
             m, r, c = run["milp"], run["random"], run["change"]
             print(

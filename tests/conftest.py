@@ -238,3 +238,15 @@ def peer_missing(why: str) -> NoReturn:
     if os.environ.get("CI"):
         pytest.fail(why)
     pytest.skip(why)
+
+
+def require_peer(name: str) -> None:
+    """bench.compare's peer `name` (ray, tritonserver, bentoml) is installed,
+    else `peer_missing` with its one message (what is missing, the command
+    that installs it)."""
+    from bench.compare.peers import PEERS, PeerUnavailable
+
+    try:
+        PEERS[name].check()
+    except PeerUnavailable as exc:
+        peer_missing(str(exc))

@@ -95,6 +95,7 @@ def test_bounds_are_checked():
         scaler({0}, min_devices=2)
 
 
+@pytest.mark.slow  # over a second
 def test_a_simulated_load_step_adds_devices_then_releases_them():
     """400 r/s for 60 s, 2,000 r/s for 60 s, 400 again: ℓ(b) = b + 10 ms,
     SLO 100 ms, 2 of 8 devices at first; window 5 s, cool-down 10 s,
@@ -132,6 +133,7 @@ def test_a_simulated_load_step_adds_devices_then_releases_them():
     assert trace.scaling[-1][1] == 2 and trace.scaling[-1][0] > 120
 
 
+@pytest.mark.slow  # over a second
 def test_the_bench_quick_run_reports_each_system(tmp_path) -> None:
     assert autoscale_main(["--quick", "--out-dir", str(tmp_path)]) == 0
     body = json.loads((tmp_path / "autoscale.json").read_text())

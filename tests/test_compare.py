@@ -15,6 +15,7 @@ from app.repository.loader import load_repository
 from app.workloads.spec import load_workload
 from bench import compare
 from bench.compare import SETUPS, SystemResult, markdown_table, write_outputs
+from tests.conftest import require_peer
 
 
 @pytest.mark.parametrize("key", sorted(SETUPS))
@@ -223,6 +224,7 @@ def test_a_peer_that_is_not_installed_is_a_usage_error_naming_the_install(
 def test_a_peer_is_screened_and_measured_end_to_end(tmp_path, capsys):
     # The real Triton (it starts in well under a second): its 6 grid points
     # screened with one 0.5-s probe each, the best measured, the table written.
+    require_peer("tritonserver")  # else skipped saying what to install (failed under CI)
     code = compare.main(
         [
             "--workload", "ceiling", "--systems", "none", "--peers", "tritonserver",
@@ -242,3 +244,21 @@ def test_a_peer_is_screened_and_measured_end_to_end(tmp_path, capsys):
     assert system["label"] == f"Triton, {best['label']}"
     assert system["cdf_run"]["overall"]["requests"] > 0
     assert "| Triton, " in capsys.readouterr().out
+
+
+def test_a_missing_peer_skips_with_one_message_naming_its_install_once(monkeypatch):
+    from bench.peers import triton_launcher
+
+    def missing():
+        raise triton_launcher.TritonUnavailable(
+            f"the Triton peer needs the nvidia-pytriton wheel: {triton_launcher.INSTALL_HINT}"
+        )
+
+    monkeypatch.setattr(triton_launcher, "find_triton", missing)
+    monkeypatch.delenv("CI", raising=False)
+    with pytest.raises(pytest.skip.Exception) as skipped:
+        require_peer("tritonserver")
+    assert str(skipped.value).count("pip install --no-deps nvidia-pytriton==0.7.0") == 1
+    monkeypatch.setenv("CI", "1")  # CI installs every peer: there it fails
+    with pytest.raises(pytest.fail.Exception):
+        require_peer("tritonserver")

@@ -526,6 +526,7 @@ def test_every_check_runs():
         assert getattr(project.checks, name).enabled, name
 
 
+@pytest.mark.slow  # over a second
 def test_openapi_stateful():
     """The stateful phase: scenarios that follow the document's links (index →
     model metadata → config, readiness, inference) on real model names, every

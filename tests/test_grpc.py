@@ -434,7 +434,7 @@ async def test_a_busy_port_stops_the_start_naming_the_setting():
 
 
 @pytest.mark.anyio
-async def test_without_the_triton_extra_http_only_with_a_warning(monkeypatch, caplog):
+async def test_without_grpcio_http_only_with_an_error(monkeypatch, caplog):
     monkeypatch.setitem(sys.modules, "grpc", None)  # import grpc raises ImportError
     monkeypatch.delitem(sys.modules, "app.grpc.servicer", raising=False)
     with caplog.at_level(logging.WARNING, logger="app.server"):
@@ -443,6 +443,7 @@ async def test_without_the_triton_extra_http_only_with_a_warning(monkeypatch, ca
     assert "pip install 'deadline-serve[triton]'" in caplog.text
     assert "GRPC_PORT is" in caplog.text and "serving HTTP only" in caplog.text
     assert lifecycle.EXTRA in caplog.text
+    assert [r.levelname for r in caplog.records if "NO gRPC" in r.getMessage()] == ["ERROR"]
 
 
 @pytest.mark.anyio

@@ -231,6 +231,7 @@ def test_groups_must_cover_each_model_once():
         check_groups(load, [GroupSpec((0,), ("a", "c")), GroupSpec((0,), ("b",))])
 
 
+@pytest.mark.slow  # over a second
 def test_bench_quick_writes_both_parts(tmp_path, capsys):
     from bench.herd import main as bench_main
 

@@ -107,6 +107,7 @@ def test_unserved_model_is_penalised_and_reported() -> None:
     assert env.outcomes()[1].served == () and "B" in env.outcomes()[1].failed
 
 
+@pytest.mark.slow  # over a second
 def test_training_reaches_the_exact_objective() -> None:
     problem = _problem()
     exact = solve_exact(problem)

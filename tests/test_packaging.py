@@ -95,6 +95,19 @@ def test_a_built_wheel_serves_the_bundled_models_from_outside_the_checkout(tmp_p
         check=True,
     )
     assert Path(where.stdout.strip()) == target / "app" / "__init__.py"
+    # No top-level `bench` in the wheel; the console script, which says where
+    # the benchmarks run from.
+    assert not (target / "bench").exists()
+    script = target / "bin" / "deadline-serve"
+    done = subprocess.run(
+        [sys.executable, str(script), "simulate"],
+        cwd=elsewhere,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 2 and "not installed with the wheel" in done.stderr, done
     assert sorted(p.parent.name for p in (target / "app" / "models").glob("*/config.yaml")) == [
         p.parent.name for p in sorted((ROOT / "app" / "models").glob("*/config.yaml"))
     ]

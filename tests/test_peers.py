@@ -13,6 +13,7 @@ import pytest
 from app.scheduling.profile import LatencyProfile
 from bench.daemon_launcher import free_port
 from bench.peers.ray_grid import ModelTarget, candidate_grid, pick_best, target_from_config
+from tests.conftest import require_peer
 
 TINY_CONFIG = """\
 backend: emulated
@@ -78,6 +79,7 @@ def test_pick_best_prefers_capacity_then_goodput_then_attainment():
 
 @pytest.fixture(scope="module")
 def ray_serve(tmp_path_factory):
+    require_peer("ray")  # Ray Serve (the `peers` or `test` extra), else skipped saying so
     from bench.peers.ray_serve_launcher import start_ray_serve, stop
 
     repo = _tiny_repository(tmp_path_factory.mktemp("repo"))

@@ -391,8 +391,13 @@ def test_a_parked_actor_finishes_its_batch_frees_its_process_and_a_new_one_serve
 
 def test_a_service_with_autoscale_on_ray_parks_the_devices_above_min(tmp_path, ray_local):
     repository = emulated_repository(tmp_path / "models", {"m": 2.0}, slo_ms=2000)
+    # Work-conserving: the batch goes at once. Under `symphony` it would wait
+    # for its last moment (deadline − ℓ(b) − DEADLINE_MARGIN_MS, 2 s on), and
+    # a timer or Ray call a few ms late on a busy box then prunes a request
+    # ("the deadline cannot be met"): what this test checks is the parking.
     settings = Settings(
         repository=repository,
+        policy="symphony-wc",
         cpu_slices=0,
         emulated_devices=2,
         ray_address=ray_local,

@@ -1,18 +1,22 @@
-"""Every command in the README works as written.
+"""Every command in the README and in docs/ works as written.
 
-The README's shell commands are its indented code blocks, one per line
-(continuation lines joined, trailing comments dropped, `a && b` as two
-commands). Each is either run here verbatim (`RUN`) or listed in `NOT_RUN`
-with the reason it cannot be: installing, CI's own command line, a usage
-synopsis, or minutes to hours of load. The two sets are exactly the README's
-commands, so a command added to the README must be added to one of them.
+The documents are README.md and every docs/*.md page but the benchmark
+history (docs/benchmark-history.md, a record of past runs whose commands
+are those of their day). Their shell commands are their indented code
+blocks and fenced `sh`/`bash`/`shell` blocks, one per line (continuation
+lines joined, trailing comments dropped, `a && b` as two commands). Each is
+either run here verbatim (`RUN`) or listed in `NOT_RUN` with the reason it
+cannot be: installing, CI's own command line, a usage synopsis, or minutes
+to hours of load. The two sets are exactly the documents' commands, so a
+command added to a page must be added to one of them.
 
 One substitution: the servers listen on a free port given as `PORT` (a
-setting the README documents), and the client commands' `localhost:8000` is
-rewritten to it, so that the test never depends on port 8000 being free.
-The README's Python examples (its fenced blocks) are run as they are: the
-scheduling core's alone, the gRPC client's against the quick-start server
-(its `localhost:8001` rewritten to the server's free `GRPC_PORT`).
+setting docs/settings.md documents), and the client commands'
+`localhost:8000` is rewritten to it, so that the test never depends on port
+8000 being free. The Python examples (fenced `python` blocks) are run as
+they are: the scheduling core's alone (docs/architecture.md), the gRPC
+client's against the quick-start server (README; its `localhost:8001`
+rewritten to the server's free `GRPC_PORT`).
 """
 
 from __future__ import annotations
@@ -39,6 +43,9 @@ from bench.loadgen.targets import prepare_targets
 from tests.conftest import ROOT
 
 README = ROOT / "README.md"
+HISTORY = ROOT / "docs" / "benchmark-history.md"
+DOCUMENTS = [README, *sorted(p for p in (ROOT / "docs").glob("*.md") if p != HISTORY)]
+SHELL_FENCES = ("```sh", "```bash", "```shell")
 
 QUICK_START_SERVER = "python -m app serve"
 LIVE_SERVER = "python -m app serve --repository bench/repositories/live --emulated-devices 2"
@@ -86,6 +93,16 @@ PPIPE_SERVE = (
 )
 
 NOT_RUN = {
+    "python -m bench.ray_cluster --workers 1 --hold 600": "the same cluster as the one "
+    "tests/test_ray_cluster.py starts, held for 10 minutes",
+    "RAY_ADDRESS=127.0.0.1:PORT python -m app serve": "a daemon on that cluster "
+    "(tests/test_ray_pool.py serves on a local one; the port is the cluster's)",
+    "python -m bench.ray_executors --netns": "a two-node bench, minutes; "
+    "tests/test_bench_ray.py runs its quick form",
+    "python -m bench.orloj_live --model earlyexit-wide --policies clockwork,orloj "
+    "--sample-rates 0,0.2": "a live benchmark, minutes; tests/test_orloj_live.py runs a short one",
+    "python -m bench.orloj_tables --arrivals trace --rate-scale 0.8333333": "a benchmark "
+    "of minutes; tests/test_orloj.py checks its tables",
     "pip install -e .": _INSTALLS,
     "pip install -e '.[test]'": _INSTALLS,
     "pip install -e '.[bench]'": _INSTALLS,
@@ -152,19 +169,29 @@ NOT_RUN = {
     "~10 min (tests/test_symphony_partition.py runs its --quick form)",
     "python -m bench.inprocess --workload bench/workloads/live-a-resnet50-emulated.yaml "
     "--capacity": "a capacity bisection of 15-s runs, minutes of load",
+    "podman build -t deadline-serve .": "builds the container image: root, podman and the "
+    "package index (deploy/container/smoke.sh builds and checks it)",
+    "podman run --rm -p 8000:8000 -p 8001:8001 deadline-serve": "runs the container image "
+    "(deploy/container/smoke.sh runs it and checks HTTP and gRPC)",
+    "perf_analyzer -m resnet50-emulated -u localhost:8001 -i grpc --shape input:16 "
+    "--concurrency-range 1:4": "Triton's perf_analyzer binary is not among the test "
+    "dependencies (`pip install perf-analyzer`); the gRPC calls it makes are the README "
+    "example's, run here",
 }
 
 
 def readme_commands(text: str) -> list[str]:
-    """The shell commands of the README's indented code blocks."""
+    """The shell commands of a document's indented code blocks and fenced
+    shell blocks."""
     commands: list[str] = []
-    fenced = False
+    fence: str | None = None  # the opening line of the fence we are in
     pending = ""
     for line in text.splitlines():
         if line.startswith("```"):
-            fenced = not fenced
+            fence = None if fence is not None else line.strip()
             continue
-        if fenced or not line.startswith("    "):
+        indented = fence is None and line.startswith("    ")
+        if not (indented or (fence in SHELL_FENCES and line.strip())):
             continue
         pending += line.strip()
         if pending.endswith("\\"):
@@ -172,8 +199,18 @@ def readme_commands(text: str) -> list[str]:
             continue
         command = re.sub(r"\s+#.*$", "", pending).strip()
         pending = ""
-        commands += [part.strip() for part in command.split(" && ")]
+        if command:
+            commands += [part.strip() for part in command.split(" && ")]
     return commands
+
+
+def document_commands() -> dict[Path, list[str]]:
+    """Each document's commands, in the documents' order."""
+    return {path: readme_commands(path.read_text()) for path in DOCUMENTS}
+
+
+def all_commands() -> list[str]:
+    return [c for commands in document_commands().values() for c in commands]
 
 
 def client_commands(commands: list[str]) -> list[str]:
@@ -199,15 +236,36 @@ def run_set(commands: list[str]) -> set[str]:
     }
 
 
-def test_every_readme_command_is_run_or_listed_with_its_reason() -> None:
-    commands = readme_commands(README.read_text())
-    assert len(commands) == len(set(commands)), "a command appears twice"
-    assert run_set(commands) | set(NOT_RUN) == set(commands)
+def test_every_documented_command_is_run_or_listed_with_its_reason() -> None:
+    for path, commands in document_commands().items():
+        assert len(commands) == len(set(commands)), f"a command appears twice in {path.name}"
+    commands = all_commands()
+    assert run_set(commands) | set(NOT_RUN) == set(commands), (
+        "commands neither run nor listed: "
+        f"{set(commands) - run_set(commands) - set(NOT_RUN)}; "
+        f"listed but not in any document: {set(NOT_RUN) - set(commands)}"
+    )
     assert not run_set(commands) & set(NOT_RUN)
     assert len(client_commands(commands)) == 9
     # README's test line is exactly what CI runs.
     assert CI_LINE in README.read_text()
     assert CI_LINE in (ROOT / ".ci" / "run").read_text().splitlines()
+
+
+def test_the_documents_name_no_path_outside_the_repository() -> None:
+    for path in DOCUMENTS:
+        text = path.read_text()
+        assert "../shared" not in text and "/work/" not in text, path.name
+        for target in re.findall(r"\]\(([^)#]*)(?:#[^)]*)?\)", text):
+            if not target or "://" in target:
+                continue
+            resolved = (path.parent / target).resolve()
+            assert resolved.is_relative_to(ROOT), (path.name, target)
+            assert resolved.exists(), f"{path.name} links to missing {target}"
+
+
+def test_the_readme_is_a_short_hub() -> None:
+    assert len(README.read_text().splitlines()) <= 300
 
 
 def _env(cli_env: dict[str, str], port: int) -> dict[str, str]:
@@ -271,13 +329,13 @@ def _bash(command: str, cli_env: dict[str, str]) -> subprocess.CompletedProcess[
 
 
 def _python_examples() -> dict[str, str]:
-    """The README's fenced Python blocks, by the module each is about."""
-    blocks = re.findall(r"```python\n(.*?)```", README.read_text(), re.S)
+    """The documents' fenced Python blocks, by the module each is about."""
     examples = {}
-    for block in blocks:
-        about = "tritonclient.grpc" if "tritonclient.grpc" in block else "app.scheduling"
-        assert about not in examples, f"two README examples about {about}"
-        examples[about] = block
+    for path in DOCUMENTS:
+        for block in re.findall(r"```python\n(.*?)```", path.read_text(), re.S):
+            about = "tritonclient.grpc" if "tritonclient.grpc" in block else "app.scheduling"
+            assert about not in examples, f"two examples about {about}"
+            examples[about] = block
     assert set(examples) == {"tritonclient.grpc", "app.scheduling"}
     return examples
 
@@ -287,13 +345,28 @@ def test_quick_start_commands(serve_readme, cli_env) -> None:
     grpc_port = free_port()
     url = serve_readme(QUICK_START_SERVER, grpc_port)
     port = url.rsplit(":", 1)[1]
-    clients = client_commands(readme_commands(README.read_text()))
-    outputs = []
-    for command in clients:
+    clients = client_commands(all_commands())
+
+    def run(command: str) -> str:
         done = _bash(command.replace("localhost:8000", f"localhost:{port}"), cli_env)
         assert done.returncode == 0, (command, done.stderr)
-        outputs.append(done.stdout)
-    ready, native, v2, metadata, metrics, unload, load, devices, reshared = outputs
+        return done.stdout
+
+    def one(test) -> str:
+        (command,) = [c for c in clients if test(c)]
+        return command
+
+    # Those that only read, then model control and the reshare, which change
+    # the server, in this order whatever page lists them.
+    ready = run(one(lambda c: "/v2/health/ready" in c))
+    native = run(one(lambda c: "localhost:8000/infer " in c))
+    v2 = run(one(lambda c: "/v2/models/resnet50-emulated/infer " in c))
+    metadata = run(one(lambda c: c.endswith("localhost:8000/v2/models/mlp")))
+    metrics = run(one(lambda c: "/metrics" in c))
+    devices = run(one(lambda c: c.endswith("localhost:8000/v2/devices")))
+    unload = run(one(lambda c: c.endswith("/v2/repository/models/mlp/unload")))
+    load = run(one(lambda c: "/v2/repository/models/mlp/load " in c))
+    reshared = run(one(lambda c: "/v2/devices/reshare " in c))
     assert ready == "200\n"
     answer = orjson.loads(native)
     assert answer["outputs"]["output"]["shape"][-1] == 16, answer
@@ -420,6 +493,7 @@ def test_herd_planner_command(cli_env) -> None:
     assert f"least burst tolerance {plan.min_burst_tolerance:.3f}" in done.stdout.decode()
 
 
+@pytest.mark.slow  # over a second
 def test_herd_measured_goodput_command(cli_env) -> None:
     """HERD with measured T_i: named, and a row per model and SLO beside the analytic T."""
     done = subprocess.run(
@@ -512,3 +586,18 @@ def test_the_scheduling_core_example_runs() -> None:
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.split()[-1] == "True"
+
+
+def _slug(heading: str) -> str:
+    """GitHub's anchor of a Markdown heading."""
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+def test_benchmarks_opens_with_a_short_summary_that_links_to_its_sections() -> None:
+    text = (ROOT / "BENCHMARKS.md").read_text()
+    summary = text.split("## Summary\n", 1)[1].split("\n## ", 1)[0]
+    assert text.index("## Summary") < text.index("## Reading the figures")
+    assert len(summary.strip().splitlines()) <= 20
+    anchors = {_slug(line.lstrip("#")) for line in text.splitlines() if line.startswith("#")}
+    links = re.findall(r"\]\(#([^)]+)\)", summary)
+    assert len(links) >= 10 and set(links) <= anchors, set(links) - anchors

@@ -1,6 +1,6 @@
 """Settings from one source: every setting by its variable and by its flag,
 errors that name the setting, the CLI leaving the environment alone, and the
-README's table generated from the same metadata."""
+the settings page's table (docs/settings.md) generated from the same metadata."""
 
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ from app.server.settings import (
 )
 from app.server.settings_cli import TABLE_END, TABLE_START, markdown_table, table_in, with_table
 
-README = Path(__file__).resolve().parent.parent / "README.md"
+SETTINGS_PAGE = Path(__file__).resolve().parent.parent / "docs" / "settings.md"
 
 # For every setting: a text other than its default, and the value it gives.
 SAMPLES: dict[str, tuple[str, object]] = {
@@ -66,6 +66,7 @@ SAMPLES: dict[str, tuple[str, object]] = {
     "MAX_BODY_BYTES": ("1024", 1024),
     "MAX_JSON_BYTES": ("65536", 65536),
     "METRICS_PREFIX": ("dserve:", "dserve:"),
+    "ACCESS_LOG": ("yes", True),
     "ADMIN_TOKEN": ("s3cret", "s3cret"),
     "PROFILE_BATCH_SIZES": ("1, 3,9", (1, 3, 9)),
     "PROFILE_CACHE_DIR": ("/var/cache/ds", Path("/var/cache/ds")),
@@ -164,7 +165,8 @@ def test_flag_names_come_from_the_variables():
         "exit_on_error", "strict_readiness", "header_timeout_s", "body_timeout_s",
         "keep_alive_timeout_s", "max_header_bytes",
         "max_buffered_bytes", "max_connections", "deadline_margin_ms", "timer_lead_ms",
-        "realtime_priority", "max_body_bytes", "max_json_bytes", "metrics_prefix", "admin_token",
+        "realtime_priority", "max_body_bytes", "max_json_bytes", "metrics_prefix", "access_log",
+        "admin_token",
         "profile_batch_sizes", "profile_cache_dir", "profile_min_r2", "profile_sample_rate",
         "ppipe_plan", "ppipe_timings", "ppipe_classes",
     ]  # fmt: skip
@@ -344,17 +346,17 @@ def test_the_admin_token_is_not_in_the_settings_repr():
     assert "s3cret" not in repr(Settings.from_env({"ADMIN_TOKEN": "s3cret"}))
 
 
-# ------------------------------------------------------------------ the README
+# ------------------------------------------------------------------ docs/settings.md
 
 
-def test_readme_table_is_the_generated_one():
-    readme = README.read_text(encoding="utf-8")
-    assert table_in(readme) == markdown_table(), (
-        "README.md's settings table is stale: run "
-        "`python -m app.server.settings_cli --write README.md`"
+def test_the_settings_page_table_is_the_generated_one():
+    page = SETTINGS_PAGE.read_text(encoding="utf-8")
+    assert table_in(page) == markdown_table(), (
+        "docs/settings.md's settings table is stale: run "
+        "`python -m app.server.settings_cli --write docs/settings.md`"
     )
-    assert with_table(readme) == readme
-    assert readme.count(TABLE_START) == readme.count(TABLE_END) == 1
+    assert with_table(page) == page
+    assert page.count(TABLE_START) == page.count(TABLE_END) == 1
 
 
 def test_table_has_a_row_per_setting_with_its_default():

@@ -370,6 +370,7 @@ def test_a_partitioned_run_from_a_plan_and_its_errors(tmp_path: Path) -> None:
         split_devices(3, 4)
 
 
+@pytest.mark.slow  # over a second
 def test_the_bench_compares_with_the_random_baseline_and_keeps_to_c_max(tmp_path: Path) -> None:
     from bench.symphony_partition import configuration, main, zoo
 

@@ -8,9 +8,9 @@ service through the same call as the HTTP v2 infer route
 (`InferenceService.infer`), so one scheduler sees both and a batch may mix
 requests from HTTP and gRPC.
 
-grpcio and the protos are the optional `triton` extra
-(`pip install 'deadline-serve[triton]'`); `GRPC_PORT` > 0 without it logs a
-warning naming the extra and the server runs HTTP only. Only `lifecycle`
+grpcio and the protos (tritonclient[grpc]) are default dependencies; an
+install without them (`pip install 'deadline-serve[triton]'` adds them)
+logs an error at start-up when `GRPC_PORT` > 0 and runs HTTP only. Only `lifecycle`
 may be imported without the extra; the other modules import grpc.
 
 The modules, from the socket inwards:

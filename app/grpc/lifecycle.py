@@ -4,9 +4,9 @@ The app's lifespan (app/main.py) starts the endpoint once the service has
 started, on the running event loop — uvicorn's, so HTTP and gRPC share one
 loop, one process and one service — and stops it after the service:
 
-- `GRPC_PORT` 0: nothing is started. Without the `triton` extra (grpcio and
-  tritonclient's protos), `GRPC_PORT` > 0 logs a warning naming the extra
-  and the server serves HTTP only;
+- `GRPC_PORT` 0: nothing is started. Without grpcio and tritonclient's
+  protos (default dependencies; a broken install), `GRPC_PORT` > 0 logs an
+  error saying how to install them and the server serves HTTP only;
 - the port is bound on `HOST`, as HTTP's is, without SO_REUSEPORT (grpcio's
   default on Linux would let a second server share the port and take half
   its connections silently): a port that cannot be bound stops the start-up
@@ -127,9 +127,9 @@ async def start_grpc_endpoint(
 
         from app.grpc.servicer import InferenceServicer
     except ImportError as exc:  # the optional extra
-        log.warning(
-            "GRPC_PORT is %d but the gRPC endpoint needs the triton extra (%s; missing: %s): "
-            "serving HTTP only (GRPC_PORT=0 turns gRPC off without this warning)",
+        log.error(  # a default dependency: its absence is a broken install, said loudly
+            "NO gRPC: GRPC_PORT is %d but grpcio or tritonclient's protos are not installed "
+            "(%s; missing: %s): serving HTTP only (GRPC_PORT=0 turns gRPC off without this)",
             settings.grpc_port,
             EXTRA,
             exc.name or exc,

@@ -535,6 +535,7 @@ def ensure_bundled_models(
             continue
         if not os.access(directory, os.W_OK):
             raise PermissionError(_unwritable(target))
+        log.info("building bundled model %s …", target)
         t0 = time.perf_counter()
         data = gen.build()
         atomic_write_bytes(target, data)

@@ -407,7 +407,7 @@ def load_repository(root: Path) -> RepositoryIndex:
             versions = load_model_versions(sub, warn)
         except ValueError as exc:
             index.errors[sub.name] = str(exc)
-            log.warning("model %s is unavailable: %s", sub.name, exc)
+            log.debug("model %s is unavailable: %s", sub.name, exc)  # the caller reports it
             continue
         index.models.update((config.name, config) for config in versions)
     if no_slo:

@@ -137,7 +137,9 @@ class LiveService(Management):
         piped = self.pipelines.configs if self.pipelines is not None else {}
         self._check_loaded({**index.models, **piped})
         # No executor of DEVICES when a plan serves every model.
-        self.devices = startup.device_layout(settings) if index.models else []
+        self.devices = (
+            startup.device_layout(settings, index.models.values()) if index.models else []
+        )
         if settings.core_groups is not None and index.models:
             index.models = apply_core_groups(settings.core_groups, index.models, self.devices)
         if settings.realtime_priority:

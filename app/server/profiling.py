@@ -228,6 +228,12 @@ async def _measure(
         {b for b in settings.profile_batch_sizes if b <= config.max_batch_size}
         | {1, config.max_batch_size}
     )
+    log.info(
+        "model %s: profiling on %s (batch sizes %s) …",
+        config.name,
+        device.name,
+        ", ".join(map(str, sizes)),
+    )
     measured = await pool.profile(device.id, config.name, sizes)
     if serving:
         again = await pool.profile(device.id, config.name, sizes)

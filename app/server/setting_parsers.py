@@ -6,7 +6,7 @@ raises ValueError naming where the text came from (`label`: the variable or
 the flag, e.g. `MAX_QUEUE` or `--max-queue`) and the bad value. Nothing is
 guessed: a boolean is one of a few spellings, a list has no empty items, a
 number is finite. `show` writes a value back the way a user would type it (the
-defaults in the README's table and in `--help`); `describe` says what is
+defaults in the settings table (docs/settings.md) and in `--help`); `describe` says what is
 accepted, for `--help`.
 """
 

@@ -1,16 +1,12 @@
 """The daemon's settings, and how each is set.
 
-Each field of `Settings` carries its own description (`Setting`, in the
-field's metadata): the environment variable, the parser that checks its text
-(`app.server.setting_parsers`), its default, and one line saying what it means.
-Everything else is generated from that: the environment reader
-(`Settings.from_env`, used by `uvicorn app.main:app`), a `python -m app serve`
-flag for every setting (`app.server.settings_cli`; MAX_QUEUE → `--max-queue`,
-a flag wins over its variable), and the table under "Server settings" in the
-README (`python -m app.server.settings_cli --write README.md` rewrites it; a
-test checks it is current). Read the table there, or `python -m app serve
---help`. The deadline margin and the timer lead default smaller under
-REALTIME_PRIORITY (`_dependent_defaults`)."""
+Each field of `Settings` carries its own description (`Setting`, in its
+metadata): variable, parser (`app.server.setting_parsers`), default, meaning.
+From that come the environment reader (`Settings.from_env`), a flag per
+setting (`app.server.settings_cli`; MAX_QUEUE → `--max-queue`; a flag wins)
+and the table in docs/settings.md (`python -m app.server.settings_cli --write
+docs/settings.md`; a test checks it). Slack defaults follow REALTIME_PRIORITY.
+"""
 
 from __future__ import annotations
 
@@ -58,7 +54,7 @@ class Setting:
 
     env: str  # the environment variable; the flag is derived from it
     parser: Parser
-    meaning: str  # one line, as the README's table and `--help` show it
+    meaning: str  # one line, as the settings table (docs/settings.md) and `--help` show it
     shown_default: str | None = None  # where the default value does not say it
     aliases: tuple[str, ...] = ()  # further flags, kept for existing command lines
     name: str = ""  # the `Settings` attribute (filled in from the field)
@@ -446,6 +442,14 @@ class Settings:
             "prefix of every metric name on `/metrics` (empty: none)",
         ),
     )
+    access_log: bool = field(
+        default=False,
+        metadata=_setting(
+            "ACCESS_LOG",
+            Boolean(),
+            "a log line per HTTP request (uvicorn's; ~9 % of the CPU it uses)",
+        ),
+    )
     admin_token: str | None = field(
         default=None,
         repr=False,  # a credential: kept out of logs
@@ -544,7 +548,7 @@ def _described(spec: Field[Any]) -> Setting:
     return replace(setting, name=spec.name, default=default)
 
 
-# Every setting, in the order of the README's table.
+# Every setting, in the order of the settings table (docs/settings.md).
 SETTINGS: tuple[Setting, ...] = tuple(_described(spec) for spec in fields(Settings))
 SETTING_BY_NAME: dict[str, Setting] = {setting.name: setting for setting in SETTINGS}
 

@@ -1,12 +1,12 @@
 """The settings as a user meets them: a `python -m app serve` flag for every
-setting, and the README's settings table — both generated from
+setting, and the settings table of docs/settings.md — both generated from
 `app.server.settings.SETTINGS`, like the environment reader.
 
 Flags are passed on as values (`read_settings(env, flags)`), never written
 into `os.environ`: the process's environment stays what its parent gave it.
 
     python -m app.server.settings_cli                    # print the table
-    python -m app.server.settings_cli --write README.md  # rewrite it in place
+    python -m app.server.settings_cli --write docs/settings.md  # rewrite it in place
 """
 
 from __future__ import annotations
@@ -64,7 +64,7 @@ def _plain(markdown: str) -> str:
     return markdown.replace("`", "")
 
 
-# ------------------------------------------------------------------ the README's table
+# ------------------------------------------------------------------ the settings table
 
 
 def markdown_table() -> str:
@@ -90,7 +90,7 @@ def _table_span(document: str) -> tuple[int, int]:
 
 
 def table_in(document: str) -> str:
-    """The settings table between the markers of a document (the README)."""
+    """The settings table between the markers of a document (docs/settings.md)."""
     start, end = _table_span(document)
     return document[start:end].strip("\n") + "\n"
 

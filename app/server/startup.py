@@ -24,14 +24,14 @@ import contextlib
 import logging
 import signal
 import threading
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, replace
 
 from app.optional import import_ray
 from app.repository.config import ModelConfig, shown_model
 from app.repository.loader import RepositoryIndex, load_repository
 from app.runtime.arena import Arena
-from app.runtime.devices import ExecutorDevice, detect_devices
+from app.runtime.devices import ExecutorDevice, detect_devices, model_allowed_on
 from app.runtime.events import EventSink
 from app.runtime.pool import ExecutorPool
 from app.runtime.ray_fit import ActorInfeasible
@@ -134,9 +134,7 @@ async def load_models(settings: Settings) -> RepositoryIndex:
     if root.resolve() == BUNDLED_REPOSITORY.resolve():
         from app.repository.bundled import ensure_bundled_models
 
-        built = await asyncio.to_thread(ensure_bundled_models, root)
-        for name in built:
-            log.info("built bundled model file %s", name)
+        await asyncio.to_thread(ensure_bundled_models, root)  # it logs each build
     index = load_repository(root)
     if root.resolve() == BUNDLED_REPOSITORY.resolve():
         from app.repository.bundled import GENERATED
@@ -148,7 +146,7 @@ async def load_models(settings: Settings) -> RepositoryIndex:
         if name in index.optional:
             log.warning("model %s not served: its optional extra is not installed", name)
         else:
-            log.error("model %s unavailable: %s", name, error)
+            log_unavailable(settings, name, error)
     return index
 
 
@@ -158,13 +156,34 @@ def arena_capacity(settings: Settings, config: ModelConfig) -> int:
     return max(settings.arena_slots, config.max_batch_size)
 
 
-def device_layout(settings: Settings) -> list[ExecutorDevice]:
+def log_unavailable(settings: Settings, name: str, reason: str) -> None:
+    """One line for a model that failed to load. Under EXIT_ON_ERROR the
+    start-up stops with one line naming every such model and its reason
+    (`check_loaded`), so the model's own line is a debug one."""
+    level = logging.DEBUG if settings.exit_on_error else logging.ERROR
+    log.log(level, "model %s unavailable: %s", name, reason)
+
+
+def device_layout(
+    settings: Settings, configs: Iterable[ModelConfig] | None = None
+) -> list[ExecutorDevice]:
+    """This machine's executor devices. Given the repository's models
+    (`configs`), only the devices one of them may run on: no executor for a
+    device no model uses (numbered again, in order). Not with CORE_GROUPS or
+    RAY_NODES, whose plans name devices by their place in the whole layout."""
     devices = detect_devices(
         settings.cpu_slices,
         settings.threads_per_slice,
         settings.emulated_devices,
         shares=settings.device_shares,
     )
+    if configs is not None and settings.core_groups is None and settings.ray_nodes is None:
+        configs = list(configs)
+        used = [d for d in devices if any(model_allowed_on(c, d) for c in configs)]
+        idle = [d.name for d in devices if d not in used]
+        if idle:
+            log.info("no executor for %s: no model of the repository runs there", ", ".join(idle))
+        devices = [replace(d, id=i) for i, d in enumerate(used)]
     for device in devices:
         log.info(
             "device %d: %s (%s, %d threads)", device.id, device.name, device.kind, device.threads
@@ -216,6 +235,8 @@ async def start_executors(
             unavailable[name] = why_not_loaded(pool, devices, config)
             log.error("model %s unavailable: %s", name, unavailable[name])
             await pool.model_changes.remove_model(name)  # and its arena: a later load starts afresh
+            log_unavailable(settings, name, unavailable[name])
+            arenas[name].close_and_unlink()
             continue
         models[name] = ModelState(config, arenas[name], hosts)
     return pool, models, unavailable

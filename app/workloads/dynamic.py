@@ -14,6 +14,13 @@ time depends on its input (orloj.txt §3–4)::
         - name: long
           share: 0.5
           table: long.csv            # or: one ℓ_r in ms per line (relative to the file)
+          inputs: long.npz           # optional, live load only: this application's inputs
+
+**Live load.** `bench.loadgen` sends each request its application as
+`app_id`; an application's `inputs` (an .npz, relative to the file: one
+array per model input, one row per request variant) gives its requests
+their inputs, a row each (bench/loadgen/variants.py). The simulator draws
+ℓ_r as above and ignores `inputs`.
 
 Each request r has a length ℓ_r (ms); alone it runs c0 + c1·ℓ_r, its
 *alone-time*; a batch of k items runs c0 + c1·k·max_r ℓ_r (eq. 3–4: the
@@ -67,7 +74,7 @@ P99 = 0.99
 _SUM_TOLERANCE = 1e-6
 _LATENCY_KEYS = frozenset({"batch", "floor_ms", "apps"})
 _BATCH_KEYS = frozenset({"c0_ms", "c1"})
-_APP_KEYS = frozenset({"name", "share", "modes", "table"})
+_APP_KEYS = frozenset({"name", "share", "modes", "table", "inputs"})
 _MODE_KEYS = frozenset({"mean_ms", "std_ms", "weight"})
 # Seed-sequence tags: distinct from the other streams of a workload's seed
 # (arrivals: seed; items: [seed, 2]; latency draws: [seed, 4], see arrivals.py).
@@ -92,6 +99,10 @@ class AppLengths:
     share: float
     modes: tuple[Mode, ...] = ()
     table_ms: tuple[float, ...] = ()
+    # The live load generator's inputs for this application's requests: an
+    # .npz of one array per model input, a row per request variant (the
+    # simulator draws ℓ_r above and ignores it; bench/loadgen/variants.py).
+    inputs: Path | None = None
 
     def draw(self, rng: np.random.Generator, n: int) -> np.ndarray:
         if self.table_ms:
@@ -319,7 +330,10 @@ def parse_latency(ctx: FieldReader, raw: Any, where: str, base_dir: Path) -> Dyn
     shares = [1.0 if a.share is None else a.share for a in apps]
     if abs(sum(shares) - 1.0) > _SUM_TOLERANCE:
         ctx.fail(f"{where}.apps", f"shares must sum to 1, they sum to {sum(shares):.6g}")
-    apps = [AppLengths(a.name, s, a.modes, a.table_ms) for a, s in zip(apps, shares, strict=True)]
+    apps = [
+        AppLengths(a.name, s, a.modes, a.table_ms, a.inputs)
+        for a, s in zip(apps, shares, strict=True)
+    ]
     return DynamicLatency(c0, c1, floor, tuple(apps))
 
 
@@ -329,6 +343,7 @@ class _RawApp:
     share: float | None
     modes: tuple[Mode, ...]
     table_ms: tuple[float, ...]
+    inputs: Path | None = None
 
 
 def _parse_app(ctx: FieldReader, raw: Any, where: str, base_dir: Path) -> _RawApp:
@@ -341,8 +356,16 @@ def _parse_app(ctx: FieldReader, raw: Any, where: str, base_dir: Path) -> _RawAp
         ctx.fail(f"{where}.share", f"must be a fraction in (0, 1], got {share:g}")
     if ("modes" in raw) == ("table" in raw):
         ctx.fail(where, "give either 'modes' (a mixture of normals) or 'table' (a file), one")
+    inputs = None
+    if "inputs" in raw:
+        if not isinstance(raw["inputs"], str) or not raw["inputs"].endswith(".npz"):
+            ctx.fail(f"{where}.inputs", f"must name an .npz file, got {raw['inputs']!r}")
+        inputs = (base_dir / raw["inputs"]).resolve()
+        if not inputs.is_file():
+            ctx.fail(f"{where}.inputs", f"no such file: {inputs}")
     if "table" in raw:
-        return _RawApp(name, share, (), _read_table(ctx, raw["table"], f"{where}.table", base_dir))
+        table = _read_table(ctx, raw["table"], f"{where}.table", base_dir)
+        return _RawApp(name, share, (), table, inputs)
     modes_raw = raw["modes"]
     if not isinstance(modes_raw, list) or not modes_raw:
         ctx.fail(f"{where}.modes", "must be a non-empty list of {mean_ms, std_ms, weight}")
@@ -359,7 +382,7 @@ def _parse_app(ctx: FieldReader, raw: Any, where: str, base_dir: Path) -> _RawAp
     total = sum(m.weight for m in modes)
     if abs(total - 1.0) > _SUM_TOLERANCE:
         ctx.fail(f"{where}.modes", f"weights must sum to 1, they sum to {total:.6g}")
-    return _RawApp(name, share, tuple(modes), ())
+    return _RawApp(name, share, tuple(modes), (), inputs)
 
 
 def _read_table(ctx: FieldReader, raw: Any, where: str, base_dir: Path) -> tuple[float, ...]:

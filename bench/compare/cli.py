@@ -6,6 +6,9 @@ import argparse
 import sys
 import time
 from pathlib import Path
+from typing import Any
+
+from rich.console import Console
 
 from app.runtime.realtime import RealtimeUnavailable, check_permitted
 from app.workloads.spec import load_workload
@@ -13,6 +16,7 @@ from bench.compare.measure import Options, SystemResult, run_daemon
 from bench.compare.output import write_outputs
 from bench.compare.peers import PEERS, PeerUnavailable, run_peer
 from bench.compare.setups import REPO_ROOT, SETUPS
+from bench.progress import Status, about_subject
 
 DAEMON_POLICIES = ("symphony", "triton", "clockwork")
 
@@ -119,6 +123,12 @@ def main(argv: list[str] | None = None) -> int:
         ),
         realtime_priority=args.realtime_priority,
     )
+    # A line at least every 5 s on what runs now (bench/progress.py).
+    with Status(Console(stderr=True)):
+        return _compare(args, systems, peers, options)
+
+
+def _compare(args: Any, systems: list[str], peers: list[str], options: Options) -> int:
     for key in args.workload:
         setup = SETUPS[key].on_devices(args.devices)
         workload = setup.workload_on_devices(load_workload(setup.workload))
@@ -130,6 +140,7 @@ def main(argv: list[str] | None = None) -> int:
         results: list[SystemResult] = []
         for system in [*systems, *peers]:
             started = time.monotonic()
+            about_subject(f"({key}) {system}")
             if system in PEERS:
                 result = run_peer(PEERS[system], setup, workload, options)
             else:

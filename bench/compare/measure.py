@@ -16,6 +16,7 @@ from app.workloads.spec import Workload
 from bench.compare.setups import Setup
 from bench.daemon_launcher import free_port, start_daemon, stop_daemon
 from bench.loadgen import LiveResult, ModelTarget, find_live_capacity, prepare_targets, run_load
+from bench.progress import say
 
 
 @dataclass
@@ -97,7 +98,17 @@ def capacity_search(
     """A warm-up run, then the bisection: (CapacityResult, probe rows sorted
     by offered load)."""
     warm = dataclasses.replace(workload, duration_s=min(WARM_UP_S, options.probe_duration_s))
+    say(f"warm-up run ({warm.duration_s:g} s)")
     asyncio.run(run_load(url, warm, WARM_UP_SCALE, targets=targets, workers=options.workers))
+    count = iter(range(1, max_probes + 1))
+
+    def on_probe(scale: float) -> None:
+        say(
+            f"capacity probe {next(count)} of at most {max_probes}: "
+            f"{workload.offered_rate() * scale:,.0f} r/s offered, "
+            f"{options.probe_duration_s:g} s"
+        )
+
     capacity, probes = find_live_capacity(
         url,
         workload,
@@ -105,6 +116,7 @@ def capacity_search(
         max_runs=max_probes,
         targets=targets,
         workers=options.workers,
+        on_probe=on_probe,
     )
     rows = sorted((probe_row(r) for r in probes.values()), key=lambda p: p["offered_rps"])
     return capacity, rows
@@ -127,6 +139,7 @@ def measure(
         cdf_scale = options.cdf_scale
         if options.cdf_fraction is not None and capacity.rate_scale is not None:
             cdf_scale = capacity.rate_scale * options.cdf_fraction
+        say(f"latency CDF run at ×{cdf_scale:.3g}")
         cdf = asyncio.run(
             run_load(
                 url, short(workload, options), cdf_scale, targets=targets, workers=options.workers
@@ -149,6 +162,7 @@ def run_daemon(setup: Setup, workload: Workload, policy: str, options: Options) 
     # The bundled repository also holds emulated models, which a CPU setup has
     # no device for: the daemon serves the others (the workload's).
     cpu_only = {"EXIT_ON_ERROR": "0", "STRICT_READINESS": "0"} if not setup.emulated_devices else {}
+    say("starting the daemon")
     handle = start_daemon(
         setup.repository,
         free_port(),

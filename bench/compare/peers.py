@@ -34,6 +34,7 @@ from bench.compare.measure import (
 )
 from bench.compare.setups import Setup
 from bench.loadgen import ModelTarget, build_targets
+from bench.progress import say
 
 
 class PeerUnavailable(RuntimeError):
@@ -184,7 +185,9 @@ class TritonServer(Peer):
         try:
             find_triton()
         except TritonUnavailable as exc:
-            raise PeerUnavailable(f"peer {self.name!r}: {exc} ({self.install})") from None
+            # The launcher's message names the install command once already.
+            hint = "" if self.install in str(exc) else f" ({self.install})"
+            raise PeerUnavailable(f"peer {self.name!r}: {exc}{hint}") from None
 
     def grid(self, setup: Setup, workload: Workload, options: Options) -> list[PeerPoint]:
         from bench.peers.triton_grid import triton_grid
@@ -273,7 +276,9 @@ def screen(
     targets = peer.targets(setup, workload)
     rows: list[dict[str, Any]] = []
     best: tuple[float, PeerPoint] | None = None
-    for point in peer.grid(setup, workload, options):
+    grid = list(peer.grid(setup, workload, options))
+    for i, point in enumerate(grid, 1):
+        say(f"grid point {i}/{len(grid)} ({point.label}): starting")
         running = peer.start(setup, workload, point)
         try:
             with fifo_while(options.realtime_priority, "--realtime-priority"):
@@ -307,6 +312,7 @@ def run_peer(peer: Peer, setup: Setup, workload: Workload, options: Options) -> 
     """Screen the grid, then measure the best point as the daemon is measured."""
     best, rows = screen(peer, setup, workload, options)
     targets = peer.targets(setup, workload)
+    say(f"best point ({best.label}): starting")
     running = peer.start(setup, workload, best)
     try:
         measured = measure(

@@ -27,6 +27,7 @@ from bench.loadgen.errors import LoadGenError
 from bench.loadgen.records import Records
 from bench.loadgen.results import LiveResult, generator_stats, live_result
 from bench.loadgen.targets import ModelTarget, check_loopback, prepare_targets
+from bench.loadgen.variants import workload_variants
 from bench.loadgen.workers import WorkerPlan, run_workers
 
 DEFAULT_TIMEOUT_MARGIN_MS = 500.0
@@ -101,10 +102,7 @@ async def run_load(
     # opened before the start; the pool opens the others when needed.
     conns = connections or min(MAX_CONNECTIONS, max(32, math.ceil(rate * max(timeouts)) + 16))
     warm = min(conns, math.ceil(rate * max(slo_ms) / 1000.0 * 2.0) + 16)
-    if variants is not None and len(variants.body_index) != total:
-        raise LoadGenError(
-            f"variants name a body for {len(variants.body_index)} requests, the run has {total}"
-        )
+    variants = _request_variants(variants, workload, arrivals, targets)
     config = ClientConfig(
         client=client,
         base_url=base,
@@ -148,6 +146,25 @@ async def run_load(
     n_devices = devices if devices is not None else len(workload.devices)
     names = [t.name for t in targets]
     return live_result(base, workload, rate_scale, records, names, slo_ms, n_devices, gen, wall)
+
+
+def _request_variants(
+    variants: RequestVariants | None,
+    workload: Workload,
+    arrivals: Arrivals,
+    targets: Sequence[ModelTarget],
+) -> RequestVariants | None:
+    """The bodies of requests whose inputs differ: those given, or for
+    dynamic models their app ids and per-application inputs (native API)."""
+    if variants is None and all(t.path == "/infer" for t in targets):
+        made = workload_variants(workload, arrivals, targets)
+        variants = None if made is None else RequestVariants(*made)
+    total = len(arrivals)
+    if variants is not None and len(variants.body_index) != total:
+        raise LoadGenError(
+            f"variants name a body for {len(variants.body_index)} requests, the run has {total}"
+        )
+    return variants
 
 
 def run_schedule(
