@@ -300,7 +300,7 @@ def capacity(
     door_share = 0.5 if env.get("CPU_SLICES") == "0" else 0.2
     rate = nominal_rate(profile["latency_ms"], slo_ms, door_rps, door_share)
     load = workload("resnet50", slo_ms, profile["alpha_ms"], profile["beta_ms"], rate, opts.probe_s)
-    handle = start(repository, {"POLICY": policy, **env}, max(10.0, deadline - time.monotonic()))
+    handle = start(repository, {"POLICY": policy, **env}, max(45.0, deadline - time.monotonic()))
     try:
         targets = asyncio.run(prepare_targets(handle.url, load))
         options = Options(opts.probe_s, opts.max_probes, 1.0, None, opts.workers)
@@ -405,7 +405,20 @@ def measure(run: Run, opts: argparse.Namespace, cuda: bool, cores: int) -> None:
     def models() -> dict[str, Any]:
         built = parts.build_repository(repository, sizes)
         shutil.copytree(repository / "resnet50", served_repository / "resnet50")
+        serve_slo(1000.0)
+        built["resnet50"]["served_image"] = sizes.serve_image
         return built
+
+    def serve_slo(slo_ms: float) -> None:
+        parts.set_slo(
+            served_repository,
+            "resnet50",
+            slo_ms,
+            description="ResNet-50 for bench.gpu_check",
+            size=sizes.serve_image,
+            classes=1000,
+            sizes=sizes,
+        )
 
     run.step("models", models, needs=("environment",))
 
@@ -414,13 +427,20 @@ def measure(run: Run, opts: argparse.Namespace, cuda: bool, cores: int) -> None:
 
         index = load_repository(repository)
         deadline = budget.deadline(reserve_s=0.75 * budget.left())
-        return {
+        out = {
             name: parts.profile_model(index.models[name], device, sizes, threads, deadline)
             for name in ("resnet50", "torchcnn")
         }
+        if sizes.serve_image != sizes.image:  # the served one, at the daemon's sizes
+            config = load_repository(served_repository).models["resnet50"]
+            batches = tuple(b for b in (1, 2, 4, 8, 16, 32, 64) if b <= sizes.max_batch)
+            deadline = budget.deadline(reserve_s=0.7 * budget.left())
+            served = parts.profile_model(config, device, sizes, threads, deadline, batches)
+            out["resnet50_served"] = {**served, "image": sizes.serve_image}
+        return out
 
     profiles = run.step("profile", profile, needs=("models",))
-    served = profiles["resnet50"] if profiles else None
+    served = profiles.get("resnet50_served", profiles["resnet50"]) if profiles else None
     slo_ms = max(3 * served["latency_ms"]["1"], opts.min_slo_ms) if served else 0.0
     if served:  # the served config's SLO: the workload's may not be looser
         run.steps["profile"]["slo"] = {
@@ -428,15 +448,7 @@ def measure(run: Run, opts: argparse.Namespace, cuda: bool, cores: int) -> None:
             "min_slo_ms": opts.min_slo_ms,
             "slo_ms": slo_ms,
         }
-        parts.set_slo(
-            served_repository,
-            "resnet50",
-            slo_ms,
-            description="ResNet-50 for bench.gpu_check",
-            size=sizes.image,
-            classes=1000,
-            sizes=sizes,
-        )
+        serve_slo(slo_ms)
 
     def preempt() -> dict[str, Any]:
         from app.runtime.devices import ExecutorDevice

@@ -43,10 +43,15 @@ class Sizes:
     profile_repeats: int
     preempt_batches: tuple[int, ...]
     preempt_trials: int
+    # The served ResNet's input (the same module: it pools adaptively). A
+    # request carries its tensor as JSON, ~8 bytes a float: 1.2 MB at 224²,
+    # which the front door parses at a few ms a request, so the capacity
+    # steps serve a smaller image to measure the device and the policy.
+    serve_image: int
 
 
-GPU_SIZES = Sizes(224, (3, 4, 6, 3), 64, 64, tuple(range(1, 65)), 5, (1, 8, 32, 64), 25)
-DRY_SIZES = Sizes(32, (1, 1, 1, 1), 8, 8, (1, 2, 4, 8), 3, (1, 8), 5)
+GPU_SIZES = Sizes(224, (3, 4, 6, 3), 64, 64, tuple(range(1, 65)), 5, (1, 8, 32, 64), 25, 112)
+DRY_SIZES = Sizes(32, (1, 1, 1, 1), 8, 8, (1, 2, 4, 8), 3, (1, 8), 5, 24)
 
 
 # ------------------------------------------------------------------ models
@@ -198,7 +203,12 @@ def _parameters(module: Any) -> int:
 
 # ----------------------------------------------------------------- profile
 def profile_model(
-    config: ModelConfig, device: str, sizes: Sizes, threads: int, deadline: float
+    config: ModelConfig,
+    device: str,
+    sizes: Sizes,
+    threads: int,
+    deadline: float,
+    batches: tuple[int, ...] = (),
 ) -> dict[str, Any]:
     """ℓ(b) of `config` through `TorchBackend.run` (inputs from and outputs
     to host memory, exit points as chosen at load, as the executor runs it):
@@ -209,7 +219,7 @@ def profile_model(
     backend.load(config)
     assert backend.plan is not None
     table: dict[int, float] = {}
-    for b in sizes.profile_batches:
+    for b in batches or sizes.profile_batches:
         if b > config.max_batch_size or time.monotonic() > deadline:
             break
         inputs = synthetic_inputs(config, b)
@@ -230,7 +240,7 @@ def profile_model(
         "exit_plan": backend.plan.describe(),
         "exit_points": backend.plan.exit_points,
         "complete": len(table)
-        == len([b for b in sizes.profile_batches if b <= config.max_batch_size]),
+        == len([b for b in batches or sizes.profile_batches if b <= config.max_batch_size]),
     }
 
 
