@@ -13,17 +13,19 @@ On a machine where torch sees a CUDA device it runs, within `--budget-s`:
    else the same layout in plain torch) and the bundled `torchcnn`, saved as
    TorchScript into a repository of their own (max batch 64);
 4. `profile`: ℓ(b) of both on `cuda:0` for b = 1…64 through the Torch
-   backend as the executor runs it, and the linear fit (α, β, r²);
-5. `capacity`: the daemon (Torch backend on the GPU) serving `resnet50` at an
-   SLO of 3×ℓ(1), capacity by bisection with `bench.loadgen` for each policy
-   (symphony, triton, clockwork, flex);
-6. `preemption`: FLEX's means, a batch stopped at an exit point through a
+   backend as the executor runs it, and the linear fit (α, β, r²); then the
+   served ResNet-50 (112² images: a 224² one is 1.2 MB of JSON a request);
+5. `preemption`: FLEX's means, a batch stopped at an exit point through a
    real executor on `cuda:0`: stop delay (median, p99) against the batch's time;
-7. `mps`: the same daemon with `cuda:0` split into two shares, through MPS
+6. `ceiling`: the front door's ceiling with ℓ ≈ 0 (`bench.compare`'s
+   `ceiling` setup), the load generator on several worker processes; the
+   capacity searches start below it;
+7. `capacity_<policy>`: the daemon (Torch backend on the GPU) serving
+   `resnet50` at an SLO of 3×ℓ(1) (at least `--min-slo-ms`), capacity by
+   bisection with `bench.loadgen`, for symphony, triton, clockwork and flex;
+8. `mps`: the same daemon with `cuda:0` split into two shares, through MPS
    when `nvidia-cuda-mps-control` is on PATH (else says so);
-   `two_executors`: the same two shares without MPS (time-shared);
-8. `ceiling`: the front door's ceiling with ℓ ≈ 0 (`bench.compare`'s
-   `ceiling` setup), the load generator on several worker processes.
+   `two_executors`: the same two shares without MPS (time-shared).
 
 Each step records its result, or its failure or why it was skipped, in one
 JSON (`gpu_check.json`) and a short table (`gpu_check.md`) under `--out`
@@ -51,6 +53,7 @@ import json
 import os
 import platform
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -68,6 +71,8 @@ NO_MPS = "GPU_CHECK_NO_MPS"
 # p99 of several on the 2-core box, BENCHMARKS.md) would make any smaller
 # SLO unmeetable whatever the device.
 MIN_SLO_MS = 15.0
+# How far past its budget a run may go before the step in progress is stopped.
+HARD_STOP_S = 45
 POLICIES = ("symphony", "triton", "clockwork", "flex")
 # import name → distribution: what `python -m app serve` and bench.loadgen import.
 NEEDED = {
@@ -104,9 +109,12 @@ class Budget:
 class Run:
     """The steps of one run and what each recorded."""
 
-    def __init__(self, budget: Budget, cuda: bool) -> None:
+    def __init__(
+        self, budget: Budget, cuda: bool, on_record: Callable[[], None] = lambda: None
+    ) -> None:
         self.budget = budget
         self.cuda = cuda
+        self.on_record = on_record
         self.steps: dict[str, dict[str, Any]] = {}
 
     def step(
@@ -140,13 +148,19 @@ class Run:
             except Exception as exc:
                 record = {
                     "status": "failed",
-                    "error": f"{type(exc).__name__}: {exc}"[:2000],
+                    "error": _clip(f"{type(exc).__name__}: {exc}"),
                     "traceback": traceback.format_exc()[-3000:],
                 }
             record["seconds"] = round(time.monotonic() - t0, 2)
             print(f"gpu_check: {name}: {record['status']}", file=sys.stderr)
         self.steps[name] = record
+        self.on_record()
         return record if record["status"] == "ok" else None
+
+
+def _clip(text: str, head: int = 400, tail: int = 1600) -> str:
+    """`text`'s start and end (a daemon's log ends with why it stopped)."""
+    return text if len(text) <= head + tail else f"{text[:head]} … {text[-tail:]}"
 
 
 # ------------------------------------------------------------------ wheels
@@ -355,7 +369,23 @@ def main(argv: list[str] | None = None) -> int:
     budget = Budget(opts.budget_s or (dry_budget if opts.dry_run else 480.0))
     out = opts.out or Path(os.environ.get("OUT") or ROOT / "bench" / "results" / "gpu-check")
     out.mkdir(parents=True, exist_ok=True)
-    run = Run(budget, cuda=False)
+    report: dict[str, Any] = {
+        "mode": "cpu-dry-run",
+        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        "budget_s": budget.seconds,
+        "options": {},
+        "steps": {},
+    }
+
+    def write() -> None:
+        """The report as it stands: after every step, so that a run killed
+        at its command's limit still leaves what it measured."""
+        report["seconds"] = round(time.monotonic() - budget.started, 1)
+        (out / "gpu_check.json").write_text(json.dumps(report, indent=2, default=str))
+        (out / "gpu_check.md").write_text(render(report))
+
+    run = Run(budget, cuda=False, on_record=write)
+    report["steps"] = run.steps
     run.step("wheels", lambda: install_wheels(opts.wheels))
     env_info = run.step("environment", environment, needs=("wheels",))
     cuda = bool(env_info and env_info["cuda_available"]) and not opts.dry_run
@@ -366,22 +396,24 @@ def main(argv: list[str] | None = None) -> int:
     opts.probe_s = opts.probe_s or (3.0 if cuda else 1.0)
     opts.max_probes = opts.max_probes or (6 if cuda else 2)
     opts.workers = opts.workers or (min(4, max(1, cores // 4)) if cuda else 1)
-    report: dict[str, Any] = {
-        "mode": "gpu" if cuda else "cpu-dry-run",
-        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-        "budget_s": budget.seconds,
-        "options": {k: str(v) if isinstance(v, Path) else v for k, v in vars(opts).items()},
-        "steps": run.steps,
-    }
+    report["mode"] = "gpu" if cuda else "cpu-dry-run"
+    report["budget_s"] = budget.seconds
+    report["options"] = {k: str(v) if isinstance(v, Path) else v for k, v in vars(opts).items()}
+    # A step still running HARD_STOP_S past the budget is interrupted (and
+    # recorded as failed); the steps after it are skipped.
+    signal.signal(signal.SIGALRM, _overrun)
+    signal.alarm(int(max(1.0, budget.left())) + HARD_STOP_S)
     try:
         measure(run, opts, cuda, cores)
     finally:
-        report["seconds"] = round(time.monotonic() - budget.started, 1)
-        (out / "gpu_check.json").write_text(json.dumps(report, indent=2, default=str))
-        table = render(report)
-        (out / "gpu_check.md").write_text(table)
-        print(table)
+        signal.alarm(0)
+        write()
+        print(render(report))
     return 0
+
+
+def _overrun(signum: int, frame: Any) -> None:
+    raise TimeoutError(f"the run went {HARD_STOP_S} s past its time budget")
 
 
 def measure(run: Run, opts: argparse.Namespace, cuda: bool, cores: int) -> None:

@@ -100,3 +100,39 @@ def test_dry_run_stops_batches_at_exit_points(dry_run: dict) -> None:
         assert 0 < p["delay_median_ms"] <= p["delay_p99_ms"]
         # A stop waits for at most the rest of one stage, far less than the batch.
         assert p["delay_median_ms"] < p["normal_ms"]
+
+
+def test_each_step_records_its_failure_and_the_others_go_on() -> None:
+    from bench.gpu_check import Budget, Run
+
+    recorded = []
+    run = Run(Budget(100.0), cuda=False, on_record=lambda: recorded.append(len(run.steps)))
+
+    def broken() -> dict:
+        raise ValueError("no such model")
+
+    assert run.step("a", broken) is None
+    assert run.steps["a"]["status"] == "failed"
+    assert run.steps["a"]["error"] == "ValueError: no such model"
+    assert "ValueError" in run.steps["a"]["traceback"]
+    assert run.step("b", lambda: {"x": 1}, needs=("a",)) is None
+    assert run.steps["b"] == {"status": "skipped", "reason": "skipped: needs a"}
+    ok = run.step("c", lambda: {"x": 2})
+    assert ok is not None and ok["status"] == "ok" and ok["x"] == 2 and ok["seconds"] >= 0
+    assert run.step("d", lambda: {"x": 3}, needs_cuda=True) is None
+    assert run.steps["d"] == {"status": "skipped", "reason": "skipped: no CUDA"}
+    assert recorded == [1, 2, 3, 4]  # the report is written after every step
+    spent = Run(Budget(5.0), cuda=True)
+    assert spent.step("e", lambda: {"x": 4}, needs_cuda=True, min_s=8.0) is None
+    assert spent.steps["e"]["reason"].startswith("skipped: time budget (5 s left, needs 8 s")
+
+
+def test_the_capacity_search_starts_below_the_front_door() -> None:
+    from bench.gpu_check import nominal_rate
+
+    latency = {"1": 2.0, "8": 4.0, "32": 10.0, "64": 30.0}
+    # Batches within half the SLO (15 ms): b = 32 gives 3200 r/s, half of it.
+    assert nominal_rate(latency, 30.0, None, 0.5) == pytest.approx(1600.0)
+    assert nominal_rate(latency, 30.0, 1000.0, 0.5) == pytest.approx(500.0)
+    # Nothing fits: half of what batches of one sustain.
+    assert nominal_rate({"1": 20.0}, 15.0, None, 0.5) == pytest.approx(25.0)
