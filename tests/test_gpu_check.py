@@ -71,7 +71,6 @@ def test_dry_run_profile_has_a_fit(dry_run: dict) -> None:
     served = profile["resnet50_served"]
     assert served["image"] == 24 and set(served["latency_ms"]) == {"1", "2", "4", "8"}
     assert 0.0 <= served["r2"] <= 1.0
-    assert served["latency_ms"]["8"] < profile["resnet50"]["latency_ms"]["8"] * 1.5
     slo = profile["slo"]
     assert slo["slo_ms"] == max(slo["three_l1_ms"], slo["min_slo_ms"])
     assert slo["three_l1_ms"] == pytest.approx(3 * served["latency_ms"]["1"])
