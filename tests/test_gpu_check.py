@@ -135,3 +135,27 @@ def test_the_capacity_search_starts_below_the_front_door() -> None:
     assert nominal_rate(latency, 30.0, 1000.0, 0.5) == pytest.approx(500.0)
     # Nothing fits: half of what batches of one sustain.
     assert nominal_rate({"1": 20.0}, 15.0, None, 0.5) == pytest.approx(25.0)
+
+
+def test_missing_wheels_are_installed_from_the_folder_named(monkeypatch, tmp_path) -> None:
+    import subprocess as sp
+
+    from bench import gpu_check
+
+    monkeypatch.setattr(gpu_check, "NEEDED", {"json": "json", "no_such_mod_gc": "no-such-dist"})
+    with pytest.raises(RuntimeError, match=r"missing \['no-such-dist'\] and no --wheels DIR"):
+        gpu_check.install_wheels(None)
+    calls = []
+
+    def pip(cmd, **kwargs):
+        calls.append(cmd)
+        return sp.CompletedProcess(cmd, 1, "", "ERROR: No matching distribution found")
+
+    monkeypatch.setattr(gpu_check.subprocess, "run", pip)
+    with pytest.raises(RuntimeError, match=r"still missing \['no-such-dist'\].*No matching"):
+        gpu_check.install_wheels(tmp_path)
+    [cmd] = calls
+    find = ["--no-index", "--find-links", str(tmp_path)]
+    assert cmd[1:] == ["-m", "pip", "install", "-q", *find, "no-such-dist"]
+    monkeypatch.setattr(gpu_check, "NEEDED", {"json": "json"})
+    assert gpu_check.install_wheels(None) == {"missing": [], "installed": []}
