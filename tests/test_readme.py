@@ -93,6 +93,15 @@ PPIPE_SERVE = (
 )
 
 NOT_RUN = {
+    'python -m bench.gpu_check --wheels .whl --out "$OUT"': "needs a machine with a CUDA GPU "
+    "(tests/test_gpu_check.py runs its CPU dry run)",
+    "python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 "
+    "--implementation cp --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 "
+    "--platform manylinux2014_x86_64 --platform manylinux1_x86_64 -d .whl fastapi==0.165.0 "
+    "starlette==1.10.0 pydantic==2.14.4 pydantic-core==2.50.5 annotated-types==0.8.0 "
+    "typing-inspection==0.4.5 typing-extensions==4.16.0 annotated-doc==0.0.7 "
+    "opentelemetry-api==1.45.2 uvicorn==0.54.0 click==8.5.1 h11==0.16.0 httptools==0.9.0 "
+    "orjson==3.13.0": "downloads wheels for another machine from the package index",
     "python -m bench.ray_cluster --workers 1 --hold 600": "the same cluster as the one "
     "tests/test_ray_cluster.py starts, held for 10 minutes",
     "RAY_ADDRESS=127.0.0.1:PORT python -m app serve": "a daemon on that cluster "
