@@ -422,88 +422,135 @@ def _overrun(signum: int, frame: Any) -> None:
 
 
 def measure(run: Run, opts: argparse.Namespace, cuda: bool, cores: int) -> None:
-    from bench import gpu_check_parts as parts
+    """Every step after the environment's, in order (module docstring)."""
+    _Measurement(run, opts, cuda, cores).run_all()
 
-    sizes = parts.GPU_SIZES if cuda else parts.DRY_SIZES
-    device = "cuda" if cuda else "cpu"
-    threads = 1
-    repository = Path(tempfile.mkdtemp(prefix="gpu-check-repo-"))
-    served_repository = Path(tempfile.mkdtemp(prefix="gpu-check-served-"))
-    cache = Path(tempfile.mkdtemp(prefix="gpu-check-profiles-"))
-    budget = run.budget
-    policies = [p for p in opts.policies.split(",") if p]
-    # The live steps share what is left after the profile in equal parts.
-    live_steps = [len(policies) + 4]
 
-    def part() -> float:
-        live_steps[0] -= 1
-        return max(8.0, budget.left() * 0.85 / max(live_steps[0] + 1, 1))
+class _Measurement:
+    """The steps' shared state: the repositories, the budget, the profile
+    the daemons serve with."""
 
-    def models() -> dict[str, Any]:
-        built = parts.build_repository(repository, sizes)
-        shutil.copytree(repository / "resnet50", served_repository / "resnet50")
-        serve_slo(1000.0)
-        built["resnet50"]["served_image"] = sizes.serve_image
+    def __init__(self, run: Run, opts: argparse.Namespace, cuda: bool, cores: int) -> None:
+        from bench import gpu_check_parts as parts
+
+        self.parts = parts
+        self.run, self.opts, self.cuda, self.cores = run, opts, cuda, cores
+        self.sizes = parts.GPU_SIZES if cuda else parts.DRY_SIZES
+        self.device = "cuda" if cuda else "cpu"
+        self.threads = 1
+        self.repository = Path(tempfile.mkdtemp(prefix="gpu-check-repo-"))
+        self.served_repository = Path(tempfile.mkdtemp(prefix="gpu-check-served-"))
+        self.cache = Path(tempfile.mkdtemp(prefix="gpu-check-profiles-"))
+        self.budget = run.budget
+        self.policies = [p for p in opts.policies.split(",") if p]
+        # The live steps share what is left after the profile in equal parts.
+        self.live_steps = len(self.policies) + 4
+        self.served: dict[str, Any] | None = None
+        self.slo_ms = 0.0
+        self.door_rps: float | None = None
+        self.daemon_env: dict[str, str] = {}
+
+    def run_all(self) -> None:
+        run = self.run
+        run.step("models", self.models, needs=("environment",))
+        self.profile_step()
+        run.step("preemption", self.preempt, needs=("models",), min_s=8.0)
+        # First: what the front door sustains bounds the rates the others start at.
+        front = run.step(
+            "ceiling", lambda: self.ceiling(self.part()), needs=("environment",), min_s=8.0
+        )
+        self.door_rps = front["capacity_rps"] if front and front["capacity_rps"] > 0 else None
+        sizes = self.sizes
+        batches = ",".join(str(b) for b in (1, 2, 4, 8, 16, 32, 64) if b <= sizes.max_batch)
+        self.daemon_env = {
+            "PROFILE_CACHE_DIR": str(self.cache),
+            "PROFILE_BATCH_SIZES": batches,
+            **({"CPU_SLICES": "0"} if self.cuda else {"CPU_SLICES": "1", "THREADS_PER_SLICE": "1"}),
+        }
+        for policy in self.policies:
+            if self.served is None:
+                run.step(f"capacity_{policy}", dict, needs=("profile",))
+                continue
+            run.step(f"capacity_{policy}", self.serve_capacity(policy, self.daemon_env), min_s=8.0)
+        self.shares_steps()
+
+    def part(self) -> float:
+        self.live_steps -= 1
+        return max(8.0, self.budget.left() * 0.85 / max(self.live_steps + 1, 1))
+
+    def models(self) -> dict[str, Any]:
+        built = self.parts.build_repository(self.repository, self.sizes)
+        shutil.copytree(self.repository / "resnet50", self.served_repository / "resnet50")
+        self.serve_slo(1000.0)
+        built["resnet50"]["served_image"] = self.sizes.serve_image
         return built
 
-    def serve_slo(slo_ms: float) -> None:
-        parts.set_slo(
-            served_repository,
+    def serve_slo(self, slo_ms: float) -> None:
+        self.parts.set_slo(
+            self.served_repository,
             "resnet50",
             slo_ms,
             description="ResNet-50 for bench.gpu_check",
-            size=sizes.serve_image,
+            size=self.sizes.serve_image,
             classes=1000,
-            sizes=sizes,
+            sizes=self.sizes,
         )
 
-    run.step("models", models, needs=("environment",))
-
-    def profile() -> dict[str, Any]:
+    def profile(self) -> dict[str, Any]:
         from app.repository.loader import load_repository
 
-        index = load_repository(repository)
+        parts, sizes, budget = self.parts, self.sizes, self.budget
+        index = load_repository(self.repository)
         deadline = budget.deadline(reserve_s=0.75 * budget.left())
         out = {
-            name: parts.profile_model(index.models[name], device, sizes, threads, deadline)
+            name: parts.profile_model(
+                index.models[name], self.device, sizes, self.threads, deadline
+            )
             for name in ("resnet50", "torchcnn")
         }
         if sizes.serve_image != sizes.image:  # the served one, at the daemon's sizes
-            config = load_repository(served_repository).models["resnet50"]
+            config = load_repository(self.served_repository).models["resnet50"]
             batches = tuple(b for b in (1, 2, 4, 8, 16, 32, 64) if b <= sizes.max_batch)
             deadline = budget.deadline(reserve_s=0.7 * budget.left())
-            served = parts.profile_model(config, device, sizes, threads, deadline, batches)
+            served = parts.profile_model(
+                config, self.device, sizes, self.threads, deadline, batches
+            )
             out["resnet50_served"] = {**served, "image": sizes.serve_image}
         return out
 
-    profiles = run.step("profile", profile, needs=("models",))
-    served = profiles.get("resnet50_served", profiles["resnet50"]) if profiles else None
-    slo_ms = max(3 * served["latency_ms"]["1"], opts.min_slo_ms) if served else 0.0
-    if served:  # the served config's SLO: the workload's may not be looser
-        run.steps["profile"]["slo"] = {
-            "three_l1_ms": 3 * served["latency_ms"]["1"],
-            "min_slo_ms": opts.min_slo_ms,
-            "slo_ms": slo_ms,
-        }
-        serve_slo(slo_ms)
+    def profile_step(self) -> None:
+        profiles = self.run.step("profile", self.profile, needs=("models",))
+        served = profiles.get("resnet50_served", profiles["resnet50"]) if profiles else None
+        self.served = served
+        if served:  # the served config's SLO: the workload's may not be looser
+            self.slo_ms = max(3 * served["latency_ms"]["1"], self.opts.min_slo_ms)
+            self.run.steps["profile"]["slo"] = {
+                "three_l1_ms": 3 * served["latency_ms"]["1"],
+                "min_slo_ms": self.opts.min_slo_ms,
+                "slo_ms": self.slo_ms,
+            }
+            self.serve_slo(self.slo_ms)
 
-    def preempt() -> dict[str, Any]:
+    def preempt(self) -> dict[str, Any]:
         from app.runtime.devices import ExecutorDevice
 
-        executor = ExecutorDevice(0, device, f"{device}:0", threads=threads)
-        deadline = time.monotonic() + part()
-        return parts.preemption(repository, ["resnet50", "torchcnn"], executor, sizes, deadline)
+        device = self.device
+        executor = ExecutorDevice(0, device, f"{device}:0", threads=self.threads)
+        deadline = time.monotonic() + self.part()
+        return self.parts.preemption(
+            self.repository, ["resnet50", "torchcnn"], executor, self.sizes, deadline
+        )
 
-    run.step("preemption", preempt, needs=("models",), min_s=8.0)
-
-    def ceiling(seconds: float) -> dict[str, Any]:
+    def ceiling(self, seconds: float) -> dict[str, Any]:
         from app.workloads.spec import load_workload
         from bench.compare.measure import Options, run_daemon
         from bench.compare.setups import SETUPS
 
+        opts = self.opts
         setup = SETUPS["ceiling"]
         probes = max(1, min(opts.max_probes, int(seconds / (opts.probe_s + 1)) - 2))
-        options = Options(opts.probe_s, probes, 1.0, None, max(opts.workers, min(8, cores // 2)))
+        workers = max(opts.workers, min(8, self.cores // 2))
+        options = Options(opts.probe_s, probes, 1.0, None, workers)
         result = run_daemon(setup, load_workload(setup.workload), "symphony", options)
         return {
             "capacity_rps": result.capacity_rps,
@@ -514,53 +561,42 @@ def measure(run: Run, opts: argparse.Namespace, cuda: bool, cores: int) -> None:
             "probes": result.probes,
         }
 
-    # First: what the front door sustains bounds the rates the others start at.
-    front = run.step("ceiling", lambda: ceiling(part()), needs=("environment",), min_s=8.0)
-    door_rps = front["capacity_rps"] if front and front["capacity_rps"] > 0 else None
-    batches = ",".join(str(b) for b in (1, 2, 4, 8, 16, 32, 64) if b <= sizes.max_batch)
-    daemon_env = {
-        "PROFILE_CACHE_DIR": str(cache),
-        "PROFILE_BATCH_SIZES": batches,
-        **({"CPU_SLICES": "0"} if cuda else {"CPU_SLICES": "1", "THREADS_PER_SLICE": "1"}),
-    }
-
-    def serve_capacity(policy: str, env: dict[str, str], log_lines: tuple[str, ...] = ()):
+    def serve_capacity(
+        self, policy: str, env: dict[str, str], log_lines: tuple[str, ...] = ()
+    ) -> Any:
+        served = self.served
         assert served is not None
-        seconds = part()
+        seconds = self.part()
         return lambda: capacity(
-            served_repository,
+            self.served_repository,
             policy,
             env,
             served,
-            slo_ms,
-            opts,
+            self.slo_ms,
+            self.opts,
             time.monotonic() + seconds,
-            door_rps,
+            self.door_rps,
             log_lines,
         )
 
-    for policy in policies:
-        if served is None:
-            run.step(f"capacity_{policy}", dict, needs=("profile",))
-            continue
-        run.step(f"capacity_{policy}", serve_capacity(policy, daemon_env), min_s=8.0)
-
-    mps_log = ("MPS", "mps", "shares", "time-share")
-    for name, with_mps in (("mps", True), ("two_executors", False)):
-        env = {**daemon_env, "DEVICE_SHARES": "cuda:0=0.5,0.5"}
-        if not with_mps:  # the shares' executors time-share the GPU
-            env[NO_MPS] = "1"
-        if not cuda:
-            run.step(name, dict, needs_cuda=True)
-        elif with_mps and shutil.which("nvidia-cuda-mps-control") is None:
-            run.steps[name] = {
-                "status": "skipped",
-                "reason": "skipped: nvidia-cuda-mps-control is not on PATH (no MPS here)",
-            }
-        elif served is None:
-            run.step(name, dict, needs=("profile",))
-        else:
-            run.step(name, serve_capacity("symphony", env, mps_log), min_s=8.0)
+    def shares_steps(self) -> None:
+        run = self.run
+        mps_log = ("MPS", "mps", "shares", "time-share")
+        for name, with_mps in (("mps", True), ("two_executors", False)):
+            env = {**self.daemon_env, "DEVICE_SHARES": "cuda:0=0.5,0.5"}
+            if not with_mps:  # the shares' executors time-share the GPU
+                env[NO_MPS] = "1"
+            if not self.cuda:
+                run.step(name, dict, needs_cuda=True)
+            elif with_mps and shutil.which("nvidia-cuda-mps-control") is None:
+                run.steps[name] = {
+                    "status": "skipped",
+                    "reason": "skipped: nvidia-cuda-mps-control is not on PATH (no MPS here)",
+                }
+            elif self.served is None:
+                run.step(name, dict, needs=("profile",))
+            else:
+                run.step(name, self.serve_capacity("symphony", env, mps_log), min_s=8.0)
 
 
 def render(report: dict[str, Any]) -> str:
