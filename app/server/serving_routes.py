@@ -28,11 +28,11 @@ import asyncio
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 
-from app.errors import ExecutorFailed, InvalidInput, Overloaded
+from app.errors import ExecutorFailed, InvalidInput, Overloaded, ServingError
 from app.repository.config import ModelConfig, shown_model
 from app.server.dispatcher import Dispatcher, Finished, Pending
 from app.server.pipeline_driver import PipelineDriver
@@ -125,33 +125,26 @@ class DispatcherRoute:
         served: asyncio.Future[Served],
     ) -> None:
         """The dispatcher answered: read the outputs, then free the slots."""
-        try:
-            if future.cancelled():
-                served.cancel()
-                return
-            error = future.exception()
-            if error is not None:
-                served.set_exception(error)
-                return
-            finished: Finished = future.result()
+
+        def served_of(finished: Finished) -> Served:
             if finished.error is not None:
-                served.set_exception(ExecutorFailed(f"executor failed: {finished.error}"))
-                return
+                raise ExecutorFailed(f"executor failed: {finished.error}")
             batch = finished.batch
             request = pending.request
-            served.set_result(
-                Served(
-                    outputs=state.arena.read_rows(pending.slots),
-                    arrival=request.arrival,
-                    seen_at=seen_at,
-                    started_at=finished.started_at,
-                    finished_at=finished.finished_at,
-                    batch_size=batch.size,
-                    batch=(batch.device, batch.id),
-                    device=self._device_name(batch.device),
-                    app=request.app,
-                )
+            return Served(
+                outputs=state.arena.read_rows(pending.slots),
+                arrival=request.arrival,
+                seen_at=seen_at,
+                started_at=finished.started_at,
+                finished_at=finished.finished_at,
+                batch_size=batch.size,
+                batch=(batch.device, batch.id),
+                device=self._device_name(batch.device),
+                app=request.app,
             )
+
+        try:
+            _forward(future, served, served_of)
         finally:
             state.arena.release_rows(pending.slots)
 
@@ -197,16 +190,8 @@ class PipelineRoute:
         app: str,
         served: asyncio.Future[Served],
     ) -> None:
-        if future.cancelled():
-            served.cancel()
-            return
-        error = future.exception()
-        if error is not None:
-            served.set_exception(error)
-            return
-        answer: PipelineAnswer = future.result()
-        served.set_result(
-            Served(
+        def served_of(answer: PipelineAnswer) -> Served:
+            return Served(
                 outputs=answer.outputs,
                 arrival=arrival,
                 seen_at=seen_at,
@@ -217,4 +202,25 @@ class PipelineRoute:
                 device=">".join(self._names[d] for d in answer.devices),
                 app=app,
             )
-        )
+
+        _forward(future, served, served_of)
+
+
+def _forward(
+    future: asyncio.Future, served: asyncio.Future[Served], served_of: Callable[[Any], Served]
+) -> None:
+    """Resolve `served` as the route's own `future` ended: cancelled, failed,
+    or `served_of` its result (which may raise the error to answer)."""
+    if future.cancelled():
+        served.cancel()
+        return
+    error = future.exception()
+    if error is not None:
+        served.set_exception(error)
+        return
+    try:
+        result = served_of(future.result())
+    except ServingError as exc:
+        served.set_exception(exc)
+        return
+    served.set_result(result)
