@@ -24,6 +24,7 @@ from app.planning.inss.config import load_problem
 from app.planning.inss.placement import MAX_ASSIGNMENTS, solve_exact, solve_greedy
 from app.planning.inss.plan import Plan, write_plan
 from app.planning.inss.problem import Problem
+from app.planning.plan_files import MadeFrom
 
 PROG = "python -m app plan inss"
 DEFAULT_TRAIN_STEPS = 20_000
@@ -77,7 +78,8 @@ def main(argv: Sequence[str], out: TextIO = sys.stdout, err: TextIO = sys.stderr
         return 2
     out.write(format_plan(plan) + note)
     if args.out is not None:
-        write_plan(plan, args.out)
+        rates = {m.model: m.rate for m in plan.models}
+        write_plan(plan, args.out, MadeFrom.now("inss", [args.config], argv, rates))
         out.write(f"plan written to {args.out}\n")
     return 0
 

@@ -24,6 +24,7 @@ from app.planning.partition.config import load_problem
 from app.planning.partition.milp import DEFAULT_TIME_LIMIT_S, solve
 from app.planning.partition.plan import PartitionPlan, read_plan, write_plan
 from app.planning.partition.random_solver import solve_random
+from app.planning.plan_files import MadeFrom
 
 PROG = "python -m app plan partition"
 
@@ -67,7 +68,9 @@ def main(argv: Sequence[str], out: TextIO = sys.stdout, err: TextIO = sys.stderr
         return 2
     out.write(format_plan(plan))
     if args.out is not None:
-        write_plan(plan, args.out)
+        rates = {m.name: m.rate for m in problem.models}
+        inputs = [args.config] + ([args.current] if args.current is not None else [])
+        write_plan(plan, args.out, MadeFrom.now("partition", inputs, argv, rates))
         out.write(f"plan written to {args.out}\n")
     return 0
 

@@ -45,6 +45,7 @@ from typing import Any, TextIO
 import yaml
 
 from app.planning.config_input import InputError, mapping, only
+from app.planning.plan_files import MadeFrom
 from app.planning.ppipe.options import ModelDemand
 from app.planning.ppipe.plan import Cluster, Plan, read_plan, write_plan
 from app.planning.ppipe.planner import PlannerOptions, plan
@@ -104,7 +105,9 @@ def main(argv: Sequence[str], out: TextIO = sys.stdout, err: TextIO = sys.stderr
         return 2
     out.write(format_plan(result))
     if args.out is not None:
-        write_plan(result, args.out)
+        # PPipe plans by weights, not rates: `rates` stays empty.
+        inputs = [args.config] + ([args.start] if args.start is not None else [])
+        write_plan(result, args.out, MadeFrom.now("ppipe", inputs, argv[1:]))
         out.write(f"plan written to {args.out}\n")
     return 0
 
