@@ -78,6 +78,8 @@ from app.server.heap import freeze_startup_heap, thaw_heap
 from app.server.management import Management
 from app.server.metrics import Metrics, metric_label
 from app.server.pipeline_service import PipelineService, start_pipelines
+from app.server.plan_checks import prepare_plan
+from app.server.plans import PlanInForce, layout_devices, place_inss
 from app.server.service import InferResult, request_items
 from app.server.serving_routes import DispatcherRoute, Route, Served
 from app.server.settings import Settings
@@ -107,6 +109,7 @@ class LiveService(Management):
         self.dispatcher: Dispatcher | None = None
         # Models served as PPipe pipelines (PPIPE_PLAN; app/server/pipeline_service.py).
         self.pipelines: PipelineService | None = None
+        self.plan: PlanInForce | None = None  # PLAN (app/server/plans.py)
         self._dispatcher_route: DispatcherRoute | None = None
         self.ready = False
         self.closing = False
@@ -133,15 +136,24 @@ class LiveService(Management):
         index = await startup.load_models(settings)
         self.unavailable.update(index.errors)
         self.optional = set(index.optional)
+        # PLAN (or its older names): checked, and the settings it sets (app/server/plans.py).
+        settings, self.plan = prepare_plan(settings, index)
+        self.settings = settings
         self.pipelines = await start_pipelines(settings, index, self.metrics, self.statistics)
         piped = self.pipelines.configs if self.pipelines is not None else {}
         self._check_loaded({**index.models, **piped})
+        if self.plan is not None and self.plan.inss is not None and index.models:
+            index.models = place_inss(self.plan, index.models, layout_devices(settings))
         # No executor of DEVICES when a plan serves every model.
         self.devices = (
             startup.device_layout(settings, index.models.values()) if index.models else []
         )
         if settings.core_groups is not None and index.models:
-            index.models = apply_core_groups(settings.core_groups, index.models, self.devices)
+            try:
+                index.models = apply_core_groups(settings.core_groups, index.models, self.devices)
+            except startup.StartupFailed as exc:
+                log.error("start-up stopped: %s", exc)
+                raise
         if settings.realtime_priority:
             # Before the executors start: they inherit it, then step one below.
             self._sched_before = set_fifo(settings.realtime_priority)

@@ -1,8 +1,8 @@
 """An InSS plan (placement, shares and batch sizes) and its file.
 
-The file is JSON with a `kind` and a `version`, as PPipe's plans
-(app/planning/ppipe/plan.py): `write_plan` / `read_plan` round-trip a `Plan`
-exactly. Units: seconds, bytes, requests/s; shares are fractions.
+The file is the planners' plan file (app/planning/plan_files.py: kind,
+version, what it was made from, this plan): `write_plan` / `read_plan`
+round-trip a `Plan` exactly. Units: seconds, bytes, requests/s; shares are fractions.
 """
 
 from __future__ import annotations
@@ -124,7 +124,11 @@ def plan_to_dict(plan: Plan, made_from: MadeFrom | None = None) -> dict[str, Any
 
 
 def plan_from_dict(body: dict[str, Any], source: str = "plan") -> Plan:
-    body = unwrap(body, PLAN_KIND, "an InSS plan", source)
+    return plan_from_body(unwrap(body, PLAN_KIND, "an InSS plan", source), source)
+
+
+def plan_from_body(body: dict[str, Any], source: str = "plan") -> Plan:
+    """The plan from its fields (a plan file's `plan`)."""
     try:
         return Plan(
             method=str(body["method"]),
