@@ -348,7 +348,7 @@ def build_groups(
         infos = [models[name].info() for name in names]
         device_infos = [DeviceInfo(d, name=by_id[d].name, kind=by_id[d].kind) for d in hosts]
         group_options = {
-            **options,
+            **per_model_options(options, names, models),
             **batching_options(settings, {n: models[n].config for n in names}),
         }
         if isinstance(pool, RayExecutorPool):
@@ -363,6 +363,24 @@ def build_groups(
         scheduler = make_scheduler(settings.policy, infos, device_infos, **group_options)
         groups.append(CoreGroup(scheduler, frozenset(names), hosts))
     return groups
+
+
+# Options that may be a {model: value} mapping (a plan's batch sizes).
+PER_MODEL_OPTIONS = ("batch", "max_batch")
+
+
+def per_model_options(
+    options: Mapping[str, object], names: Iterable[str], served: Mapping[str, object]
+) -> dict[str, object]:
+    """`options` for the core of `names`: a per-model mapping keeps the
+    core's models (and names no model serves, for the policy to refuse)."""
+    names = set(names)
+    out = dict(options)
+    for key in PER_MODEL_OPTIONS:
+        value = out.get(key)
+        if isinstance(value, Mapping):
+            out[key] = {m: v for m, v in value.items() if m in names or m not in served}
+    return out
 
 
 def batching_options(settings: Settings, configs: Mapping[str, ModelConfig]) -> dict[str, object]:
