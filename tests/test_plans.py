@@ -29,7 +29,7 @@ from app.server.core_groups import apply_core_groups
 from app.server.live import LiveService
 from app.server.metrics import Metrics
 from app.server.plan_checks import prepare_plan
-from app.server.plans import PlanMismatch, layout_devices, place_inss
+from app.server.plans import PlanMismatch, layout_devices, load_plan, place_inss
 from app.server.settings import Settings
 from app.server.startup import StartupFailed, device_layout
 from tests.test_core_groups import partition_plan
@@ -201,6 +201,35 @@ def test_a_partition_and_a_ppipe_plan_by_plan(tmp_path: Path) -> None:
     assert plan is not None and plan.file.planner == "ppipe"
 
 
+# ------------------------------------------------------------------ GET /v2/plan
+
+
+@pytest.mark.anyio
+async def test_get_plan_shows_the_plan_in_force(client, service, tmp_path: Path) -> None:
+    assert (await client.get("/v2/plan")).json() == {"in_force": False}
+    path = tmp_path / "inss.json"
+    run_planner("inss", str(INSS_BUNDLED), "--out", str(path))
+    plan = load_plan(Settings(plan=path))
+    assert plan is not None
+    service.plan_in_force = lambda: {**plan.describe(), "loaded_at": "2026-11-28T20:00:00Z"}
+    reply = await client.get("/v2/plan")
+    assert reply.status_code == 200
+    body = reply.json()
+    doc = json.loads(path.read_text())
+    assert body == {
+        "in_force": True,
+        "setting": "PLAN",
+        "path": str(path),
+        "kind": "inss-plan",
+        "version": 2,
+        "planner": "inss",
+        "made_from": doc["made_from"],
+        "loaded_at": "2026-11-28T20:00:00Z",
+        "plan": doc["plan"],
+    }
+    assert body["made_from"]["rates"]["resnet50-emulated"] == 100.0
+
+
 # ------------------------------------------------------------------ refusals
 
 
@@ -311,11 +340,13 @@ def test_the_daemon_serves_an_inss_plan_on_its_shares_at_its_batch_sizes(tmp_pat
         try:
             x = np.ones((1, 4), dtype=np.float32)
             calls = [service.infer(m, {"x": x}) for m in ("a", "b", "c") for _ in range(8)]
-            return await asyncio.gather(*calls)
+            return await asyncio.gather(*calls), service.plan_in_force()
         finally:
             await service.stop()
 
-    answers = asyncio.run(scenario())
+    answers, in_force = asyncio.run(scenario())
+    assert in_force is not None and in_force["kind"] == "inss-plan"
+    assert in_force["setting"] == "PLAN" and in_force["path"] == str(path)
     by_model = {m: answers[8 * i : 8 * i + 8] for i, m in enumerate(("a", "b", "c"))}
     assert {r.device for r in by_model["a"]} == {"emulated:0"}
     assert {r.device for r in by_model["b"]} == {"emulated:1/0"}

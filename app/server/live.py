@@ -41,6 +41,7 @@ import multiprocessing
 import os
 import signal
 import time
+from datetime import datetime, timezone
 
 import numpy as np
 
@@ -56,6 +57,7 @@ from app.errors import (
     ShuttingDown,
 )
 from app.repository.config import ModelConfig, shown_model, version_key
+from app.repository.loader import RepositoryIndex
 from app.runtime.devices import ExecutorDevice
 from app.runtime.events import (
     AloneStopped,
@@ -110,6 +112,7 @@ class LiveService(Management):
         # Models served as PPipe pipelines (PPIPE_PLAN; app/server/pipeline_service.py).
         self.pipelines: PipelineService | None = None
         self.plan: PlanInForce | None = None  # PLAN (app/server/plans.py)
+        self._plan_loaded_at = 0.0
         self._dispatcher_route: DispatcherRoute | None = None
         self.ready = False
         self.closing = False
@@ -136,14 +139,10 @@ class LiveService(Management):
         index = await startup.load_models(settings)
         self.unavailable.update(index.errors)
         self.optional = set(index.optional)
-        # PLAN (or its older names): checked, and the settings it sets (app/server/plans.py).
-        settings, self.plan = prepare_plan(settings, index)
-        self.settings = settings
+        settings = self._take_plan(index)
         self.pipelines = await start_pipelines(settings, index, self.metrics, self.statistics)
         piped = self.pipelines.configs if self.pipelines is not None else {}
         self._check_loaded({**index.models, **piped})
-        if self.plan is not None and self.plan.inss is not None and index.models:
-            index.models = place_inss(self.plan, index.models, layout_devices(settings))
         # No executor of DEVICES when a plan serves every model.
         self.devices = (
             startup.device_layout(settings, index.models.values()) if index.models else []
@@ -211,6 +210,23 @@ class LiveService(Management):
             log.info(
                 "serving %d models as pipelines with policy ppipe: %s", len(piped), ", ".join(piped)
             )
+
+    def _take_plan(self, index: RepositoryIndex) -> Settings:
+        """PLAN (or its older names): checked, the settings it sets, and an
+        InSS plan's models placed on their shares (app/server/plans.py)."""
+        settings, self.plan = prepare_plan(self.settings, index)
+        self.settings = settings
+        self._plan_loaded_at = time.time()
+        if self.plan is not None and self.plan.inss is not None and index.models:
+            index.models = place_inss(self.plan, index.models, layout_devices(settings))
+        return settings
+
+    def plan_in_force(self) -> dict[str, object] | None:
+        """The plan served (`GET /v2/plan`), None without one."""
+        if self.plan is None:
+            return None
+        loaded = datetime.fromtimestamp(self._plan_loaded_at, timezone.utc).replace(microsecond=0)
+        return {**self.plan.describe(), "loaded_at": loaded.isoformat().replace("+00:00", "Z")}
 
     def _check_loaded(self, models: dict[str, object]) -> None:
         try:
