@@ -29,7 +29,7 @@ from app.server.core_groups import apply_core_groups
 from app.server.live import LiveService
 from app.server.metrics import Metrics
 from app.server.plan_checks import prepare_plan
-from app.server.plans import PlanMismatch, layout_devices, load_plan, place_inss
+from app.server.plans import PlanMismatch, load_plan, place_inss, whole_devices
 from app.server.settings import Settings
 from app.server.startup import StartupFailed, device_layout
 from tests.test_core_groups import partition_plan
@@ -120,7 +120,7 @@ def test_an_inss_plan_sets_shares_placement_and_batch_sizes(tmp_path: Path) -> N
     assert plan is not None and plan.file.kind == "inss-plan"
     assert resolved.device_shares == {"emulated:1": (0.7, 0.3)}
     assert resolved.policy_options == {"batch": {"a": 4, "b": 2, "c": 8}}
-    configs = place_inss(plan, index.models, layout_devices(resolved))
+    configs = place_inss(plan, index.models, whole_devices(resolved))
     # d is not in the plan: it runs on the device the plan leaves free.
     assert {n: c.devices for n, c in configs.items()} == {
         "a": ("emulated:0",),

@@ -81,7 +81,7 @@ from app.server.management import Management
 from app.server.metrics import Metrics, metric_label
 from app.server.pipeline_service import PipelineService, start_pipelines
 from app.server.plan_checks import prepare_plan
-from app.server.plans import PlanInForce, layout_devices, place_inss
+from app.server.plans import PlanInForce, place_inss, whole_devices
 from app.server.service import InferResult, request_items
 from app.server.serving_routes import DispatcherRoute, Route, Served
 from app.server.settings import Settings
@@ -218,7 +218,7 @@ class LiveService(Management):
         self.settings = settings
         self._plan_loaded_at = time.time()
         if self.plan is not None and self.plan.inss is not None and index.models:
-            index.models = place_inss(self.plan, index.models, layout_devices(settings))
+            index.models = place_inss(self.plan, index.models, whole_devices(settings))
         return settings
 
     def plan_in_force(self) -> dict[str, object] | None:

@@ -198,7 +198,8 @@ def place_inss(
     plan: PlanInForce, configs: dict[str, ModelConfig], devices: list[ExecutorDevice]
 ) -> dict[str, ModelConfig]:
     """`configs` with each placed model on its share, the others on the
-    devices the plan leaves free (checked to fit by `check`)."""
+    devices the plan leaves free (checked to fit by plan_checks.py);
+    `devices` are the server's whole devices (`whole_devices`)."""
     assert plan.inss is not None
     placement = plan.inss
     free = [d for d in devices if d.whole not in placement.planned_devices]
