@@ -142,6 +142,24 @@ def test_an_inss_plan_sets_shares_placement_and_batch_sizes(tmp_path: Path) -> N
     assert served(env, repository)[1].policy_options == {"max_batch": {"a": 4, "b": 2, "c": 8}}
 
 
+def test_under_another_policy_an_inss_plans_batches_are_said_not_applied(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    repository = emulated_repository(tmp_path / "models", {"a": 1.0, "b": 1.0})
+    path = inss_plan(tmp_path / "plan.json", {"a": ("emulated:0", 1.0, 4)})
+    env = {"PLAN": str(path), "POLICY": "symphony", "CPU_SLICES": "0", "EMULATED_DEVICES": "2"}
+    with caplog.at_level("INFO", logger="app.server"):
+        _, resolved, plan, _ = served(env, repository)
+    assert resolved.policy == "symphony" and resolved.policy_options == {}
+    assert resolved.device_shares is None  # one model on a whole device: no split
+    assert plan is not None and plan.inss is not None and plan.inss.device_of == {"a": "emulated:0"}
+    assert f"serving PLAN={path} (an InSS plan)" in caplog.messages
+    assert (
+        "the plan's batch sizes (a 4) apply under POLICY=inss or triton; policy symphony forms "
+        "batches by its own rule"
+    ) in caplog.messages
+
+
 def test_the_bundled_inss_example_plans_for_the_documented_server(tmp_path: Path) -> None:
     path = tmp_path / "inss.json"
     run_planner("inss", str(INSS_BUNDLED), "--out", str(path))
@@ -258,7 +276,8 @@ def test_a_plan_that_does_not_fit_is_refused_naming_every_mismatch(tmp_path: Pat
         "free (cpu:0) runs it",
         "  this server: models a, b, c; devices cpu:0, emulated:0",
         "  make a plan for it: `python -m app plan inss CONFIG.yaml --out FILE`, its `models` "
-        "this server's models, its `devices` named as this server's",
+        "this server's models, its `devices` named as this server's (as "
+        "bench/workloads/inss/bundled.yaml does for the bundled models)",
     ):
         assert line in message.splitlines(), message
 

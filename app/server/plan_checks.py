@@ -17,6 +17,7 @@ from app.server.plans import (
     layout_devices,
     listed,
     load_plan,
+    log_plan,
     resolve,
     whole_devices,
 )
@@ -39,7 +40,7 @@ def prepare_plan(settings: Settings, index: RepositoryIndex) -> tuple[Settings, 
     except StartupFailed as exc:
         log.error("start-up stopped: %s", exc)
         raise
-    log.info("serving %s (%s)", plan.label(), WHAT[plan.file.kind])
+    log_plan(settings, plan)
     return settings, plan
 
 
@@ -82,7 +83,8 @@ def _message(
 
 def _fitting_command(planner: str, models: list[str], devices: list[ExecutorDevice]) -> str:
     config = {
-        "inss": "its `models` this server's models, its `devices` named as this server's",
+        "inss": "its `models` this server's models, its `devices` named as this server's "
+        "(as bench/workloads/inss/bundled.yaml does for the bundled models)",
         "herd": f"its `models` this server's models, `cluster: {{devices: {len(devices)}}}`",
         "partition": "its `models` this server's models",
         "ppipe": "its `models` this server's ONNX models, with their block timings",

@@ -64,6 +64,7 @@ class InssPlacement:
     device_of: dict[str, str]
     batch: dict[str, int]
     planned_devices: frozenset[str]  # the whole devices the plan names
+    unserved: dict[str, str] = dataclasses.field(default_factory=dict)  # model → why
 
 
 @dataclass(frozen=True)
@@ -149,7 +150,9 @@ def inss_placement(file: PlanFile) -> InssPlacement:
             device_of[m.model] = f"{device.device}{SHARE_SEP}{i}" if split else device.device
             if m.batch is not None:
                 batch[m.model] = int(m.batch)
-    return InssPlacement(shares, device_of, batch, frozenset(d.device for d in plan.devices))
+    return InssPlacement(
+        shares, device_of, batch, frozenset(d.device for d in plan.devices), plan.unserved()
+    )
 
 
 def resolve(settings: Settings, plan: PlanInForce | None) -> Settings:
@@ -176,22 +179,31 @@ def resolve(settings: Settings, plan: PlanInForce | None) -> Settings:
     )
 
 
+# The policies that take a plan's batch sizes, and the option that does.
+BATCH_OPTION = {"inss": "batch", "triton": "max_batch"}
+
+
 def batch_options(settings: Settings, batch: Mapping[str, int]) -> dict[str, object]:
     """The plan's batch per model as the policy's option: `inss`'s `batch`,
-    `triton`'s `max_batch`; other policies have none (said once)."""
-    if not batch:
-        return {}
-    if settings.policy == "inss":
-        return {"batch": dict(batch)}
-    if settings.policy == "triton":
-        return {"max_batch": dict(batch)}
-    log.warning(
-        "the plan's batch sizes (%s) apply under POLICY=inss or triton; policy %s forms "
-        "batches by its own rule",
-        ", ".join(f"{m} {b}" for m, b in sorted(batch.items())),
-        settings.policy,
-    )
-    return {}
+    `triton`'s `max_batch`; other policies have none (`log_plan` says so)."""
+    option = BATCH_OPTION.get(settings.policy)
+    return {option: dict(batch)} if batch and option is not None else {}
+
+
+def log_plan(settings: Settings, plan: PlanInForce) -> None:
+    """What of the plan is served, and what is not, once at start-up."""
+    log.info("serving %s (%s)", plan.label(), WHAT[plan.file.kind])
+    if plan.inss is None:
+        return
+    for name, reason in sorted(plan.inss.unserved.items()):
+        log.warning("plan: model %s is not served by the plan: %s", name, reason)
+    if plan.inss.batch and settings.policy not in BATCH_OPTION:
+        log.warning(
+            "the plan's batch sizes (%s) apply under POLICY=inss or triton; policy %s forms "
+            "batches by its own rule",
+            ", ".join(f"{m} {b}" for m, b in sorted(plan.inss.batch.items())),
+            settings.policy,
+        )
 
 
 def place_inss(
