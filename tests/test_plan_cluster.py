@@ -8,6 +8,8 @@ from __future__ import annotations
 import io
 import json
 import shutil
+import threading
+import time
 from pathlib import Path
 
 import httpx
@@ -278,3 +280,67 @@ def test_from_a_daemon_with_an_admin_token_needs_it():
         cluster_from_daemon("http://daemon", 0.0, client=client)
     cluster = cluster_from_daemon("http://daemon", 0.0, token="s3cret", client=client)
     assert [m.name for m in cluster.models] == ["add_one"] and cluster.models[0].rate is None
+
+
+def test_the_profile_index_gives_the_whole_devices_profile_and_where_it_was_measured():
+    from app.runtime.devices import ExecutorDevice
+    from app.scheduling import LatencyProfile
+    from app.server.planning_index import profile_index
+    from app.server.startup import ModelState
+    from tests.fakes import emulated_config
+
+    config = emulated_config("emu", alpha_ms=2.0, beta_ms=20.0)
+    devices = [
+        ExecutorDevice(0, "emulated", "emulated:0/0", share=0.5),
+        ExecutorDevice(1, "emulated", "emulated:0/1", share=0.5),
+    ]
+    # a core on a half share plans with ℓ(b) / 0.5
+    state = ModelState(config, None, (0,), LatencyProfile.linear(4.0, 40.0, 2))  # type: ignore[arg-type]
+    (row,) = profile_index({"emu": state}, devices)
+    assert row["latency_ms"] == {"1": pytest.approx(44.0), "2": pytest.approx(48.0)}
+    assert row["measured_on"] == {"name": "emulated:0/0", "kind": "emulated", "share": 0.5}
+    assert row["devices"] == ["emulated:0/0"]
+    # read back, the profile is the whole device's again
+    from app.cluster_sources.daemon import _model
+
+    model = _model(row, 5.0)
+    assert model.profile("emulated").latency(2) == pytest.approx(24e-3)
+    assert (model.rate, model.slo_s) == (5.0, config.slo_ms / 1e3)
+
+
+@pytest.mark.slow
+def test_plan_from_a_serving_daemon(repository, launch_daemon, run_module, tmp_path):
+    """`python -m app plan herd --from URL` against a daemon serving the
+    emulated models: its devices, its profiles and the rates it measured."""
+    daemon = launch_daemon(repository, emulated_devices=2, cpu_slices=0)
+    body = {"inputs": {"input": [[0.0] * 16]}}
+    stop, sent = threading.Event(), []
+
+    def send() -> None:  # traffic of two models while the planner measures
+        with httpx.Client(base_url=daemon.url, timeout=10) as client:
+            while not stop.is_set():
+                for model in ("resnet50-emulated", "bert-emulated"):
+                    sent.append(client.post("/infer", json={"model": model, **body}).status_code)
+                time.sleep(0.02)
+
+    out_file = tmp_path / "plan.json"
+    config = tmp_path / "cluster.yaml"
+    config.write_text(
+        json.dumps({"rates": {"densenet121-emulated": 5, "efficientnetb3-emulated": 5}})
+    )
+    sender = threading.Thread(target=send)
+    sender.start()
+    try:
+        done = run_module(
+            "app", "plan", "herd", str(config), "--from", daemon.url, "--window", "2",
+            "--out", str(out_file),
+        )  # fmt: skip
+    finally:
+        stop.set()
+        sender.join()
+    assert sent and set(sent) == {200}
+    assert done.returncode == 0, done.stderr
+    plan = json.loads(out_file.read_text())
+    assert sorted(m for g in plan["groups"] for m in g["models"]) == EMULATED
+    assert sorted(i for g in plan["groups"] for i in g["devices"]) == [0, 1]
+    assert "rates measured over" in done.stderr

@@ -41,7 +41,10 @@ def cluster_from_daemon(
         if window_s > 0:
             sleep(window_s)
             after, elapsed = _counts(http, url), clock() - began
-            rates = {m: (after[m] - before.get(m, 0.0)) / elapsed for m in after}
+            rates = {
+                str(m["name"]): (after.get(m["name"], 0.0) - before.get(m["name"], 0.0)) / elapsed
+                for m in body["models"]
+            }
         else:
             rates = {}
     finally:

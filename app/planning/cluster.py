@@ -111,8 +111,14 @@ class ClusterDescription:
     def rate(self, model: ClusterModel, default: float | None = None) -> float:
         """The model's rate; without one, `default`, else a ValueError
         saying how to give it."""
-        if model.rate is not None:
+        if model.rate:
             return model.rate
+        if model.rate == 0.0 and default is None:
+            raise ValueError(
+                f"model {model.name!r} had no requests while its rate was measured: declare "
+                f"its rate (`rates: {{{model.name}: R}}` in the cluster file) or measure over "
+                "a longer --window"
+            )
         if default is not None:
             return default
         raise ValueError(
