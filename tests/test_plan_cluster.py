@@ -344,3 +344,24 @@ def test_plan_from_a_serving_daemon(repository, launch_daemon, run_module, tmp_p
     assert sorted(m for g in plan["groups"] for m in g["models"]) == EMULATED
     assert sorted(i for g in plan["groups"] for i in g["devices"]) == [0, 1]
     assert "rates measured over" in done.stderr
+
+
+def test_the_documented_cluster_file_is_read_by_every_planner(repository):
+    """docs/architecture.md's example, over the repository's models."""
+    import yaml
+
+    from app.planning.cluster_inputs import herd_input, inss_input, partition_input, ppipe_input
+
+    page = (Path(__file__).resolve().parents[1] / "docs" / "architecture.md").read_text()
+    block = page.split("```yaml\nkind: cluster", 1)[1].split("```", 1)[0]
+    raw = yaml.safe_load("kind: cluster" + block)
+    cluster = apply_cluster_file(raw, "docs", cluster_from_repository(repository, dict(DEVICES)))
+    assert sorted(m.name for m in cluster.models) == sorted(set(EMULATED) - {"bert-emulated"})
+    assert [d.name for d in cluster.devices] == ["emulated:0", "emulated:1"]
+    partition = partition_input(cluster)
+    assert (partition["sub_clusters"], partition["s_max_mb"]) == (2, 11000)
+    body, pool = herd_input(cluster)
+    assert body["cluster"]["max_group_size"] == 2 and pool.devices == (0, 1)
+    assert [d["bandwidth_gb_per_s"] for d in inss_input(cluster)["devices"]] == [12, 12]
+    body, left = ppipe_input(cluster, Path("/nonexistent"))
+    assert body["cluster"]["classes"] == {"fast": 1, "slow": 2} and len(left) == 3

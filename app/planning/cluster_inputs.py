@@ -4,7 +4,8 @@ cluster file, put into the planner's own schema and read by its own reader,
 so that every check is the one its YAML gets. Model names are the
 repository's. The sections' keys (docs/architecture.md, "Planning"):
 
-    partition: {sub_clusters, r_max, s_max_mb, w, c_max, current, load_cost}
+    partition: {devices, device_memory_mb, sub_clusters, r_max, s_max_mb, w,
+                c_max, current, load_cost}
     herd: {devices, device_memory_mb, reserve_mb, max_group_size, groups,
            objective, time_limit_s, affinity}
     inss: {devices, device_memory_mb, share_step, bandwidth_gb_per_s,
@@ -29,7 +30,17 @@ from app.scheduling.profile import LatencyProfile
 
 MIB = 1 << 20
 
-PARTITION_KEYS = {"sub_clusters", "r_max", "s_max_mb", "w", "c_max", "current", "load_cost"}
+PARTITION_KEYS = {
+    "devices",
+    "device_memory_mb",
+    "sub_clusters",
+    "r_max",
+    "s_max_mb",
+    "w",
+    "c_max",
+    "current",
+    "load_cost",
+}
 HERD_KEYS = {
     "devices",
     "device_memory_mb",
@@ -74,6 +85,8 @@ def partition_input(cluster: ClusterDescription) -> dict[str, Any]:
     pool = device_pool(cluster, "partition")
     memory = min(cluster.device_memory_mb(cluster.devices[i], "partition") for i in pool.devices)
     load_cost = section.pop("load_cost", 1.0)
+    for key in ("devices", "device_memory_mb"):  # the pool's, used above
+        section.pop(key, None)
     models = [
         {
             "name": m.name,
