@@ -76,8 +76,8 @@ PLAN_PARTITION = (
     "--out /tmp/partition-plan.json"
 )
 PLAN_CLUSTER_HERD = (
-    "python -m app plan herd bench/workloads/cluster/live.yaml --repository bench/repositories/live "
-    "--out /tmp/herd-live.json"
+    "python -m app plan herd bench/workloads/cluster/live.yaml --repository "
+    "bench/repositories/live --out /tmp/herd-live.json"
 )
 PLAN_CLUSTER_PARTITION = (
     "python -m app plan partition bench/workloads/cluster/live.yaml --repository "
