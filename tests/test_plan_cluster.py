@@ -166,7 +166,8 @@ def test_the_cluster_file_is_checked_naming_the_mistake(repository, tmp_path):
         ({"rates": {"nope": 1}}, "rates: no model 'nope'"),
         ({"partiton": {}}, "unknown keys ['partiton']"),
         ({"rates": RATES, "herd": {"max_group": 2}}, "unknown keys ['max_group']"),
-        ({"models": {"x": {"profile": {"alpha_ms": 1, "beta_ms": 1}}}}, "needs slo_ms"),
+        ({"models": {"x": {"profile": {"alpha_ms": 1, "beta_ms": 1}}}}, "needs slo_ms and"),
+        ({"rates": RATES, "models": {"bert-emulated": {"max_batch": 0}}}, "max_batch must be"),
     ]:
         bad.write_text(json.dumps(body))
         code, _, err = plan(["herd", str(bad), "--repository", str(repository)])

@@ -74,6 +74,15 @@ def test_the_daemon_reads_every_form_to_the_same_settings(env):
     assert settings.policy_options == {"stagger_slack": 2}
 
 
+def test_the_daemons_flags_read_the_same_forms():
+    settings = read_settings({}, {"policy": "symphony:stagger_slack=2"})
+    assert (settings.policy, settings.policy_options) == ("symphony", {"stagger_slack": 2})
+    settings = read_settings({"POLICY": "flex"}, {"policy_options": "threshold=3.5"})
+    assert (settings.policy, settings.policy_options) == ("flex", {"threshold": 3.5})
+    with pytest.raises(ValueError, match="--policy and POLICY_OPTIONS"):
+        read_settings({"POLICY_OPTIONS": "stagger_slack=1"}, {"policy": "symphony:stagger_slack=2"})
+
+
 def test_the_daemon_refuses_an_option_given_twice_and_an_unknown_one():
     with pytest.raises(ValueError, match="'stagger_slack' given twice"):
         read_settings({"POLICY": "symphony:stagger_slack=2", "POLICY_OPTIONS": "stagger_slack=3"})

@@ -148,17 +148,16 @@ def _model(
 ) -> ClusterModel:
     """`known` (the repository's) with what `spec` says over it; a model
     the cluster does not know needs slo_ms and a profile."""
-    if known is None:
-        for key in ("slo_ms",):
-            if key not in spec:
-                raise InputError(f"{where}: not in the repository, so it needs {key}")
-        if "profile" not in spec and "profiles" not in spec:
-            raise InputError(f"{where}: not in the repository, so it needs a profile")
-    max_batch = (
-        int(_number(spec["max_batch"], f"{where}: max_batch"))
-        if "max_batch" in spec
-        else (known.max_batch if known is not None else 0)
-    )
+    if known is None and ("slo_ms" not in spec or not {"profile", "profiles"} & set(spec)):
+        raise InputError(
+            f"{where}: a model the repository (or server) does not have needs slo_ms and a "
+            "profile (or profiles)"
+        )
+    max_batch = known.max_batch if known is not None else 0
+    if "max_batch" in spec:
+        max_batch = spec["max_batch"]
+        if isinstance(max_batch, bool) or not isinstance(max_batch, int) or max_batch < 1:
+            raise InputError(f"{where}: max_batch must be an integer ≥ 1, got {max_batch!r}")
     profiles = _profiles(spec, kinds, max_batch or None, where)
     if not max_batch:
         max_batch = next(iter(profiles.values())).max_batch
