@@ -105,10 +105,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     if argv[:1] == ["profile"]:
         return profile_main(argv)
     if argv[:1] == ["plan"]:
+        from app.cluster_sources import read_cluster
         from app.planning.cli import main as plan_main
         from app.simulation.herd_goodput import MeasuredGoodput
 
-        return plan_main(argv[1:], herd_measurer=MeasuredGoodput)
+        return plan_main(argv[1:], herd_measurer=MeasuredGoodput, cluster_reader=read_cluster)
     try:
         command = parse_command(argv, os.environ)
     except ValueError as exc:

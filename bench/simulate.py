@@ -47,6 +47,7 @@ from typing import Any
 from rich.console import Console
 from rich.progress import Progress
 
+from app.scheduling import policy_spec
 from app.scheduling.registry import make_scheduler, policy_names, scheduler_class
 from app.simulation.capacity_search import CapacityResult, find_capacity
 from app.simulation.run import SimResult, simulate
@@ -103,49 +104,19 @@ class PolicySpec:
 
 def parse_value(text: str) -> Any:
     """A policy option value: bool, None, int, float, else the string."""
-    low = text.strip().lower()
-    if low in ("true", "yes", "on"):
-        return True
-    if low in ("false", "no", "off"):
-        return False
-    if low in ("none", "null"):
-        return None
-    for kind in (int, float):
-        try:
-            return kind(text)
-        except ValueError:
-            pass
-    return text.strip()
+    return policy_spec.parse_value(text)
 
 
 def parse_policy(text: str, known: list[str]) -> PolicySpec:
-    """`NAME` or `NAME:key=value,key=value`."""
-    name, sep, rest = text.partition(":")
-    name = name.strip()
-    if name not in known:
-        raise UsageError(f"unknown policy {name!r}; choose from: {', '.join(known)}")
-    params: dict[str, Any] = {}
-    if sep and rest.strip():
-        for item in rest.split(","):
-            key, eq, value = item.partition("=")
-            key = key.strip()
-            if not eq or not key.isidentifier():
-                raise UsageError(
-                    f"--policy {text!r}: options must look like NAME:key=value,key=value"
-                )
-            if key in params:
-                raise UsageError(f"--policy {text!r}: option {key!r} given twice")
-            params[key] = parse_value(value)
-    label = name
-    if params:
-        label += ":" + ",".join(f"{k}={_fmt_value(v)}" for k, v in params.items())
-    return PolicySpec(label, name, params)
-
-
-def _fmt_value(value: Any) -> str:
-    if isinstance(value, bool):
-        return str(value).lower()
-    return "none" if value is None else str(value)
+    """`NAME`, `NAME:key=value,key=value` or `NAME:{JSON object}`: the one
+    syntax of app/scheduling/policy_spec.py, as the daemon's POLICY reads it."""
+    try:
+        spec = policy_spec.parse_policy(text, "--policy")
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    if spec.name not in known:
+        raise UsageError(f"unknown policy {spec.name!r}; choose from: {', '.join(known)}")
+    return PolicySpec(spec.label, spec.name, spec.options)
 
 
 def parse_scales(text: str) -> list[float]:
@@ -168,7 +139,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--policy",
         action="append",
         metavar="NAME[:k=v,...]",
-        help="policy to run (repeatable), with options, e.g. symphony:pruning=prefix; "
+        help="policy to run (repeatable), with options, e.g. symphony:pruning=prefix or "
+        '\'symphony:{"pruning": "prefix"}\' (the daemon\'s POLICY syntax); '
         "default: all registered policies",
     )
     cli.add_capacity_options(p, what="each policy's capacity", tol=0.01)

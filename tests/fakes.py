@@ -307,6 +307,23 @@ class FakeService:
             }
         ]
 
+    # add_one's profile on emulated:0: ℓ(b) = 2·b + 1 ms up to batch 4.
+    def profile_index(self):
+        return [
+            {
+                "name": "add_one",
+                "slo_ms": 100.0,
+                "max_batch_size": 4,
+                "allowed_devices": None,
+                "devices": ["emulated:0"],
+                "measured_on": {"name": "emulated:0", "kind": "emulated", "share": 1.0},
+                "latency_ms": {str(b): 2.0 * b + 1.0 for b in range(1, 5)},
+                "memory_bytes": None,
+                "input_bytes": 16,
+                "output_bytes": 16,
+            }
+        ]
+
     async def reshare_device(self, name, share):
         from app.server.reallocation import DeviceNotFound
 
@@ -370,3 +387,20 @@ class FakeService:
         else:
             outs = {"y": inputs["x"] + np.float32(1)}
         return InferResult(model, request_id, outs, 1.25, 3.5, 4, "cpu:0", 0.5, 0.75, app)
+
+
+class SyncASGITransport(httpx.BaseTransport):
+    """A blocking httpx transport that calls an ASGI app in-process (each
+    request on an event loop of its own), for code that takes an
+    `httpx.Client`."""
+
+    def __init__(self, app: Any) -> None:
+        self.inner = httpx.ASGITransport(app=app, raise_app_exceptions=False)
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        async def call() -> httpx.Response:
+            response = await self.inner.handle_async_request(request)
+            body = await response.aread()
+            return httpx.Response(response.status_code, headers=response.headers, content=body)
+
+        return asyncio.run(call())

@@ -420,6 +420,7 @@ async def test_openapi_document(client):
         "/v2/devices": {"get"},
         "/v2/devices/reshare": {"post"},
         "/v2/plan": {"get"},
+        "/v2/profiles": {"get"},
         "/metrics": {"get"},
     }
     assert {p: set(ops) for p, ops in paths.items()} == expected

@@ -546,6 +546,7 @@ def test_openapi_stateful():
     assert set(MODELS) & set(service.names_asked), "no scenario reached a model by a link"
 
 
+@pytest.mark.slow  # over a second of wall time
 def test_fuzzed_inference_reaches_the_models_and_the_server_still_serves():
     """Schema-valid inference requests, fuzzed on their own service: they
     reach real models and the (fake) scheduler, no unsafe name gets to the

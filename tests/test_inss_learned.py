@@ -123,6 +123,7 @@ def test_training_reaches_the_exact_objective() -> None:
         assert np.array_equal(value.numpy(), again.actor_state[key].numpy()), key
 
 
+@pytest.mark.slow  # over a second of wall time
 def test_policy_file_round_trip_and_mismatch(tmp_path: Path) -> None:
     problem = _problem()
     policy = train(problem, 150, seed=1, config=SMALL)

@@ -8,6 +8,7 @@ not to stay under a line count."""
 from __future__ import annotations
 
 import ast
+from functools import cache
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -44,9 +45,15 @@ KNOWN_LONG_FUNCTIONS = {
 }
 
 
+@cache
+def _tree(path: Path) -> ast.Module:
+    """Each file parsed once for every test here."""
+    return ast.parse(path.read_text())
+
+
 def _imports(path: Path) -> set[str]:
     names: set[str] = set()
-    for node in ast.walk(ast.parse(path.read_text())):
+    for node in ast.walk(_tree(path)):
         if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
             names.add(node.module)
         elif isinstance(node, ast.Import):
@@ -127,7 +134,7 @@ def module_graph() -> dict[str, set[str]]:
     for name, path in paths.items():
         package = name if path.name == "__init__.py" else name.rpartition(".")[0]
         targets: set[str] = set()
-        for node in ast.walk(ast.parse(path.read_text())):
+        for node in ast.walk(_tree(path)):
             if isinstance(node, ast.ImportFrom):
                 base = node.module or ""
                 if node.level:
@@ -206,7 +213,7 @@ def long_functions() -> dict[str, int]:
     found: dict[str, int] = {}
     for folder in ("app", "bench"):
         for path in (ROOT / folder).rglob("*.py"):
-            for node in ast.walk(ast.parse(path.read_text())):
+            for node in ast.walk(_tree(path)):
                 if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
                     lines = (node.end_lineno or node.lineno) - node.lineno + 1
                     if lines > MAX_FUNCTION_LINES:

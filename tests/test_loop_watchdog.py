@@ -1,4 +1,4 @@
-"""The loop watchdog (issue 42, item 1): a handler that never yields can no
+"""The loop watchdog: a handler that never yields can no
 longer keep the process alive past a stop signal or forever; and a stop
 signal sent twice at once (as `timeout` does) is one stop, not a hurry."""
 
@@ -8,6 +8,8 @@ import asyncio
 import signal
 import threading
 import time
+
+import pytest
 
 from app.server.loop_watchdog import EXIT_STATUS, LoopWatchdog
 from app.server.stop_signals import REPEAT_WINDOW_S, StopSignals
@@ -43,6 +45,7 @@ def _wedged_loop(watchdog_kwargs: dict, block_s: float, signal_after_s: float | 
     return exits, freed, watchdog
 
 
+@pytest.mark.slow  # over a second of wall time
 def test_a_stop_signal_ends_a_wedged_loop_after_grace_and_safety_net():
     # grace 0.2 s + safety net 1.0 s + margin 0.3 s = 1.5 s after the signal at 0.2 s
     exits, freed, watchdog = _wedged_loop(
@@ -54,6 +57,7 @@ def test_a_stop_signal_ends_a_wedged_loop_after_grace_and_safety_net():
     assert "after a stop signal" in (watchdog.exited or "")
 
 
+@pytest.mark.slow  # over a second of wall time
 def test_a_loop_stalled_past_the_limit_exits_and_a_short_stall_does_not():
     exits, _, watchdog = _wedged_loop(
         {"grace_s": 30.0, "stall_exit_s": 0.8}, block_s=2.0, signal_after_s=None

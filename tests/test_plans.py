@@ -42,8 +42,10 @@ INSS_BUNDLED = ROOT / "bench" / "workloads" / "inss" / "bundled.yaml"
 
 
 def run_planner(*argv: str) -> None:
+    from app.cluster_sources import read_cluster
+
     out, err = io.StringIO(), io.StringIO()
-    assert plan_main(list(argv), out, err) == 0, err.getvalue()
+    assert plan_main(list(argv), out, err, cluster_reader=read_cluster) == 0, err.getvalue()
 
 
 def served(env: dict[str, str], repository: Path):
@@ -194,6 +196,36 @@ def test_a_herd_plan_by_plan_forms_its_groups_with_flex(tmp_path: Path) -> None:
         assert all(placed[m].devices == names for m in group.models)
 
 
+def test_a_herd_plan_of_the_repository_on_the_servers_devices(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Planned from the repository (`--repository`) on the default server's
+    devices: the group on the emulated devices, the server's 1 and 2; a
+    model the plan leaves out runs on the device no group names."""
+    for name in ("CPU_SLICES", "EMULATED_DEVICES", "DEVICE_SHARES", "RAY_ADDRESS", "RAY_NODES"):
+        monkeypatch.delenv(name, raising=False)
+    path = tmp_path / "herd.json"
+    live = ROOT / "bench" / "repositories" / "live"
+    cluster = ROOT / "bench" / "workloads" / "cluster" / "live.yaml"
+    run_planner("herd", str(cluster), "--repository", str(live), "--out", str(path))
+    made = read_plan_file(path).made_from
+    assert made is not None and made.inputs == (str(cluster), str(live))
+    repository = tmp_path / "models"
+    repository.mkdir()
+    for model in live.iterdir():
+        (repository / model.name).symlink_to(model)
+    emulated_repository(repository, {"extra": 1.0})  # in no group
+    env = {"PLAN": str(path), "CPU_SLICES": "1", "EMULATED_DEVICES": "3"}
+    _, resolved, _, index = served(env, repository)
+    placed = apply_core_groups(path, index.models, device_layout(resolved))
+    planned = read_herd(path).groups
+    assert [g.devices for g in planned if g.models] == [(1, 2)]
+    assert {n: c.devices for n, c in placed.items()} == {
+        **{m: ("emulated:0", "emulated:1") for m in planned[0].models},
+        "extra": ("emulated:2",),
+    }
+
+
 def test_a_partition_and_a_ppipe_plan_by_plan(tmp_path: Path) -> None:
     repository = emulated_repository(tmp_path / "models", {"a": 1.0, "b": 2.0, "c": 1.0})
     path = partition_plan(tmp_path / "p.json", [("a",), ("b", "c")])
@@ -275,9 +307,10 @@ def test_a_plan_that_does_not_fit_is_refused_naming_every_mismatch(tmp_path: Pat
         "  - model 'c' of the repository is not in the plan, and no device the plan leaves "
         "free (cpu:0) runs it",
         "  this server: models a, b, c; devices cpu:0, emulated:0",
-        "  make a plan for it: `python -m app plan inss CONFIG.yaml --out FILE`, its `models` "
-        "this server's models, its `devices` named as this server's (as "
-        "bench/workloads/inss/bundled.yaml does for the bundled models)",
+        f"  make a plan for it: `python -m app plan inss CLUSTER.yaml --repository {repository} "
+        "--out FILE` with this server's settings in the environment (CLUSTER.yaml gives the "
+        "rates: docs/architecture.md#planning), or `python -m app plan inss --from URL --out "
+        "FILE` against it serving",
     ):
         assert line in message.splitlines(), message
 
@@ -291,14 +324,14 @@ def test_readmes_herd_plan_on_the_default_server_names_every_mismatch(tmp_path: 
     lines = str(error.value).splitlines()
     missing = {"VGG16", "VGG19", "MobileNet", "DenseNet121", "BERT"}
     assert {f"  - model {m!r} is not in the repository {repository}" for m in missing} <= set(lines)
-    assert "  - models ['mlp'] of the repository are in no group (add them to the plan, or " \
-        "remove them from the repository)" in lines  # fmt: skip
+    assert "  - model 'mlp' of the repository is in no group, and no device the plan leaves " \
+        "free (none) runs it" in lines  # fmt: skip
     assert any(
         line.startswith("  - the groups name devices [3, 4, 5, 6, 7], but this server has 3 (0 … "
                         "2: cpu:0, emulated:0, emulated:1)") for line in lines
     )  # fmt: skip
     assert "made by `python -m app plan herd " in lines[0]
-    assert "cluster: {devices: 3}" in lines[-1]
+    assert f"`python -m app plan herd CLUSTER.yaml --repository {repository} " in lines[-1]
 
 
 def test_a_plan_of_the_wrong_kind_or_beside_device_shares_is_refused(tmp_path: Path) -> None:

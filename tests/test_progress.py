@@ -81,6 +81,7 @@ def test_bench_compare_says_which_system_and_probe_runs(cli_env, tmp_path: Path)
     assert "(ceiling) symphony: capacity probe " in said and "of at most 2" in said, said
 
 
+@pytest.mark.slow  # over a second of wall time
 def test_plain_lines_in_a_log_none_when_quiet() -> None:
     from rich.console import Console
 

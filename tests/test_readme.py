@@ -75,9 +75,21 @@ PLAN_PARTITION = (
     "python -m app plan partition bench/workloads/partition/example.yaml "
     "--out /tmp/partition-plan.json"
 )
+PLAN_CLUSTER_HERD = (
+    "python -m app plan herd bench/workloads/cluster/live.yaml --repository "
+    "bench/repositories/live --out /tmp/herd-live.json"
+)
+PLAN_CLUSTER_PARTITION = (
+    "python -m app plan partition bench/workloads/cluster/live.yaml --repository "
+    "bench/repositories/live --out /tmp/partition-live.json"
+)
 RAY_CLUSTER = "python -m bench.ray_cluster --workers 1 --hold 5"
 CI_LINE = "pip install -e '.[test]' && ruff check . && python -m pytest -q"
 
+_POLICY_FORMS = (
+    "one policy written five ways; tests/test_policy_spec.py reads each form to the same "
+    "settings and simulator policy"
+)
 _INSTALLS = "installs into the running environment from the package index (.ci/run installs)"
 PPIPE_PROFILE = (
     "python -m app.repository.block_profile --chain --out /tmp/ppipe-chain --class fast:1 "
@@ -137,6 +149,17 @@ NOT_RUN = {
     "python -m pytest -q": "CI's own line: .ci/run runs it verbatim (checked here); this suite",
     "python -m bench.simulate --workload FILE [--policy P ...] [--rate-scale X] [--capacity] "
     "[--json] [--plot out.png]": "a usage synopsis with placeholders",
+    "python -m app plan herd --from http://127.0.0.1:8000 --window 30 --out /tmp/herd-live.json": (
+        "needs the live server under load; tests/test_plan_cluster.py plans with --from from a "
+        "daemon it serves and loads"
+    ),
+    "POLICY=symphony:stagger_slack=2 python -m app serve": _POLICY_FORMS,
+    "POLICY=symphony POLICY_OPTIONS=stagger_slack=2 python -m app serve": _POLICY_FORMS,
+    "POLICY=symphony POLICY_OPTIONS='{\"stagger_slack\": 2}' python -m app serve": _POLICY_FORMS,
+    "python -m bench.simulate --workload W.yaml --policy symphony:stagger_slack=2": _POLICY_FORMS,
+    "python -m bench.simulate --workload W.yaml --policy 'symphony:{\"stagger_slack\": 2}'": (
+        _POLICY_FORMS
+    ),
     "python -m app profile MODEL [--force]": "a usage synopsis with placeholders "
     "(tests/test_triton_repository.py runs the command's code)",
     LOADGEN: "a capacity bisection of 15-s open-loop runs, minutes of load; the server the "
@@ -245,6 +268,8 @@ def run_set(commands: list[str]) -> set[str]:
         PLAN_HERD,
         PLAN_HERD_MEASURED,
         PLAN_PARTITION,
+        PLAN_CLUSTER_HERD,
+        PLAN_CLUSTER_PARTITION,
         RAY_CLUSTER,
         PPIPE_PROFILE,
         PPIPE_PLAN,
@@ -542,6 +567,29 @@ def test_partition_planner_command(cli_env) -> None:
     assert plan.result.status == "optimal" and len(plan.assignment()) == 12
     for s in plan.sub_clusters:
         assert s.models and s.rate <= plan.r_max and s.memory_bytes <= plan.s_max_bytes
+
+
+def test_cluster_planning_commands(cli_env) -> None:
+    """The Planning section's commands: the live repository's models, by
+    their names, grouped on the server's emulated devices and partitioned."""
+    from app.planning.herd.plan import read_plan as read_herd
+    from app.planning.partition.plan import read_plan as read_partition
+
+    live = {"densenet121-1080ti", "resnet50-t4", "xception-1080ti", "zero-emulated"}
+    for command, out in (
+        (PLAN_CLUSTER_HERD, Path("/tmp/herd-live.json")),
+        (PLAN_CLUSTER_PARTITION, Path("/tmp/partition-live.json")),
+    ):
+        out.unlink(missing_ok=True)
+        done = subprocess.run(
+            ["bash", "-c", command], cwd=ROOT, env=cli_env, capture_output=True, timeout=120
+        )
+        assert done.returncode == 0, done.stderr.decode()
+    herd = read_herd(Path("/tmp/herd-live.json"))
+    assert {m for g in herd.groups for m in g.models} == live
+    assert sorted(i for g in herd.groups for i in g.devices) == [1, 2]  # emulated:0, emulated:1
+    partition = read_partition(Path("/tmp/partition-live.json"))
+    assert set(partition.assignment()) == live and len(partition.sub_clusters) == 2
 
 
 @pytest.mark.slow

@@ -1,10 +1,14 @@
 """The executor devices, and a device's share reallocated while serving.
 
     GET  /v2/devices                       {"devices": [{name, kind, share, ...}]}
+    GET  /v2/profiles                      {"models": [{name, slo_ms, latency_ms, ...}]}
     POST /v2/devices/reshare               {"device": "cpu:0/1", "share": 0.3}
 
-The second is a management route (the admin guard first, as for model load
-and unload: app.api.repository_routes): a shadow executor at the new share
+Both profiles and reshare are management routes (the admin guard first, as
+for model load and unload: app.api.repository_routes). The profiles are
+what `python -m app plan SYSTEM --from URL` reads: each model's SLO, batch
+cap, tensors, weights and the latency profile its core plans with
+(app/server/planning_index.py). A reshare: a shadow executor at the new share
 takes over the device's traffic, the old one finishes what it holds, and the
 answer says how long each phase took (app/server/reallocation.py). 400 for
 a share out of (0, 1] or a device's shares summing to more than 1, 404 for
@@ -95,6 +99,23 @@ def add_device_routes(
     async def get_devices() -> dict[str, Any]:
         index = getattr(ctx.get_service(), "device_index", None)
         return {"devices": index() if index is not None else []}
+
+    @router.get(
+        "/v2/profiles",
+        name="profiles",
+        response_model=dict[str, Any],
+        responses={k: v for k, v in _RESPONSES.items() if k in (401, 403, 501, 503)},
+        dependencies=[Depends(guard)],
+        tags=["v2"],
+        summary="Each model's latency profile, SLO and tensors, for the planners (admin)",
+        operation_id="v2_profiles",
+        openapi_extra=optional,
+    )
+    async def get_profiles() -> dict[str, Any]:
+        index = getattr(ctx.get_service(), "profile_index", None)
+        if index is None:
+            raise DeviceControlDisabled("this server has no profiles to show")
+        return {"models": index()}
 
     @router.post(
         "/v2/devices/reshare",

@@ -8,6 +8,8 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any, TextIO
 
+from app.planning.cluster_cli import ClusterReader
+
 USAGE = (
     "usage: python -m app plan {ppipe,inss,herd,partition} ...\n\n"
     "  ppipe  PPipe: partitioned models on pools of heterogeneous devices "
@@ -17,7 +19,10 @@ USAGE = (
     "  herd   Shepherd's HERD: streams, models and devices in serving groups "
     "(`python -m app plan herd --help`)\n"
     "  partition  Symphony: models into sub-clusters, one scheduling core each "
-    "(`python -m app plan partition --help`)\n"
+    "(`python -m app plan partition --help`)\n\n"
+    "Each plans the repository's models on the server's devices with --repository DIR or "
+    "--from URL\n(a serving daemon), a cluster file over them (docs/architecture.md, "
+    "Planning).\n"
 )
 
 
@@ -26,26 +31,29 @@ def main(
     out: TextIO = sys.stdout,
     err: TextIO = sys.stderr,
     herd_measurer: Callable[[], Any] | None = None,
+    cluster_reader: ClusterReader | None = None,
 ) -> int:
     """`argv` is what follows `plan`; `herd_measurer` makes HERD's measured
-    T_i (app/simulation/herd_goodput.py; `python -m app` passes it)."""
+    T_i (app/simulation/herd_goodput.py) and `cluster_reader` reads
+    `--repository DIR` and `--from URL` (app/cluster_sources/); `python -m
+    app` passes both."""
     argv = list(argv)
     if argv[:1] == ["inss"]:
         from app.planning.inss.cli import main as inss_main
 
-        return inss_main(argv[1:], out, err)
+        return inss_main(argv[1:], out, err, cluster_reader)
     if argv[:1] == ["herd"]:
         from app.planning.herd.cli import main as herd_main
 
-        return herd_main(argv[1:], out, err, herd_measurer)
+        return herd_main(argv[1:], out, err, herd_measurer, cluster_reader)
     if argv[:1] == ["ppipe"]:
         from app.planning.ppipe.cli import main as ppipe_main
 
-        return ppipe_main(argv, out, err)
+        return ppipe_main(argv, out, err, cluster_reader)
     if argv[:1] == ["partition"]:
         from app.planning.partition.cli import main as partition_main
 
-        return partition_main(argv[1:], out, err)
+        return partition_main(argv[1:], out, err, cluster_reader)
     if argv[:1] in (["-h"], ["--help"]):
         out.write(USAGE)
         return 0

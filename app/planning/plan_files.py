@@ -55,15 +55,16 @@ class MadeFrom:
     def now(
         cls,
         planner: str,
-        inputs: Sequence[Path | str],
+        inputs: Sequence[Path | str | None],
         argv: Sequence[str],
         rates: Mapping[str, float] | None = None,
     ) -> MadeFrom:
-        """Made now by `python -m app plan PLANNER argv…` from `inputs`."""
+        """Made now by `python -m app plan PLANNER argv…` from `inputs`
+        (files, made absolute, or URLs; None: not given)."""
         made_at = datetime.now(timezone.utc).replace(microsecond=0).isoformat()
         return cls(
             planner,
-            tuple(str(Path(p).resolve()) if isinstance(p, Path) else p for p in inputs),
+            tuple(str(Path(p).resolve()) if isinstance(p, Path) else p for p in inputs if p),
             shlex.join(["python", "-m", "app", "plan", planner, *argv]),
             {str(k): float(v) for k, v in (rates or {}).items()},
             made_at.replace("+00:00", "Z"),
@@ -107,6 +108,13 @@ class PlanFile:
     @property
     def planner(self) -> str:
         return KINDS[self.kind]
+
+
+def inputs_of(args: Any, *more: str) -> list[Path | str | None]:
+    """A planner command's inputs: its CONFIG, the repository or daemon it
+    read (`--repository`, `--from`), and the further file arguments named."""
+    names = ("config", "repository", "from_url", *more)
+    return [getattr(args, name, None) for name in names]
 
 
 def envelope(kind: str, body: Mapping[str, Any], made_from: MadeFrom | None) -> dict[str, Any]:

@@ -16,10 +16,13 @@ for sub-clusters):
   in order, as evenly as they go (the first sub-clusters get one more), as
   the simulator's `simulate_partitioned` does.
 
-Refused at start-up, naming what is wrong: a plan of another kind, a model
-of the plan the repository lacks, a repository model the plan leaves out
-(it would share devices with a group's core), a device index past the
-daemon's devices, fewer devices than sub-clusters.
+A repository model in no group runs on the devices no group names (a HERD
+plan's pool may leave some out: the CPU under a plan of the emulated
+devices); a partition plan deals out every device, so it must name every
+model. Refused at start-up, naming what is wrong: a plan of another kind, a
+model of the plan the repository lacks, a repository model no device
+outside the groups runs, a device index past the daemon's devices, fewer
+devices than sub-clusters.
 """
 
 from __future__ import annotations
@@ -32,7 +35,7 @@ from typing import Any
 
 from app.planning.plan_files import read_json
 from app.repository.config import ModelConfig
-from app.runtime.devices import ExecutorDevice
+from app.runtime.devices import ExecutorDevice, model_allowed_on
 from app.server.startup import StartupFailed
 
 log = logging.getLogger("app.server")
@@ -109,15 +112,21 @@ def apply_core_groups(
     missing = sorted(set(by_model) - planned_names)
     if missing:
         raise CoreGroupsError(f"CORE_GROUPS={path}: models {missing} are not in the repository")
-    left_out = sorted(planned_names - set(by_model))
-    if left_out:
-        raise CoreGroupsError(
-            f"CORE_GROUPS={path}: models {left_out} of the repository are in no group; add them "
-            "to the plan or remove them from the repository"
-        )
+    # A model in no group runs on the devices no group names (none for a
+    # partition plan, which deals out every device).
+    named = {n for _, names in groups for n in names}
+    free = [d for d in devices if d.name not in named]
     out = {}
     for key, config in configs.items():
-        names = by_model[config.model_name]
+        names = by_model.get(config.model_name)
+        if names is None:
+            names = [d.name for d in free if model_allowed_on(config, d)]
+            if not names:
+                raise CoreGroupsError(
+                    f"CORE_GROUPS={path}: model {config.model_name!r} of the repository is in no "
+                    "group and no device outside the groups runs it; add it to the plan or "
+                    "remove it from the repository"
+                )
         out[key] = dataclasses.replace(config, devices=tuple(names))
     for models, names in groups:
         log.info("core group: %s on %s", ", ".join(models), ", ".join(names))

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from app.errors import ModelNotReady, ServingError, ShuttingDown, hide_paths
 from app.repository.config import VERSION_KEY_SEP
-from app.server import model_control, reallocation
+from app.server import model_control, planning_index, reallocation
 
 if TYPE_CHECKING:
     from app.server.live import LiveService
@@ -50,6 +50,11 @@ class Management:
     def device_index(self: LiveService) -> list[dict[str, Any]]:
         """The executor devices, their shares and models."""
         return reallocation.device_index(self)
+
+    def profile_index(self: LiveService) -> list[dict[str, Any]]:
+        """Each model's profile, SLO and tensors, for the planners
+        (app/server/planning_index.py)."""
+        return planning_index.profile_index(self.models, self.devices)
 
     def repository_index(self: LiveService) -> list[dict[str, str]]:
         """Triton's repository index: every model and version, with its state."""

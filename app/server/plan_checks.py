@@ -6,6 +6,7 @@ message naming each, and the command that makes a plan for this server."""
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 
 from app.repository.config import ModelConfig
 from app.repository.loader import RepositoryIndex
@@ -62,11 +63,16 @@ def check_plan(plan: PlanInForce, settings: Settings, index: RepositoryIndex) ->
     except (ValueError, KeyError, TypeError) as exc:  # a malformed plan
         raise PlanMismatch(f"{plan.label()}: {exc}") from None
     if problems:
-        raise PlanMismatch(_message(plan, problems, sorted(by_model), whole_devices(settings)))
+        devices = whole_devices(settings)
+        raise PlanMismatch(_message(plan, problems, sorted(by_model), devices, index.root))
 
 
 def _message(
-    plan: PlanInForce, problems: list[str], models: list[str], devices: list[ExecutorDevice]
+    plan: PlanInForce,
+    problems: list[str],
+    models: list[str],
+    devices: list[ExecutorDevice],
+    root: Path,
 ) -> str:
     file = plan.file
     made = file.made_from
@@ -76,20 +82,20 @@ def _message(
         f"{len(problems)} mismatch{'es' if len(problems) > 1 else ''}",
         *(f"  - {p}" for p in problems),
         f"  this server: models {listed(models)}; devices {listed(d.name for d in devices)}",
-        "  make a plan for it: " + _fitting_command(file.planner, models, devices),
+        "  make a plan for it: " + _fitting_command(file.planner, root),
     ]
     return "\n".join(lines)
 
 
-def _fitting_command(planner: str, models: list[str], devices: list[ExecutorDevice]) -> str:
-    config = {
-        "inss": "its `models` this server's models, its `devices` named as this server's "
-        "(as bench/workloads/inss/bundled.yaml does for the bundled models)",
-        "herd": f"its `models` this server's models, `cluster: {{devices: {len(devices)}}}`",
-        "partition": "its `models` this server's models",
-        "ppipe": "its `models` this server's ONNX models, with their block timings",
-    }[planner]
-    return f"`python -m app plan {planner} CONFIG.yaml --out FILE`, {config}"
+def _fitting_command(planner: str, root: Path) -> str:
+    """The command that plans this repository's models on this server's
+    devices (docs/architecture.md, Planning)."""
+    return (
+        f"`python -m app plan {planner} CLUSTER.yaml --repository {root} --out FILE` with this "
+        "server's settings in the environment (CLUSTER.yaml gives the rates: "
+        f"docs/architecture.md#planning), or `python -m app plan {planner} --from URL --out "
+        "FILE` against it serving"
+    )
 
 
 def _unknown(names: list[str], by_model: dict[str, list[ModelConfig]], index: RepositoryIndex):
@@ -116,6 +122,29 @@ def _left_out(planned: set[str], by_model: dict[str, list[ModelConfig]]) -> list
     ]
 
 
+def _without_device(
+    planned: set[str],
+    by_model: dict[str, list[ModelConfig]],
+    free: list[ExecutorDevice],
+    where: str,
+) -> list[str]:
+    """A line naming the repository models the plan leaves out that no
+    device the plan leaves free runs."""
+    stranded = [
+        name
+        for name, configs in sorted(by_model.items())
+        if name not in planned and not any(model_allowed_on(c, d) for c in configs for d in free)
+    ]
+    if not stranded:
+        return []
+    what = f"model {stranded[0]!r}" if len(stranded) == 1 else f"models {stranded}"
+    verb, it = ("is", "it") if len(stranded) == 1 else ("are", "them")
+    return [
+        f"{what} of the repository {verb} {where}, and no device the plan leaves free "
+        f"({listed(d.name for d in free)}) runs {it}"
+    ]
+
+
 def _cannot_run(name: str, configs: list[ModelConfig], device: ExecutorDevice, where: str):
     if all(model_allowed_on(c, device) for c in configs):
         return []
@@ -129,7 +158,10 @@ def _herd(plan, by_model, index, devices: list[ExecutorDevice]) -> list[str]:
 
     groups = read_plan(plan.path).groups
     names = [m for g in groups for m in g.models]
-    problems = _unknown(names, by_model, index) + _left_out(set(names), by_model)
+    problems = _unknown(names, by_model, index)
+    named = {i for g in groups if g.models for i in g.devices}
+    free = [d for i, d in enumerate(devices) if i not in named]
+    problems += _without_device(set(names), by_model, free, "in no group")
     past = sorted({i for g in groups if g.models for i in g.devices if i >= len(devices)})
     if past:
         have = f"0 … {len(devices) - 1}" if devices else "none"
@@ -178,15 +210,7 @@ def _inss(plan, by_model, index, devices: list[ExecutorDevice]) -> list[str]:
                 f"model {name!r}: the plan batches {batch}, above its max_batch_size {largest}"
             )
     free = [d for d in devices if d.name not in placement.planned_devices]
-    for name, configs in sorted(by_model.items()):
-        if name not in placement.device_of and not any(
-            model_allowed_on(c, d) for c in configs for d in free
-        ):
-            problems.append(
-                f"model {name!r} of the repository is not in the plan, and no device the plan "
-                f"leaves free ({listed(d.name for d in free)}) runs it"
-            )
-    return problems
+    return problems + _without_device(set(placement.device_of), by_model, free, "not in the plan")
 
 
 def _ppipe(plan, by_model, index) -> list[str]:

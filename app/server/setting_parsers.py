@@ -22,6 +22,7 @@ from typing import Protocol
 from app.repository.device_class import DeviceClass
 from app.runtime.realtime import MAX_PRIORITY, check_priority
 from app.runtime.shares import parse_device_shares, show_device_shares
+from app.scheduling.policy_spec import parse_options, parse_policy
 from app.scheduling.registry import policy_names
 
 
@@ -205,9 +206,15 @@ class FilePath:
 
 @dataclass(frozen=True)
 class JsonObject:
+    """A JSON object; as `options`, also `key=value,…` (a policy's options:
+    app/scheduling/policy_spec.py)."""
+
     metavar: str = "JSON"
+    options: bool = False
 
     def parse(self, text: str, label: str) -> dict[str, object]:
+        if self.options:
+            return parse_options(text, label)
         try:
             value = json.loads(text)
         except json.JSONDecodeError as exc:
@@ -220,7 +227,7 @@ class JsonObject:
         return json.dumps(value)
 
     def describe(self) -> str:
-        return "JSON object"
+        return "JSON object or key=value,…" if self.options else "JSON object"
 
 
 @dataclass(frozen=True)
@@ -326,16 +333,19 @@ class DeviceRange:
 
 @dataclass(frozen=True)
 class PolicyName:
-    """One of `app.scheduling.registry.policy_names()`."""
+    """One of `app.scheduling.registry.policy_names()`, optionally with its
+    options after a `:` (app/scheduling/policy_spec.py: `NAME:k=v,…` or
+    `NAME:{JSON}`); `read_settings` moves them into POLICY_OPTIONS."""
 
-    metavar: str = "NAME"
+    metavar: str = "NAME[:OPTIONS]"
 
     def parse(self, text: str, label: str) -> str:
-        if text not in policy_names():
+        spec = parse_policy(text, label)
+        if spec.name not in policy_names():
             raise ValueError(
                 f"{label}={text!r} is not a policy; choose one of {', '.join(policy_names())}"
             )
-        return text
+        return spec.label
 
     def show(self, value: object) -> str:
         return str(value)

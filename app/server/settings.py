@@ -18,6 +18,7 @@ from typing import Any
 
 from app.repository import BUNDLED_REPOSITORY
 from app.repository.device_class import DEFAULT_CLASSES, DeviceClass
+from app.scheduling.policy_spec import merge_options, parse_policy
 from app.scheduling.registry import policy_options
 from app.server.setting_parsers import (
     Boolean,
@@ -119,15 +120,19 @@ class Settings:
     policy: str = field(
         default="symphony",
         metadata=_setting(
-            "POLICY", PolicyName(), "scheduling policy, one of `app.scheduling.policy_names()`"
+            "POLICY",
+            PolicyName(),
+            "scheduling policy, one of `app.scheduling.policy_names()`, optionally with its "
+            "options: `NAME:key=value,…` or `NAME:{JSON}` (the simulator's `--policy` syntax)",
         ),
     )
     policy_options: dict[str, object] = field(
         default_factory=dict,
         metadata=_setting(
             "POLICY_OPTIONS",
-            JsonObject(),
-            'JSON object of policy options, e.g. `{"stagger_slack": 2}`',
+            JsonObject(metavar="OPTIONS", options=True),
+            'policy options, a JSON object or `key=value,…`: `{"stagger_slack": 2}` or '
+            "`stagger_slack=2` (the same as `POLICY=NAME:OPTIONS`; a key given in both is refused)",
         ),
     )
     host: str = field(
@@ -579,12 +584,26 @@ def read_settings(env: Mapping[str, str], flags: Mapping[str, str] | None = None
             given[setting.name] = setting.parse(flags[setting.name], setting.flag)
         elif setting.env in env:
             given[setting.name] = setting.parse(env[setting.env], setting.env)
+    _split_policy(given, flags)
     _plan_settings(given)
     _check_policy_options(
         str(given.get("policy", SETTING_BY_NAME["policy"].default)),
         given.get("policy_options") or {},  # type: ignore[arg-type]
     )
     return Settings(**{**_dependent_defaults(given), **given})  # type: ignore[arg-type]
+
+
+def _split_policy(given: dict[str, object], flags: Mapping[str, str]) -> None:
+    """`POLICY=NAME:OPTIONS`: the name stays `policy`, the options join
+    `policy_options` (a key given in both is a ValueError)."""
+    text = given.get("policy")
+    if not isinstance(text, str) or ":" not in text:
+        return
+    spec = parse_policy(text)
+    label = SETTING_BY_NAME["policy"].flag if "policy" in flags else "POLICY"
+    separate = given.get("policy_options") or {}
+    given["policy"] = spec.name
+    given["policy_options"] = merge_options(spec.options, separate, f"{label} and POLICY_OPTIONS")  # type: ignore[arg-type]
 
 
 # The core's options that are settings of their own (app/server/startup.py

@@ -1,9 +1,13 @@
-"""`python -m app plan herd CONFIG.yaml [--out FILE] [--time-limit S]
+"""`python -m app plan herd [CONFIG.yaml] [--repository DIR | --from URL]
+[--out FILE] [--time-limit S]
 [--objective paper|shared] [--tie-break shared|none] [--random SEED]
 [--goodput analytic|measured]`
 — HERD's serving groups (ilp.py) from the command line.
 
-Reads the cluster, models and streams from YAML (config.py), prints the plan
+Reads the cluster, models and streams from YAML (config.py) — or, with
+`--repository`, `--from` or a cluster file, the repository's models on a
+pool of the server's devices (app/planning/cluster_inputs.py; the plan's
+device indices are then the server's) — prints the plan
 (each group's devices, models, streams and burst tolerance; the minimum)
 and writes it (`--out`, plan.py's JSON). `--random SEED` prints the random
 grouping baseline (random_groups.py) instead. `--goodput` picks how T_i is
@@ -18,18 +22,29 @@ message on stderr naming the problem, exit status 2.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Protocol, TextIO
 
-from app.planning.herd.config import load_config
+from app.planning.cluster import Pool
+from app.planning.cluster_cli import (
+    ClusterReader,
+    add_cluster_arguments,
+    left_out,
+    load_cluster,
+    wants_cluster,
+)
+from app.planning.cluster_inputs import herd_input
+from app.planning.config_input import InputError
+from app.planning.herd.config import config_from_dict, load_config
 from app.planning.herd.ilp import TIE_BREAKS, SolveOptions, solve
 from app.planning.herd.plan import OBJECTIVES, HerdPlan, write_plan
 from app.planning.herd.problem import Goodput, Problem, model_streams, single_device_goodput
 from app.planning.herd.random_groups import random_plan
-from app.planning.plan_files import MadeFrom
+from app.planning.plan_files import MadeFrom, inputs_of
 from app.scheduling.profile import LatencyProfile
 
 PROG = "python -m app plan herd"
@@ -52,7 +67,9 @@ def build_parser() -> argparse.ArgumentParser:
         description="Group streams, models and devices into serving groups maximising the "
         "least burst tolerance (shepherd-nsdi23.txt §4), an ILP on HiGHS.",
     )
-    parser.add_argument("config", type=Path, help="cluster, models and streams (YAML)")
+    parser.add_argument(
+        "config", type=Path, nargs="?", help="cluster, models and streams (YAML), or a cluster file"
+    )
     parser.add_argument("--out", type=Path, help="write the plan to this file (JSON)")
     parser.add_argument("--time-limit", type=float, help="solver seconds (over the config's)")
     parser.add_argument("--objective", choices=OBJECTIVES, help="over the config's")
@@ -71,6 +88,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="each stream's single-device goodput T_i: analytic (2·ℓ(b) ≤ SLO, instant) or "
         "measured (a simulated capacity search with FLEX per model and SLO); default analytic",
     )
+    add_cluster_arguments(parser)
     return parser
 
 
@@ -79,12 +97,14 @@ def main(
     out: TextIO = sys.stdout,
     err: TextIO = sys.stderr,
     measurer: Callable[[], GoodputMeasurer] | None = None,
+    cluster_reader: ClusterReader | None = None,
 ) -> int:
     """`argv` is what follows `plan herd`; `measurer` makes the measured T_i
-    of `--goodput measured`."""
+    of `--goodput measured`; `cluster_reader` reads `--repository` and
+    `--from` (app/cluster_sources/)."""
     args = build_parser().parse_args(list(argv))
     try:
-        problem, objective, time_limit = load_config(args.config)
+        problem, objective, time_limit, pool = _problem(args, cluster_reader, err)
         objective = args.objective or objective
         if args.time_limit is not None:
             time_limit = args.time_limit
@@ -106,6 +126,8 @@ def main(
             plan = solve(
                 problem, SolveOptions(objective, time_limit, tie_break=args.tie_break), goodput
             )
+        if pool is not None:
+            plan = on_server_devices(plan, pool.devices)
     except ValueError as error:
         err.write(f"{PROG}: error: {error}\n")
         return 2
@@ -114,9 +136,33 @@ def main(
         rates: dict[str, float] = {}
         for stream in problem.streams:
             rates[stream.model] = rates.get(stream.model, 0.0) + stream.rate
-        write_plan(plan, args.out, MadeFrom.now("herd", [args.config], argv, rates))
+        write_plan(plan, args.out, MadeFrom.now("herd", inputs_of(args), argv, rates))
         out.write(f"plan written to {args.out}\n")
     return 0
+
+
+def _problem(
+    args: argparse.Namespace, reader: ClusterReader | None, err: TextIO
+) -> tuple[Problem, str, float, Pool | None]:
+    """The problem, objective and time limit of HERD's own YAML, or of the
+    cluster (with its pool of devices)."""
+    if not wants_cluster(args):
+        if args.config is None:
+            raise InputError("give CONFIG (YAML), --repository DIR or --from URL")
+        return (*load_config(args.config), None)
+    cluster = load_cluster(args, reader, err)
+    body, pool = herd_input(cluster)
+    left_out(pool.left_out, err)
+    return (*config_from_dict(body, cluster.source), pool)
+
+
+def on_server_devices(plan: HerdPlan, devices: Sequence[int]) -> HerdPlan:
+    """`plan` with its groups' devices renumbered from the pool's 0 … N−1
+    to the server's indices `devices` (GET /v2/devices' order)."""
+    groups = tuple(
+        dataclasses.replace(g, devices=tuple(devices[i] for i in g.devices)) for g in plan.groups
+    )
+    return dataclasses.replace(plan, groups=groups)
 
 
 def format_plan(plan: HerdPlan, problem: Problem, goodput_text: str = "") -> str:

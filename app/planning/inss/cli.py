@@ -1,8 +1,11 @@
-"""`python -m app plan inss CONFIG.yaml [--out FILE] [--exact|--greedy|--learned]
+"""`python -m app plan inss [CONFIG.yaml] [--repository DIR | --from URL]
+[--out FILE] [--exact|--greedy|--learned]
 [--share-step 0.1] [--train-steps N] [--seed S] [--policy-out FILE | --policy FILE]`
 — InSS's placement (placement.py, learned.py) from the command line.
 
-Reads the devices and models from YAML (config.py), prints the plan and
+Reads the devices and models from YAML (config.py) — or, with
+`--repository`, `--from` or a cluster file, the repository's models on the
+server's devices (app/planning/cluster_inputs.py) — prints the plan and
 writes it (`--out`, plan.py's JSON). `--exact` is the branch and bound,
 `--greedy` the heuristic; without either, the exact search when the problem
 is within its size limit, else the greedy. `--learned` trains the SAC-D
@@ -20,11 +23,21 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TextIO
 
-from app.planning.inss.config import load_problem
+from app.planning.cluster import device_pool
+from app.planning.cluster_cli import (
+    ClusterReader,
+    add_cluster_arguments,
+    left_out,
+    load_cluster,
+    wants_cluster,
+)
+from app.planning.cluster_inputs import inss_input
+from app.planning.config_input import InputError
+from app.planning.inss.config import load_problem, problem_from_dict
 from app.planning.inss.placement import MAX_ASSIGNMENTS, solve_exact, solve_greedy
 from app.planning.inss.plan import Plan, write_plan
 from app.planning.inss.problem import Problem
-from app.planning.plan_files import MadeFrom
+from app.planning.plan_files import MadeFrom, inputs_of
 
 PROG = "python -m app plan inss"
 DEFAULT_TRAIN_STEPS = 20_000
@@ -36,7 +49,9 @@ def build_parser() -> argparse.ArgumentParser:
         description="Place models on shared devices with MPS shares and BDA batch sizes "
         "(inss.txt problem (1)): an exact search for small clusters or a greedy heuristic.",
     )
-    parser.add_argument("config", type=Path, help="devices and models (YAML)")
+    parser.add_argument(
+        "config", type=Path, nargs="?", help="devices and models (YAML), or a cluster file"
+    )
     parser.add_argument("--out", type=Path, help="write the plan to this file (JSON)")
     method = parser.add_mutually_exclusive_group()
     method.add_argument("--exact", action="store_true", help="exhaustive search with pruning")
@@ -53,18 +68,25 @@ def build_parser() -> argparse.ArgumentParser:
     policy = learned.add_mutually_exclusive_group()
     policy.add_argument("--policy-out", type=Path, help="save the trained policy here")
     policy.add_argument("--policy", type=Path, help="load a trained policy instead of training")
+    add_cluster_arguments(parser)
     return parser
 
 
-def main(argv: Sequence[str], out: TextIO = sys.stdout, err: TextIO = sys.stderr) -> int:
-    """`argv` is what follows `plan inss`."""
+def main(
+    argv: Sequence[str],
+    out: TextIO = sys.stdout,
+    err: TextIO = sys.stderr,
+    cluster_reader: ClusterReader | None = None,
+) -> int:
+    """`argv` is what follows `plan inss`; `cluster_reader` reads
+    `--repository` and `--from` (app/cluster_sources/)."""
     parser = build_parser()
     args = parser.parse_args(list(argv))
     learned_flags = [f"--{name.replace('_', '-')}" for name in _LEARNED if getattr(args, name)]
     if learned_flags and not args.learned:
         parser.error(f"{', '.join(learned_flags)} only with --learned")
     try:
-        problem = load_problem(args.config, args.share_step)
+        problem = _problem(args, cluster_reader, err)
         small = (len(problem.devices) + 1) ** len(problem.models) <= MAX_ASSIGNMENTS
         if args.learned:
             plan, note = _learned(problem, args, small, out)
@@ -79,12 +101,23 @@ def main(argv: Sequence[str], out: TextIO = sys.stdout, err: TextIO = sys.stderr
     out.write(format_plan(plan) + note)
     if args.out is not None:
         rates = {m.model: m.rate for m in plan.models}
-        write_plan(plan, args.out, MadeFrom.now("inss", [args.config], argv, rates))
+        write_plan(plan, args.out, MadeFrom.now("inss", inputs_of(args), argv, rates))
         out.write(f"plan written to {args.out}\n")
     return 0
 
 
 _LEARNED = ("train_steps", "seed", "policy_out", "policy")
+
+
+def _problem(args: argparse.Namespace, reader: ClusterReader | None, err: TextIO) -> Problem:
+    """The problem of InSS's own YAML, or of the cluster."""
+    if not wants_cluster(args):
+        if args.config is None:
+            raise InputError("give CONFIG (YAML), --repository DIR or --from URL")
+        return load_problem(args.config, args.share_step)
+    cluster = load_cluster(args, reader, err)
+    left_out(device_pool(cluster, "inss").left_out, err)
+    return problem_from_dict(inss_input(cluster), cluster.source, args.share_step)
 
 
 def _learned(

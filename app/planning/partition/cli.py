@@ -1,6 +1,9 @@
-"""`python -m app plan partition CONFIG.yaml [--out FILE] [--time-limit S]
-[--current PLAN] [--random [--seed N]]` — Symphony's partitioning of models
-into sub-clusters (milp.py) from the command line.
+"""`python -m app plan partition [CONFIG.yaml] [--repository DIR | --from URL]
+[--out FILE] [--time-limit S] [--current PLAN] [--random [--seed N]]` —
+Symphony's partitioning of models into sub-clusters (milp.py) from the
+command line. With `--repository` or `--from`, or a cluster file
+(`kind: cluster`), it plans the repository's models (app/planning/
+cluster_inputs.py); else CONFIG is the YAML below.
 
 Reads the models and bounds from YAML (config.py), solves the MILP within
 the time limit (default 10 s; the incumbent when it hits), prints the plan —
@@ -20,11 +23,19 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TextIO
 
-from app.planning.partition.config import load_problem
+from app.planning.cluster_cli import (
+    ClusterReader,
+    add_cluster_arguments,
+    load_cluster,
+    wants_cluster,
+)
+from app.planning.cluster_inputs import partition_input
+from app.planning.config_input import InputError
+from app.planning.partition.config import load_problem, problem_from_dict
 from app.planning.partition.milp import DEFAULT_TIME_LIMIT_S, solve
 from app.planning.partition.plan import PartitionPlan, read_plan, write_plan
 from app.planning.partition.random_solver import solve_random
-from app.planning.plan_files import MadeFrom
+from app.planning.plan_files import MadeFrom, inputs_of
 
 PROG = "python -m app plan partition"
 
@@ -35,7 +46,12 @@ def build_parser() -> argparse.ArgumentParser:
         description="Partition models into sub-clusters, one scheduling core each "
         "(symphony.txt §4.7, App. A): a MILP on HiGHS under a time limit.",
     )
-    parser.add_argument("config", type=Path, help="models, sub-clusters and bounds (YAML)")
+    parser.add_argument(
+        "config",
+        type=Path,
+        nargs="?",
+        help="models, sub-clusters and bounds (YAML), or a cluster file",
+    )
     parser.add_argument("--out", type=Path, help="write the plan to this file (JSON)")
     parser.add_argument(
         "--time-limit",
@@ -50,15 +66,28 @@ def build_parser() -> argparse.ArgumentParser:
         "--random", action="store_true", help="App. A.2's random baseline, for the same time"
     )
     parser.add_argument("--seed", type=int, default=0, help="the random baseline's seed")
+    add_cluster_arguments(parser)
     return parser
 
 
-def main(argv: Sequence[str], out: TextIO = sys.stdout, err: TextIO = sys.stderr) -> int:
-    """`argv` is what follows `plan partition`."""
+def main(
+    argv: Sequence[str],
+    out: TextIO = sys.stdout,
+    err: TextIO = sys.stderr,
+    cluster_reader: ClusterReader | None = None,
+) -> int:
+    """`argv` is what follows `plan partition`; `cluster_reader` reads
+    `--repository` and `--from` (app/cluster_sources/)."""
     args = build_parser().parse_args(list(argv))
     try:
         current = None if args.current is None else read_plan(args.current).assignment()
-        problem = load_problem(args.config, current)
+        if wants_cluster(args):
+            cluster = load_cluster(args, cluster_reader, err)
+            problem = problem_from_dict(partition_input(cluster), cluster.source, current)
+        elif args.config is None:
+            raise InputError("give CONFIG (YAML), --repository DIR or --from URL")
+        else:
+            problem = load_problem(args.config, current)
         if args.random:
             plan = solve_random(problem, args.time_limit, args.seed)
         else:
@@ -69,8 +98,8 @@ def main(argv: Sequence[str], out: TextIO = sys.stdout, err: TextIO = sys.stderr
     out.write(format_plan(plan))
     if args.out is not None:
         rates = {m.name: m.rate for m in problem.models}
-        inputs = [args.config] + ([args.current] if args.current is not None else [])
-        write_plan(plan, args.out, MadeFrom.now("partition", inputs, argv, rates))
+        made_from = MadeFrom.now("partition", inputs_of(args, "current"), argv, rates)
+        write_plan(plan, args.out, made_from)
         out.write(f"plan written to {args.out}\n")
     return 0
 

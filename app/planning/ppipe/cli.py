@@ -1,7 +1,10 @@
 """`python -m app plan ppipe …` — PPipe's control plane from the command line.
 
-Normal mode reads a cluster and its models from a YAML file, prints the
-plan and writes it (`--out`) in the form the simulator and daemon load:
+Normal mode reads a cluster and its models from a YAML file — or, with
+`--repository DIR`, `--from URL` or a cluster file (`kind: cluster`), the
+repository's models that have block profiles in the cluster file's
+`ppipe.timings` (app/planning/cluster_inputs.py) — prints the plan and
+writes it (`--out`) in the form the simulator and daemon load:
 
     cluster:
       classes: {L4: 25, T4: 75}     # whole devices per class
@@ -44,8 +47,16 @@ from typing import Any, TextIO
 
 import yaml
 
+from app.planning.cluster_cli import (
+    ClusterReader,
+    add_cluster_arguments,
+    left_out,
+    load_cluster,
+    wants_cluster,
+)
+from app.planning.cluster_inputs import ppipe_input
 from app.planning.config_input import InputError, mapping, only
-from app.planning.plan_files import MadeFrom
+from app.planning.plan_files import MadeFrom, inputs_of
 from app.planning.ppipe.options import ModelDemand
 from app.planning.ppipe.plan import Cluster, Plan, read_plan, write_plan
 from app.planning.ppipe.planner import PlannerOptions, plan
@@ -65,7 +76,9 @@ def build_parser() -> argparse.ArgumentParser:
         description="Plan pipelines of model partitions over device pools (ppipe.txt §5.3), "
         "or re-solve a reference plan of the PPipe artifact (--reference).",
     )
-    ppipe.add_argument("config", nargs="?", type=Path, help="cluster and models (YAML)")
+    ppipe.add_argument(
+        "config", nargs="?", type=Path, help="cluster and models (YAML), or a cluster file"
+    )
     ppipe.add_argument("--out", type=Path, help="write the plan to this file")
     ppipe.add_argument("--start", type=Path, help="warm-start from this earlier plan file")
     ppipe.add_argument("--variant", choices=("ppipe", "np", "dart-r"))
@@ -78,11 +91,18 @@ def build_parser() -> argparse.ArgumentParser:
         type=Path,
         help=f"block timings directory (over the config's `timings`; default {BUNDLED_DIR})",
     )
+    add_cluster_arguments(ppipe)
     return parser
 
 
-def main(argv: Sequence[str], out: TextIO = sys.stdout, err: TextIO = sys.stderr) -> int:
-    """`argv` is what follows `plan`."""
+def main(
+    argv: Sequence[str],
+    out: TextIO = sys.stdout,
+    err: TextIO = sys.stderr,
+    cluster_reader: ClusterReader | None = None,
+) -> int:
+    """`argv` is what follows `plan`; `cluster_reader` reads `--repository`
+    and `--from` (app/cluster_sources/)."""
     args = build_parser().parse_args(list(argv))
     try:
         if args.reference is not None:
@@ -92,9 +112,18 @@ def main(argv: Sequence[str], out: TextIO = sys.stdout, err: TextIO = sys.stderr
             report = resolve_reference(args.reference, timings, args.time_limit or 60.0)
             out.write(json.dumps(report, indent=2) + "\n")
             return 0
-        if args.config is None:
-            raise InputError("give a config file (YAML) or --reference FILE")
-        cluster, demands, options, timings = read_config(args.config, args)
+        if wants_cluster(args):
+            the_cluster = load_cluster(args, cluster_reader, err)
+            body, left = ppipe_input(the_cluster, args.timings)
+            left_out(left, err)
+            where = the_cluster.source
+            cluster, demands, options, timings = config_from_body(body, where, Path.cwd(), args)
+        elif args.config is None:
+            raise InputError(
+                "give a config file (YAML), --repository DIR, --from URL or --reference"
+            )
+        else:
+            cluster, demands, options, timings = read_config(args.config, args)
         start = read_plan(args.start) if args.start is not None else None
         result = plan(cluster, demands, options, start)
         # The daemon serving the plan (PPIPE_PLAN) reads its profiles here.
@@ -106,8 +135,8 @@ def main(argv: Sequence[str], out: TextIO = sys.stdout, err: TextIO = sys.stderr
     out.write(format_plan(result))
     if args.out is not None:
         # PPipe plans by weights, not rates: `rates` stays empty.
-        inputs = [args.config] + ([args.start] if args.start is not None else [])
-        write_plan(result, args.out, MadeFrom.now("ppipe", inputs, argv[1:]))
+        made_from = MadeFrom.now("ppipe", inputs_of(args, "start"), argv[1:])
+        write_plan(result, args.out, made_from)
         out.write(f"plan written to {args.out}\n")
     return 0
 
@@ -120,8 +149,16 @@ def read_config(
     of the block timings."""
     if not path.is_file():
         raise InputError(f"{path}: no such file")
-    body = mapping(yaml.safe_load(path.read_text()), str(path))
-    only(body, {"cluster", "models", "timings", "planner"}, str(path))
+    return config_from_body(yaml.safe_load(path.read_text()), str(path), path.parent, args)
+
+
+def config_from_body(
+    raw: Any, path: str, base: Path, args: argparse.Namespace
+) -> tuple[Cluster, list[ModelDemand], PlannerOptions, Path]:
+    """`read_config` of a body read already; `base` is where a relative
+    `timings` is."""
+    body = mapping(raw, path)
+    only(body, {"cluster", "models", "timings", "planner"}, path)
     raw_cluster = mapping(body.get("cluster"), f"{path}: cluster")
     only(raw_cluster, {"classes", "bandwidth_gbps", "devices_per_node"}, f"{path}: cluster")
     classes = {str(c): int(n) for c, n in mapping(raw_cluster.get("classes"), "classes").items()}
@@ -140,7 +177,7 @@ def read_config(
     )
     timings = Path(body["timings"]) if "timings" in body else BUNDLED_DIR
     if not timings.is_absolute():
-        timings = path.parent / timings
+        timings = base / timings
     if args.timings is not None:  # the flag wins over the file
         timings = args.timings
     root = timings_root(timings)
@@ -164,7 +201,7 @@ def read_config(
     return cluster, demands, options, root
 
 
-def _demand(raw: Any, index: int, root: Path, cluster: Cluster, path: Path) -> ModelDemand:
+def _demand(raw: Any, index: int, root: Path, cluster: Cluster, path: str) -> ModelDemand:
     where = f"{path}: models[{index}]"
     body = mapping(raw, where)
     only(body, {"name", "weight", "slo_ms", "slo_multiple"}, where)

@@ -1,0 +1,123 @@
+"""The cluster of a serving daemon (`python -m app plan SYSTEM --from URL`):
+its devices (`GET /v2/devices`), each model's profile, SLO and tensors
+(`GET /v2/profiles`, a management route: `--admin-token` or ADMIN_TOKEN
+where the daemon has one) and each model's arrival rate, measured over
+`--window S` seconds from the `requests_total{model}` counter of
+`/metrics` (read at the start and at the end of the window; 0: no rates
+measured, the cluster file declares them)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+import httpx
+from prometheus_client.parser import text_string_to_metric_families
+
+from app.planning.cluster import ClusterDescription, ClusterDevice, ClusterModel
+from app.planning.config_input import InputError
+from app.scheduling.profile import LatencyProfile
+
+COUNTER = "requests_total"  # after the daemon's METRICS_PREFIX
+
+
+def cluster_from_daemon(
+    url: str,
+    window_s: float,
+    token: str | None = None,
+    client: httpx.Client | None = None,
+    sleep: Callable[[float], None] = time.sleep,
+    clock: Callable[[], float] = time.monotonic,
+) -> ClusterDescription:
+    """What the daemon at `url` serves, with rates measured over `window_s`."""
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    own = client is None
+    http = httpx.Client(base_url=url, timeout=30.0) if client is None else client
+    try:
+        devices = [_device(d) for d in _get(http, url, "/v2/devices", headers)["devices"]]
+        before, began = _counts(http, url), clock()
+        body = _get(http, url, "/v2/profiles", headers)
+        if window_s > 0:
+            sleep(window_s)
+            after, elapsed = _counts(http, url), clock() - began
+            rates = {
+                str(m["name"]): (after.get(m["name"], 0.0) - before.get(m["name"], 0.0)) / elapsed
+                for m in body["models"]
+            }
+        else:
+            rates = {}
+    finally:
+        if own:
+            http.close()
+    models = tuple(_model(m, rates.get(m["name"])) for m in body["models"])
+    notes = ()
+    if window_s > 0:
+        notes = (f"rates measured over {elapsed:.1f} s of {url}/metrics",)
+    return ClusterDescription(tuple(devices), models, source=url, notes=notes)
+
+
+def _get(http: httpx.Client, url: str, path: str, headers: dict[str, str]) -> Any:
+    try:
+        reply = http.get(path, headers=headers)
+    except httpx.HTTPError as exc:
+        raise InputError(f"--from {url}: GET {path} failed: {exc}") from exc
+    if reply.status_code in (401, 403):
+        raise InputError(
+            f"--from {url}: GET {path} answered {reply.status_code}: give the daemon's admin "
+            "token (--admin-token or ADMIN_TOKEN)"
+        )
+    if reply.status_code != 200:
+        raise InputError(f"--from {url}: GET {path} answered {reply.status_code}: {reply.text}")
+    return reply.json()
+
+
+def _counts(http: httpx.Client, url: str) -> dict[str, float]:
+    """Requests accepted so far, per model."""
+    text = _text(http, url)
+    counts: dict[str, float] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name.endswith(COUNTER) and set(sample.labels) == {"model"}:
+                model = sample.labels["model"]
+                counts[model] = counts.get(model, 0.0) + sample.value
+    return counts
+
+
+def _text(http: httpx.Client, url: str) -> str:
+    try:
+        reply = http.get("/metrics")
+    except httpx.HTTPError as exc:
+        raise InputError(f"--from {url}: GET /metrics failed: {exc}") from exc
+    if reply.status_code != 200:
+        raise InputError(f"--from {url}: GET /metrics answered {reply.status_code}")
+    return reply.text
+
+
+def _device(raw: dict[str, Any]) -> ClusterDevice:
+    return ClusterDevice(
+        str(raw["name"]), str(raw["kind"]), float(raw.get("share", 1.0)), node=raw.get("node")
+    )
+
+
+def _model(raw: dict[str, Any], rate: float | None) -> ClusterModel:
+    """A model of `GET /v2/profiles`; the profile is the whole device's
+    (a share's ℓ(b) times its share, as an emulated share holds a batch
+    ℓ(b) / share)."""
+    measured = raw.get("measured_on") or {}
+    share = float(measured.get("share", 1.0))
+    table = {int(b): float(ms) * share for b, ms in raw["latency_ms"].items()}
+    profile = LatencyProfile.from_table(table, int(raw["max_batch_size"]))
+    kind = str(measured.get("kind", "cpu"))
+    allowed = raw.get("allowed_devices")
+    return ClusterModel(
+        name=str(raw["name"]),
+        slo_s=float(raw["slo_ms"]) / 1e3,
+        max_batch=int(raw["max_batch_size"]),
+        profiles={kind: profile},
+        memory_bytes=float(raw.get("memory_bytes") or 0.0),
+        input_bytes=float(raw.get("input_bytes") or 0.0),
+        output_bytes=float(raw.get("output_bytes") or 0.0),
+        devices=None if allowed is None else tuple(allowed),
+        rate=rate,
+    )
