@@ -111,6 +111,9 @@ SERVE_HERD = (
     "MODEL_REPOSITORY=bench/repositories/herd-example CPU_SLICES=0 EMULATED_DEVICES=8 "
     "PLAN=/tmp/herd-plan.json python -m app serve"
 )
+SERVE_HERD_LIVE = (
+    "PLAN=/tmp/herd-live.json python -m app serve --repository bench/repositories/live"
+)
 
 NOT_RUN = {
     'python -m bench.gpu_check --wheels .whl --out "$OUT"': "needs a machine with a CUDA GPU "
@@ -277,6 +280,7 @@ def run_set(commands: list[str]) -> set[str]:
         PLAN_INSS_BUNDLED,
         SERVE_INSS,
         SERVE_HERD,
+        SERVE_HERD_LIVE,
         *client_commands(commands),
     }
 
@@ -660,7 +664,7 @@ def test_serving_the_documented_inss_and_herd_plans(serve_readme, cli_env) -> No
     from app.planning.herd.plan import read_plan as read_herd
     from app.planning.inss.plan import read_plan as read_inss
 
-    for command in (PLAN_INSS_BUNDLED, PLAN_HERD):
+    for command in (PLAN_INSS_BUNDLED, PLAN_HERD, PLAN_CLUSTER_HERD):
         done = _bash(command, cli_env)
         assert done.returncode == 0, done.stderr
     inss = read_inss(Path("/tmp/inss-plan.json"))
@@ -676,6 +680,12 @@ def test_serving_the_documented_inss_and_herd_plans(serve_readme, cli_env) -> No
         for model in group.models:
             device = _infer(url, model)["device"]
             assert int(device.split(":")[1]) in group.devices, (model, device, group)
+    # Planned from the repository on the default server's devices (cpu:0, emulated:0, emulated:1).
+    url = serve_readme(SERVE_HERD_LIVE)
+    groups = [g for g in read_herd(Path("/tmp/herd-live.json")).groups if g.models]
+    assert [g.devices for g in groups] == [(1, 2)]
+    for model in groups[0].models:
+        assert _infer(url, model)["device"] in {"emulated:0", "emulated:1"}
 
 
 def test_the_scheduling_core_example_runs() -> None:
