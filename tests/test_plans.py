@@ -20,6 +20,7 @@ from app.planning.cli import main as plan_main
 from app.planning.herd.plan import read_plan as read_herd
 from app.planning.inss.plan import DevicePlan, ModelPlan, Plan, write_plan
 from app.planning.inss.plan import read_plan as read_inss
+from app.planning.partition.plan import read_plan as read_partition
 from app.planning.plan_files import FORMAT_VERSION, read_plan_file
 from app.planning.ppipe.plan import Cluster, ModelTarget, Pipeline, Stage
 from app.planning.ppipe.plan import Plan as PPipePlan
@@ -224,6 +225,26 @@ def test_a_herd_plan_of_the_repository_on_the_servers_devices(
         **{m: ("emulated:0", "emulated:1") for m in planned[0].models},
         "extra": ("emulated:2",),
     }
+
+
+def test_a_partition_plan_of_the_repository_is_dealt_the_devices_its_models_run_on(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Planned from the repository, served on the default server's devices:
+    the two sub-clusters get an emulated device each, not cpu:0."""
+    for name in ("CPU_SLICES", "EMULATED_DEVICES", "DEVICE_SHARES", "RAY_ADDRESS", "RAY_NODES"):
+        monkeypatch.delenv(name, raising=False)
+    path = tmp_path / "partition.json"
+    live = ROOT / "bench" / "repositories" / "live"
+    cluster = ROOT / "bench" / "workloads" / "cluster" / "live.yaml"
+    run_planner("partition", str(cluster), "--repository", str(live), "--out", str(path))
+    env = {"PLAN": str(path), "CPU_SLICES": "1", "EMULATED_DEVICES": "2"}
+    _, resolved, _, index = served(env, live)
+    placed = apply_core_groups(path, index.models, device_layout(resolved))
+    clusters = [c.models for c in read_partition(path).sub_clusters if c.models]
+    assert len(clusters) == 2
+    for k, models in enumerate(clusters):
+        assert all(placed[m].devices == (f"emulated:{k}",) for m in models), placed
 
 
 def test_a_partition_and_a_ppipe_plan_by_plan(tmp_path: Path) -> None:

@@ -16,13 +16,12 @@ for sub-clusters):
   in order, as evenly as they go (the first sub-clusters get one more), as
   the simulator's `simulate_partitioned` does.
 
-A repository model in no group runs on the devices no group names (a HERD
-plan's pool may leave some out: the CPU under a plan of the emulated
-devices); a partition plan deals out every device, so it must name every
-model. Refused at start-up, naming what is wrong: a plan of another kind, a
-model of the plan the repository lacks, a repository model no device
-outside the groups runs, a device index past the daemon's devices, fewer
-devices than sub-clusters.
+A partition plan is dealt the devices one of its models may run on. A
+repository model in no group runs on the devices no group names (the CPU
+under a plan of the emulated models). Refused at start-up, naming what is
+wrong: a plan of another kind, a model of the plan the repository lacks, a
+repository model no device outside the groups runs, a device index past the
+daemon's devices, fewer devices than sub-clusters.
 """
 
 from __future__ import annotations
@@ -49,9 +48,11 @@ class CoreGroupsError(StartupFailed):
 
 
 def plan_groups(
-    path: Path, devices: list[ExecutorDevice]
+    path: Path, devices: list[ExecutorDevice], configs: dict[str, ModelConfig] | None = None
 ) -> list[tuple[tuple[str, ...], list[str]]]:
-    """(models, device names) of each group of the plan at `path`."""
+    """(models, device names) of each group of the plan at `path`; given the
+    repository's `configs`, a partition plan is dealt the devices its models
+    may run on (`dealt_devices`)."""
     try:
         body = read_json(path)
     except (ValueError, OSError) as exc:
@@ -76,6 +77,8 @@ def plan_groups(
         from app.planning.partition.plan import read_plan as read_partition
 
         clusters = [c for c in _read(read_partition, path).sub_clusters if c.models]
+        if configs is not None:
+            devices = dealt_devices(devices, configs, {m for c in clusters for m in c.models})
         if len(devices) < len(clusters):
             raise CoreGroupsError(
                 f"CORE_GROUPS={path}: {len(clusters)} sub-clusters need at least as many "
@@ -94,6 +97,16 @@ def plan_groups(
     )
 
 
+def dealt_devices(
+    devices: list[ExecutorDevice], configs: dict[str, ModelConfig], models: set[str]
+) -> list[ExecutorDevice]:
+    """The devices a partition plan of `models` is dealt: those one of them
+    may run on (the CPU is left to the repository's other models under a
+    plan of emulated models)."""
+    planned = [c for c in configs.values() if c.model_name in models]
+    return [d for d in devices if any(model_allowed_on(c, d) for c in planned)]
+
+
 def _read(reader: Callable[[Path], Any], path: Path) -> Any:
     try:
         return reader(path)
@@ -106,7 +119,7 @@ def apply_core_groups(
 ) -> dict[str, ModelConfig]:
     """`configs` with each planned model on its group's devices (module
     docstring); CoreGroupsError when the plan does not fit."""
-    groups = plan_groups(path, devices)
+    groups = plan_groups(path, devices, configs)
     by_model = {m: names for models, names in groups for m in models}
     planned_names = {c.model_name for c in configs.values()}
     missing = sorted(set(by_model) - planned_names)

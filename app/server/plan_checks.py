@@ -11,6 +11,7 @@ from pathlib import Path
 from app.repository.config import ModelConfig
 from app.repository.loader import RepositoryIndex
 from app.runtime.devices import ExecutorDevice, model_allowed_on
+from app.server.core_groups import dealt_devices
 from app.server.plans import (
     WHAT,
     PlanInForce,
@@ -112,16 +113,6 @@ def _unknown(names: list[str], by_model: dict[str, list[ModelConfig]], index: Re
     return out
 
 
-def _left_out(planned: set[str], by_model: dict[str, list[ModelConfig]]) -> list[str]:
-    left = sorted(set(by_model) - planned)
-    if not left:
-        return []
-    return [
-        f"models {left} of the repository are in no group (add them to the plan, or remove "
-        "them from the repository)"
-    ]
-
-
 def _without_device(
     planned: set[str],
     by_model: dict[str, list[ModelConfig]],
@@ -182,11 +173,15 @@ def _partition(plan, by_model, index, devices: list[ExecutorDevice]) -> list[str
 
     clusters = [c for c in read_plan(plan.path).sub_clusters if c.models]
     names = [m for c in clusters for m in c.models]
-    problems = _unknown(names, by_model, index) + _left_out(set(names), by_model)
-    if len(devices) < len(clusters):
+    problems = _unknown(names, by_model, index)
+    configs = {f"{m}/{i}": c for m, cs in by_model.items() for i, c in enumerate(cs)}
+    dealt = dealt_devices(devices, configs, set(names))
+    free = [d for d in devices if d not in dealt]
+    problems += _without_device(set(names), by_model, free, "in no sub-cluster")
+    if len(dealt) < len(clusters):
         problems.append(
-            f"{len(clusters)} sub-clusters need at least as many devices; this server has "
-            f"{len(devices)} ({listed(d.name for d in devices)})"
+            f"{len(clusters)} sub-clusters need at least as many devices their models run on; "
+            f"this server has {len(dealt)} ({listed(d.name for d in dealt)})"
         )
     return problems
 
