@@ -114,6 +114,9 @@ SERVE_HERD = (
 SERVE_HERD_LIVE = (
     "PLAN=/tmp/herd-live.json python -m app serve --repository bench/repositories/live"
 )
+SERVE_PARTITION_LIVE = (
+    "PLAN=/tmp/partition-live.json python -m app serve --repository bench/repositories/live"
+)
 
 NOT_RUN = {
     'python -m bench.gpu_check --wheels .whl --out "$OUT"': "needs a machine with a CUDA GPU "
@@ -281,6 +284,7 @@ def run_set(commands: list[str]) -> set[str]:
         SERVE_INSS,
         SERVE_HERD,
         SERVE_HERD_LIVE,
+        SERVE_PARTITION_LIVE,
         *client_commands(commands),
     }
 
@@ -658,13 +662,15 @@ def _infer(url: str, model: str) -> dict:
 
 
 @pytest.mark.slow
-def test_serving_the_documented_inss_and_herd_plans(serve_readme, cli_env) -> None:
-    """docs/inss.md's and docs/shepherd.md's plans, served as they say: each
-    answer on the device (or share) and at most the batch its plan gives."""
+def test_serving_the_documented_plans(serve_readme, cli_env) -> None:
+    """docs/inss.md's, docs/shepherd.md's and docs/symphony.md's plans,
+    served as they say: each answer on the device (or share) and at most the
+    batch its plan gives."""
     from app.planning.herd.plan import read_plan as read_herd
     from app.planning.inss.plan import read_plan as read_inss
+    from app.planning.partition.plan import read_plan as read_partition
 
-    for command in (PLAN_INSS_BUNDLED, PLAN_HERD, PLAN_CLUSTER_HERD):
+    for command in (PLAN_INSS_BUNDLED, PLAN_HERD, PLAN_CLUSTER_HERD, PLAN_CLUSTER_PARTITION):
         done = _bash(command, cli_env)
         assert done.returncode == 0, done.stderr
     inss = read_inss(Path("/tmp/inss-plan.json"))
@@ -686,6 +692,13 @@ def test_serving_the_documented_inss_and_herd_plans(serve_readme, cli_env) -> No
     assert [g.devices for g in groups] == [(1, 2)]
     for model in groups[0].models:
         assert _infer(url, model)["device"] in {"emulated:0", "emulated:1"}
+    url = serve_readme(SERVE_PARTITION_LIVE)
+    clusters = [
+        c for c in read_partition(Path("/tmp/partition-live.json")).sub_clusters if c.models
+    ]
+    for k, cluster in enumerate(clusters):
+        for model in cluster.models:
+            assert _infer(url, model)["device"] == f"emulated:{k}", (model, k)
 
 
 def test_the_scheduling_core_example_runs() -> None:
