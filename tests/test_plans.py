@@ -32,7 +32,12 @@ from app.server.metrics import Metrics
 from app.server.plan_checks import prepare_plan
 from app.server.plans import PlanMismatch, load_plan, place_inss, whole_devices
 from app.server.settings import Settings
-from app.server.startup import StartupFailed, device_layout
+from app.server.startup import (
+    StartupFailed,
+    device_layout,
+    per_model_options,
+    unserved_options,
+)
 from tests.test_core_groups import partition_plan
 from tests.test_statistics import emulated_repository
 
@@ -161,6 +166,17 @@ def test_under_another_policy_an_inss_plans_batches_are_said_not_applied(
         "the plan's batch sizes (a 4) apply under POLICY=inss or triton; policy symphony forms "
         "batches by its own rule"
     ) in caplog.messages
+
+
+def test_a_plans_batch_sizes_reach_each_core_for_its_own_models(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    options = {"batch": {"a": 4, "b": 2, "gone": 8}, "bda_every_s": 2.0}
+    assert per_model_options(options, ["a"]) == {"batch": {"a": 4}, "bda_every_s": 2.0}
+    assert per_model_options(options, ["b", "c"]) == {"batch": {"b": 2}, "bda_every_s": 2.0}
+    with caplog.at_level("WARNING", logger="app.server"):
+        unserved_options(options, ["a", "b", "c"])
+    assert caplog.messages == ["policy option 'batch' names models not served, left out: gone"]
 
 
 def test_the_bundled_inss_example_plans_for_the_documented_server(tmp_path: Path) -> None:
