@@ -137,14 +137,26 @@ class _StartupTraceback(logging.Filter):
         message = record.getMessage()
         if not message.startswith("Traceback") or log.isEnabledFor(logging.DEBUG):
             return True
-        last = message.rstrip().splitlines()[-1]
-        if last.startswith(f"{StartupFailed.__module__}.{StartupFailed.__name__}:"):
+        lines = message.rstrip().splitlines()
+        if any(line.startswith(_stopped_prefixes()) for line in lines):
             return False
+        last = lines[-1]
         record.msg, record.args, record.exc_info = f"start-up failed: {last}", (), None
         return True
 
 
 _STARTUP_TRACEBACK = _StartupTraceback()
+
+
+def _stopped_prefixes() -> tuple[str, ...]:
+    """How a traceback names a StartupFailed (or a kind of it) it ends with:
+    its message may span lines (a plan's mismatches)."""
+    kinds, todo = [], [StartupFailed]
+    while todo:
+        kind = todo.pop()
+        kinds.append(f"{kind.__module__}.{kind.__qualname__}: ")
+        todo.extend(kind.__subclasses__())
+    return tuple(kinds)
 
 
 def _ensure_logging() -> None:

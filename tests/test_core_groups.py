@@ -101,9 +101,15 @@ def test_plans_that_do_not_fit_the_server_are_refused_naming_why(tmp_path: Path)
     path = herd_plan(tmp_path / "h2.json", [((0,), ("a", "zzz"))])
     with pytest.raises(CoreGroupsError, match=r"models \['zzz'\] are not in the repository"):
         apply_core_groups(path, configs("a"), DEVICES)
-    with pytest.raises(CoreGroupsError, match=r"models \['b'\] of the repository are in no group"):
+    # A model in no group runs on the devices no group names; a partition plan names all.
+    placed = apply_core_groups(
+        herd_plan(tmp_path / "h3.json", [((0, 1, 2), ("a",))]), configs("a", "b"), DEVICES
+    )
+    assert placed["a"].devices == ("emulated:0", "emulated:1", "emulated:2")
+    assert placed["b"].devices == ("emulated:3", "emulated:4")
+    with pytest.raises(CoreGroupsError, match=r"model 'b' of the repository is in no group"):
         apply_core_groups(
-            herd_plan(tmp_path / "h3.json", [((0,), ("a",))]), configs("a", "b"), DEVICES
+            partition_plan(tmp_path / "p3.json", [("a",)]), configs("a", "b"), DEVICES
         )
     other = tmp_path / "other.json"
     other.write_text('{"kind": "inss-plan", "version": 1}')

@@ -67,7 +67,7 @@ def planned(tmp_path_factory) -> tuple[Path, Path, Path]:
     )
     plan = root / "plan.json"
     assert plan_cli.main(["ppipe", str(config), "--out", str(plan)]) == 0
-    assert json.loads(plan.read_text())["details"]["timings"] == str(timings.resolve())
+    assert json.loads(plan.read_text())["plan"]["details"]["timings"] == str(timings.resolve())
     return repository, timings, plan
 
 
@@ -112,7 +112,7 @@ def test_the_daemon_serves_the_plan_beside_an_ordinary_model(planned, launch_dae
         np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-5)
         devices.add(body["parameters"]["device"])
     # Each answer names the instance of each stage, in order.
-    plan_body = json.loads(plan.read_text())
+    plan_body = json.loads(plan.read_text())["plan"]
     classes = [[s["device_class"] for s in p["stages"]] for p in plan_body["pipelines"]]
     # The plan cuts the model across both classes (see `planned`).
     assert any(sorted(c) == ["fast", "slow"] for c in classes)
@@ -178,7 +178,7 @@ def test_a_plan_that_cannot_be_served_stops_start_up_naming_why(planned, tmp_pat
     if change.get("ppipe_plan") == "no pipeline":  # a plan that met no SLO
         body = json.loads(plan.read_text())
         plan = tmp_path / "empty-plan.json"
-        plan.write_text(json.dumps({**body, "pipelines": []}))
+        plan.write_text(json.dumps({**body, "plan": {**body["plan"], "pipelines": []}}))
         change = {"ppipe_plan": plan}
     live_classes = tuple(DeviceClass.parse(c) for c in CLASSES.split(","))
     fields = {"repository": repository, "ppipe_plan": plan, "ppipe_classes": live_classes}

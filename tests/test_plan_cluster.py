@@ -85,7 +85,7 @@ def test_partition_plans_the_repositorys_models(repository, tmp_path):
     argv = ["partition", str(config), "--repository", str(repository), "--out", str(out_file)]
     code, _out, err = plan(argv)
     assert code == 0, err
-    body = json.loads(out_file.read_text())
+    body = json.loads(out_file.read_text())["plan"]
     planned = sorted(m for s in body["sub_clusters"] for m in s["models"])
     assert planned == EMULATED
     assert len(body["sub_clusters"]) == 2
@@ -98,7 +98,7 @@ def test_herd_plans_on_the_servers_device_indices(repository, tmp_path):
     argv = ["herd", str(config), "--repository", str(repository), "--out", str(out_file)]
     code, out, err = plan(argv)
     assert code == 0, err
-    body = json.loads(out_file.read_text())
+    body = json.loads(out_file.read_text())["plan"]
     groups = [g for g in body["groups"] if g["models"]]
     assert sorted(m for g in groups for m in g["models"]) == EMULATED
     # The pool is the emulated devices, the server's 1 and 2 (cpu:0 is 0).
@@ -114,7 +114,7 @@ def test_inss_places_the_repositorys_models_on_whole_devices(repository, tmp_pat
     argv = ["inss", str(config), "--repository", str(repository), "--out", str(out_file)]
     code, out, err = plan(argv)
     assert code == 0, err
-    body = json.loads(out_file.read_text())
+    body = json.loads(out_file.read_text())["plan"]
     assert sorted(m["model"] for m in body["models"]) == EMULATED
     assert sorted(d["device"] for d in body["devices"]) == ["emulated:0", "emulated:1"]
     served = [m for m in body["models"] if m["device"] is not None]
@@ -148,7 +148,7 @@ def test_ppipe_plans_the_repositorys_models_that_have_block_profiles(repository,
     argv = ["ppipe", str(config), "--repository", str(repository), "--out", str(out_file)]
     code, _out, err = plan(argv)
     assert code == 0, err
-    body = json.loads(out_file.read_text())
+    body = json.loads(out_file.read_text())["plan"]
     assert [m["name"] for m in body["models"]] == ["resnet50-emulated"]
     assert body["models"][0]["slo_s"] == pytest.approx(0.027)  # the repository's SLO
     assert "left out: bert-emulated: no block profile" in err
@@ -188,7 +188,7 @@ def test_a_cluster_file_alone_declares_devices_and_models(tmp_path):
     out_file = tmp_path / "plan.json"
     code, _out, err = plan(["partition", str(config), "--out", str(out_file)])
     assert code == 0, err
-    body = json.loads(out_file.read_text())
+    body = json.loads(out_file.read_text())["plan"]
     assert sorted(m for s in body["sub_clusters"] for m in s["models"]) == ["a", "b"]
     assert body["s_max_bytes"] == pytest.approx(1000e6)  # the least device memory
 
@@ -270,7 +270,7 @@ def test_a_plan_from_a_daemon_names_its_models_with_their_measured_rates(tmp_pat
     out, err = io.StringIO(), io.StringIO()
     argv = ["herd", "--from", "http://daemon", "--window", "3", "--out", str(out_file)]
     assert plan_main(argv, out, err, cluster_reader=reader) == 0, err.getvalue()
-    body = json.loads(out_file.read_text())
+    body = json.loads(out_file.read_text())["plan"]
     assert [g["models"] for g in body["groups"] if g["models"]] == [["add_one"]]
     assert "10.0" in out.getvalue()  # 30 requests in 3 s, the stream's req/s
 
@@ -341,7 +341,7 @@ def test_plan_from_a_serving_daemon(repository, launch_daemon, run_module, tmp_p
         sender.join()
     assert sent and set(sent) == {200}
     assert done.returncode == 0, done.stderr
-    plan = json.loads(out_file.read_text())
+    plan = json.loads(out_file.read_text())["plan"]
     assert sorted(m for g in plan["groups"] for m in g["models"]) == EMULATED
     assert sorted(i for g in plan["groups"] for i in g["devices"]) == [0, 1]
     assert "rates measured over" in done.stderr

@@ -100,8 +100,22 @@ PPIPE_PLAN = (
     "--out /tmp/ppipe-chain/plan.json"
 )
 PPIPE_SERVE = (
-    "PPIPE_PLAN=/tmp/ppipe-chain/plan.json PPIPE_CLASSES=fast:1,slow:1:2 python -m app serve "
+    "PLAN=/tmp/ppipe-chain/plan.json PPIPE_CLASSES=fast:1,slow:1:2 python -m app serve "
     "--repository /tmp/ppipe-chain/models"
+)
+PLAN_INSS_BUNDLED = (
+    "python -m app plan inss bench/workloads/inss/bundled.yaml --out /tmp/inss-plan.json"
+)
+SERVE_INSS = "PLAN=/tmp/inss-plan.json EMULATED_DEVICES=3 python -m app serve"
+SERVE_HERD = (
+    "MODEL_REPOSITORY=bench/repositories/herd-example CPU_SLICES=0 EMULATED_DEVICES=8 "
+    "PLAN=/tmp/herd-plan.json python -m app serve"
+)
+SERVE_HERD_LIVE = (
+    "PLAN=/tmp/herd-live.json python -m app serve --repository bench/repositories/live"
+)
+SERVE_PARTITION_LIVE = (
+    "PLAN=/tmp/partition-live.json python -m app serve --repository bench/repositories/live"
 )
 
 NOT_RUN = {
@@ -266,6 +280,11 @@ def run_set(commands: list[str]) -> set[str]:
         PPIPE_PROFILE,
         PPIPE_PLAN,
         PPIPE_SERVE,
+        PLAN_INSS_BUNDLED,
+        SERVE_INSS,
+        SERVE_HERD,
+        SERVE_HERD_LIVE,
+        SERVE_PARTITION_LIVE,
         *client_commands(commands),
     }
 
@@ -625,7 +644,7 @@ def test_ppipe_serving_commands(serve_readme, cli_env) -> None:
         )
         assert done.returncode == 0, done.stderr.decode()
     plan = orjson.loads(Path("/tmp/ppipe-chain/plan.json").read_bytes())
-    assert any(len(p["stages"]) == 2 for p in plan["pipelines"])
+    assert any(len(p["stages"]) == 2 for p in plan["plan"]["pipelines"])
     url = serve_readme(PPIPE_SERVE)
     x = [0.5] * (3 * 32 * 32)
     body = {"inputs": [{"name": "input", "datatype": "FP32", "shape": [1, 3, 32, 32], "data": x}]}
@@ -633,6 +652,53 @@ def test_ppipe_serving_commands(serve_readme, cli_env) -> None:
     assert reply.status_code == 200, reply.text
     assert len(reply.json()["outputs"][0]["data"]) == 10
     assert ">" in reply.json()["parameters"]["device"]
+
+
+def _infer(url: str, model: str) -> dict:
+    body = {"inputs": [{"name": "input", "shape": [1, 16], "datatype": "FP32", "data": [0.5] * 16}]}
+    reply = httpx.post(f"{url}/v2/models/{model}/infer", json=body, timeout=30)
+    assert reply.status_code == 200, reply.text
+    return reply.json()["parameters"]
+
+
+@pytest.mark.slow
+def test_serving_the_documented_plans(serve_readme, cli_env) -> None:
+    """docs/inss.md's, docs/shepherd.md's and docs/symphony.md's plans,
+    served as they say: each answer on the device (or share) and at most the
+    batch its plan gives."""
+    from app.planning.herd.plan import read_plan as read_herd
+    from app.planning.inss.plan import read_plan as read_inss
+    from app.planning.partition.plan import read_plan as read_partition
+
+    for command in (PLAN_INSS_BUNDLED, PLAN_HERD, PLAN_CLUSTER_HERD, PLAN_CLUSTER_PARTITION):
+        done = _bash(command, cli_env)
+        assert done.returncode == 0, done.stderr
+    inss = read_inss(Path("/tmp/inss-plan.json"))
+    url = serve_readme(SERVE_INSS)
+    for model in inss.models:
+        shared = len(next(d for d in inss.devices if d.device == model.device).models) > 1
+        timing = _infer(url, model.model)
+        assert timing["device"].startswith(model.device), (model, timing)
+        assert ("/" in timing["device"]) == shared
+        assert timing["batch_size"] <= model.batch
+    url = serve_readme(SERVE_HERD)
+    for group in read_herd(Path("/tmp/herd-plan.json")).groups:
+        for model in group.models:
+            device = _infer(url, model)["device"]
+            assert int(device.split(":")[1]) in group.devices, (model, device, group)
+    # Planned from the repository on the default server's devices (cpu:0, emulated:0, emulated:1).
+    url = serve_readme(SERVE_HERD_LIVE)
+    groups = [g for g in read_herd(Path("/tmp/herd-live.json")).groups if g.models]
+    assert [g.devices for g in groups] == [(1, 2)]
+    for model in groups[0].models:
+        assert _infer(url, model)["device"] in {"emulated:0", "emulated:1"}
+    url = serve_readme(SERVE_PARTITION_LIVE)
+    clusters = [
+        c for c in read_partition(Path("/tmp/partition-live.json")).sub_clusters if c.models
+    ]
+    for k, cluster in enumerate(clusters):
+        for model in cluster.models:
+            assert _infer(url, model)["device"] == f"emulated:{k}", (model, k)
 
 
 def test_the_scheduling_core_example_runs() -> None:

@@ -24,6 +24,8 @@ from app.server.settings import (
 from app.server.settings_cli import TABLE_END, TABLE_START, markdown_table, table_in, with_table
 
 SETTINGS_PAGE = Path(__file__).resolve().parent.parent / "docs" / "settings.md"
+# A plan file PLAN reads the kind of (a partition plan: the policy stays the default).
+PLAN_FILE = Path(__file__).resolve().parent / "data" / "partition-plan.json"
 
 # For every setting: a text other than its default, and the value it gives.
 SAMPLES: dict[str, tuple[str, object]] = {
@@ -38,6 +40,7 @@ SAMPLES: dict[str, tuple[str, object]] = {
     "EMULATED_DEVICES": ("0", 0),
     "DEVICE_SHARES": (" cpu=0.5,0.5 ; cuda:1=0.3, 0.7", {"cpu": (0.5, 0.5), "cuda:1": (0.3, 0.7)}),
     "COLOCATION_PROFILE": ("0", False),
+    "PLAN": (str(PLAN_FILE), PLAN_FILE),
     "CORE_GROUPS": ("/srv/groups.json", Path("/srv/groups.json")),
     "AUTOSCALE": (" 2:6 ", (2, 6)),
     "AUTOSCALE_WINDOW_S": ("2.5", 2.5),
@@ -144,6 +147,8 @@ BAD: list[tuple[str, str, str]] = [
 ]
 
 FLAG = {setting.env: setting.flag for setting in SETTINGS}
+# Every setting but PLAN, which goes without its older names (CORE_GROUPS, PPIPE_PLAN).
+ALL_AT_ONCE = {name: sample for name, sample in SAMPLES.items() if name != "PLAN"}
 
 
 def serve(*argv: str, env: dict[str, str] | None = None) -> Settings:
@@ -158,7 +163,8 @@ def test_flag_names_come_from_the_variables():
         "repository", "policy", "policy_options", "host", "port", "grpc_port", "metrics_port",
         "cpu_slices",
         "threads_per_slice", "emulated_devices", "device_shares", "colocation_profile",
-        "core_groups", "autoscale", "autoscale_window_s", "autoscale_cooldown_s", "ray_address",
+        "plan", "core_groups", "autoscale", "autoscale_window_s", "autoscale_cooldown_s",
+        "ray_address",
         "ray_nodes", "arena_slots",
         "max_queue",
         "stuck_factor", "stuck_margin_s", "heartbeat_timeout_s", "respawn", "shutdown_grace_s",
@@ -200,10 +206,19 @@ def test_every_setting_by_its_variable_and_by_its_flag():
 
 
 def test_all_flags_at_once_match_all_variables_at_once():
-    env = {name: text for name, (text, _value) in SAMPLES.items()}
-    argv = [arg for name, (text, _value) in SAMPLES.items() for arg in (FLAG[name], text)]
+    env = {name: text for name, (text, _value) in ALL_AT_ONCE.items()}
+    argv = [arg for name, (text, _value) in ALL_AT_ONCE.items() for arg in (FLAG[name], text)]
     assert serve(*argv) == Settings.from_env(env)
     assert Settings.from_env(env).max_queue == 5
+
+
+def test_plan_is_refused_beside_its_older_names():
+    for older in ("CORE_GROUPS", "PPIPE_PLAN"):
+        with pytest.raises(ValueError) as error:
+            Settings.from_env({"PLAN": str(PLAN_FILE), older: "/srv/groups.json"})
+        assert str(error.value) == (
+            f"PLAN and {older} are both set: {older} is the older name of PLAN; set PLAN only"
+        )
 
 
 def test_a_flag_wins_over_its_variable():
@@ -278,7 +293,7 @@ def test_parsing_reads_the_environment_and_never_writes_it(monkeypatch):
     monkeypatch.setenv("MAX_QUEUE", "3")
     monkeypatch.delenv("REALTIME_PRIORITY", raising=False)
     before = dict(os.environ)
-    argv = [arg for name, (text, _value) in SAMPLES.items() for arg in (FLAG[name], text)]
+    argv = [arg for name, (text, _value) in ALL_AT_ONCE.items() for arg in (FLAG[name], text)]
     command = cli.parse_command(["serve", "--log-level", "warning", *argv], os.environ)
     assert command.settings.max_queue == 5 and command.log_level == "warning"
     assert command.label("max_queue") == "--max-queue"

@@ -213,7 +213,12 @@ def test_the_command_prints_and_writes_a_plan_that_reads_back(tmp_path: Path) ->
     assert f"load {plan.load_imbalance:.4f}, memory {plan.memory_imbalance:.4f}" in out
     assert "status optimal, gap 0" in out and f"plan written to {path}" in out
     body = json.loads(path.read_text())
-    assert body["kind"] == "symphony-partition" and body["version"] == 1
+    assert body["kind"] == "symphony-partition" and body["version"] == 2
+    made = body["made_from"]
+    assert made["planner"] == "partition" and made["inputs"] == [str(EXAMPLE.resolve())]
+    assert made["command"].startswith("python -m app plan partition ")
+    assert made["rates"] == {m.name: m.rate for m in load_problem(EXAMPLE).models}
+    assert made["made_at"].endswith("Z")
     for s in plan.sub_clusters:
         assert f"{s.rate:>10.1f}" in out
     assert read_plan(path) == plan

@@ -407,6 +407,32 @@ class DeviceIndex(BaseModel):
     devices: list[DeviceEntry]
 
 
+class PlanMadeFrom(BaseModel):
+    planner: str = Field(description="`python -m app plan PLANNER`: partition, herd, inss, ppipe.")
+    inputs: list[str] = Field(description="The planner's input files.")
+    command: str = Field(description="The command line that made the plan.")
+    rates: dict[str, float] = Field(description="Requests/s per model the plan was made for.")
+    made_at: str = Field(description="When, UTC (ISO 8601).")
+
+
+class PlanInForce(BaseModel):
+    in_force: bool = Field(description="Whether the daemon serves a plan (PLAN).")
+    setting: str | None = Field(
+        None, description="PLAN, or its older name CORE_GROUPS or PPIPE_PLAN."
+    )
+    path: str | None = Field(None, description="The plan file.")
+    kind: str | None = Field(
+        None, description="symphony-partition, herd-plan, inss-plan or ppipe-plan."
+    )
+    version: int | None = Field(None, description="The plan file's version.")
+    planner: str | None = None
+    made_from: PlanMadeFrom | None = Field(
+        None, description="What the plan was made from (null: the file does not say)."
+    )
+    loaded_at: str | None = Field(None, description="When the daemon took it up, UTC (ISO 8601).")
+    plan: dict[str, Any] | None = Field(None, description="The planner's plan, as in the file.")
+
+
 REQUEST_MODELS: tuple[type[BaseModel], ...] = (
     InferRequest,
     V2InferRequest,

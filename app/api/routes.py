@@ -37,6 +37,7 @@ from app.api.fastpath import ServingAPI, install_fast_path
 from app.api.limits import DEFAULT_MAX_JSON_BYTES
 from app.api.native import add_native_routes
 from app.api.openapi import add_request_schemas
+from app.api.plan_routes import add_plan_routes
 from app.api.repository_routes import add_repository_routes
 from app.api.security import require_token
 from app.api.statistics_routes import add_statistics_routes
@@ -77,6 +78,7 @@ def api_router(ctx: ApiContext) -> APIRouter:
     add_v2_routes(router, ctx)
     add_repository_routes(router, ctx, ctx.admin_guard or require_token(None))
     add_device_routes(router, ctx, ctx.admin_guard or require_token(None))
+    add_plan_routes(router, ctx)
     add_metrics_route(router, ctx)
     add_unsupported_routes(router)  # shared memory, trace, logging: as Triton without them
     return router

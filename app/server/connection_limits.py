@@ -27,6 +27,7 @@ and five models: reserve 93, backlog 116, at most 815 connections.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import resource
 from dataclasses import dataclass
@@ -146,10 +147,22 @@ def connection_limits(
 
 def _executors(settings: Settings) -> int:
     """The executors the settings start: one per device, plus one per stage
-    instance of a PPipe plan (PPIPE_PLAN), whose executors are its own."""
+    instance of a PPipe plan (PPIPE_PLAN), whose executors are its own;
+    PLAN's shares and pipelines counted (a plan that does not fit is
+    counted without: start-up says why it does not)."""
+    from app.server.plans import load_plan, resolve
+    from app.server.startup import StartupFailed
+
+    with contextlib.suppress(StartupFailed, ValueError):
+        planned = resolve(settings, load_plan(settings))
+        return _devices(planned) + plan_executors(planned.ppipe_plan)
+    return _devices(settings) + plan_executors(settings.ppipe_plan)
+
+
+def _devices(settings: Settings) -> int:
     from app.runtime.devices import detect_devices
 
-    devices = len(
+    return len(
         detect_devices(
             settings.cpu_slices,
             settings.threads_per_slice,
@@ -157,7 +170,6 @@ def _executors(settings: Settings) -> int:
             shares=settings.device_shares,
         )
     )
-    return devices + plan_executors(settings.ppipe_plan)
 
 
 def plan_executors(path: Path | None) -> int:

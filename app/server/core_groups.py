@@ -16,9 +16,11 @@ for sub-clusters):
   in order, as evenly as they go (the first sub-clusters get one more), as
   the simulator's `simulate_partitioned` does.
 
-Refused at start-up, naming what is wrong: a plan of another kind, a model
-of the plan the repository lacks, a repository model the plan leaves out
-(it would share devices with a group's core), a device index past the
+A partition plan is dealt the devices one of its models may run on. A
+repository model in no group runs on the devices no group names (the CPU
+under a plan of the emulated models). Refused at start-up, naming what is
+wrong: a plan of another kind, a model of the plan the repository lacks, a
+repository model no device outside the groups runs, a device index past the
 daemon's devices, fewer devices than sub-clusters.
 """
 
@@ -32,7 +34,7 @@ from typing import Any
 
 from app.planning.plan_files import read_json
 from app.repository.config import ModelConfig
-from app.runtime.devices import ExecutorDevice
+from app.runtime.devices import ExecutorDevice, model_allowed_on
 from app.server.startup import StartupFailed
 
 log = logging.getLogger("app.server")
@@ -46,9 +48,11 @@ class CoreGroupsError(StartupFailed):
 
 
 def plan_groups(
-    path: Path, devices: list[ExecutorDevice]
+    path: Path, devices: list[ExecutorDevice], configs: dict[str, ModelConfig] | None = None
 ) -> list[tuple[tuple[str, ...], list[str]]]:
-    """(models, device names) of each group of the plan at `path`."""
+    """(models, device names) of each group of the plan at `path`; given the
+    repository's `configs`, a partition plan is dealt the devices its models
+    may run on (`dealt_devices`)."""
     try:
         body = read_json(path)
     except (ValueError, OSError) as exc:
@@ -73,6 +77,8 @@ def plan_groups(
         from app.planning.partition.plan import read_plan as read_partition
 
         clusters = [c for c in _read(read_partition, path).sub_clusters if c.models]
+        if configs is not None:
+            devices = dealt_devices(devices, configs, {m for c in clusters for m in c.models})
         if len(devices) < len(clusters):
             raise CoreGroupsError(
                 f"CORE_GROUPS={path}: {len(clusters)} sub-clusters need at least as many "
@@ -91,6 +97,16 @@ def plan_groups(
     )
 
 
+def dealt_devices(
+    devices: list[ExecutorDevice], configs: dict[str, ModelConfig], models: set[str]
+) -> list[ExecutorDevice]:
+    """The devices a partition plan of `models` is dealt: those one of them
+    may run on (the CPU is left to the repository's other models under a
+    plan of emulated models)."""
+    planned = [c for c in configs.values() if c.model_name in models]
+    return [d for d in devices if any(model_allowed_on(c, d) for c in planned)]
+
+
 def _read(reader: Callable[[Path], Any], path: Path) -> Any:
     try:
         return reader(path)
@@ -103,21 +119,27 @@ def apply_core_groups(
 ) -> dict[str, ModelConfig]:
     """`configs` with each planned model on its group's devices (module
     docstring); CoreGroupsError when the plan does not fit."""
-    groups = plan_groups(path, devices)
+    groups = plan_groups(path, devices, configs)
     by_model = {m: names for models, names in groups for m in models}
     planned_names = {c.model_name for c in configs.values()}
     missing = sorted(set(by_model) - planned_names)
     if missing:
         raise CoreGroupsError(f"CORE_GROUPS={path}: models {missing} are not in the repository")
-    left_out = sorted(planned_names - set(by_model))
-    if left_out:
-        raise CoreGroupsError(
-            f"CORE_GROUPS={path}: models {left_out} of the repository are in no group; add them "
-            "to the plan or remove them from the repository"
-        )
+    # A model in no group runs on the devices no group names (none for a
+    # partition plan, which deals out every device).
+    named = {n for _, names in groups for n in names}
+    free = [d for d in devices if d.name not in named]
     out = {}
     for key, config in configs.items():
-        names = by_model[config.model_name]
+        names = by_model.get(config.model_name)
+        if names is None:
+            names = [d.name for d in free if model_allowed_on(config, d)]
+            if not names:
+                raise CoreGroupsError(
+                    f"CORE_GROUPS={path}: model {config.model_name!r} of the repository is in no "
+                    "group and no device outside the groups runs it; add it to the plan or "
+                    "remove it from the repository"
+                )
         out[key] = dataclasses.replace(config, devices=tuple(names))
     for models, names in groups:
         log.info("core group: %s on %s", ", ".join(models), ", ".join(names))

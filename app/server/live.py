@@ -41,6 +41,7 @@ import multiprocessing
 import os
 import signal
 import time
+from datetime import datetime, timezone
 
 import numpy as np
 
@@ -56,6 +57,7 @@ from app.errors import (
     ShuttingDown,
 )
 from app.repository.config import ModelConfig, shown_model, version_key
+from app.repository.loader import RepositoryIndex
 from app.runtime.devices import ExecutorDevice
 from app.runtime.events import (
     AloneStopped,
@@ -78,6 +80,8 @@ from app.server.heap import freeze_startup_heap, thaw_heap
 from app.server.management import Management
 from app.server.metrics import Metrics, metric_label
 from app.server.pipeline_service import PipelineService, start_pipelines
+from app.server.plan_checks import prepare_plan
+from app.server.plans import PlanInForce, place_inss, whole_devices
 from app.server.service import InferResult, request_items
 from app.server.serving_routes import DispatcherRoute, Route, Served
 from app.server.settings import Settings
@@ -107,6 +111,8 @@ class LiveService(Management):
         self.dispatcher: Dispatcher | None = None
         # Models served as PPipe pipelines (PPIPE_PLAN; app/server/pipeline_service.py).
         self.pipelines: PipelineService | None = None
+        self.plan: PlanInForce | None = None  # PLAN (app/server/plans.py)
+        self._plan_loaded_at = 0.0
         self._dispatcher_route: DispatcherRoute | None = None
         self.ready = False
         self.closing = False
@@ -133,6 +139,7 @@ class LiveService(Management):
         index = await startup.load_models(settings)
         self.unavailable.update(index.errors)
         self.optional = set(index.optional)
+        settings = self._take_plan(index)
         self.pipelines = await start_pipelines(settings, index, self.metrics, self.statistics)
         piped = self.pipelines.configs if self.pipelines is not None else {}
         self._check_loaded({**index.models, **piped})
@@ -141,7 +148,11 @@ class LiveService(Management):
             startup.device_layout(settings, index.models.values()) if index.models else []
         )
         if settings.core_groups is not None and index.models:
-            index.models = apply_core_groups(settings.core_groups, index.models, self.devices)
+            try:
+                index.models = apply_core_groups(settings.core_groups, index.models, self.devices)
+            except startup.StartupFailed as exc:
+                log.error("start-up stopped: %s", exc)
+                raise
         if settings.realtime_priority:
             # Before the executors start: they inherit it, then step one below.
             self._sched_before = set_fifo(settings.realtime_priority)
@@ -199,6 +210,23 @@ class LiveService(Management):
             log.info(
                 "serving %d models as pipelines with policy ppipe: %s", len(piped), ", ".join(piped)
             )
+
+    def _take_plan(self, index: RepositoryIndex) -> Settings:
+        """PLAN (or its older names): checked, the settings it sets, and an
+        InSS plan's models placed on their shares (app/server/plans.py)."""
+        settings, self.plan = prepare_plan(self.settings, index)
+        self.settings = settings
+        self._plan_loaded_at = time.time()
+        if self.plan is not None and self.plan.inss is not None and index.models:
+            index.models = place_inss(self.plan, index.models, whole_devices(settings))
+        return settings
+
+    def plan_in_force(self) -> dict[str, object] | None:
+        """The plan served (`GET /v2/plan`), None without one."""
+        if self.plan is None:
+            return None
+        loaded = datetime.fromtimestamp(self._plan_loaded_at, timezone.utc).replace(microsecond=0)
+        return {**self.plan.describe(), "loaded_at": loaded.isoformat().replace("+00:00", "Z")}
 
     def _check_loaded(self, models: dict[str, object]) -> None:
         try:

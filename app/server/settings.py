@@ -204,14 +204,25 @@ class Settings:
             "(app/server/colocation.py; 0: plan with the profiles measured alone)",
         ),
     )
+    plan: Path | None = field(
+        default=None,
+        metadata=_setting(
+            "PLAN",
+            FilePath(),
+            "a plan file of any planner (`python -m app plan partition|herd|inss|ppipe … --out "
+            "FILE`), checked against the repository's models and this server's devices at "
+            "start-up: a partition's or HERD's groups, one scheduling core each; an InSS plan's "
+            "shares, placement and batch sizes; a PPipe plan's pipelines (app/server/plans.py). "
+            "`POLICY` defaults to `flex` for a HERD plan, `inss` for an InSS plan",
+            shown="unset (no plan)",
+        ),
+    )
     core_groups: Path | None = field(
         default=None,
         metadata=_setting(
             "CORE_GROUPS",
             FilePath(),
-            "a plan of groups, one scheduling core each: Symphony's sub-clusters (`python -m app "
-            "plan partition … --out FILE`) or Shepherd's serving groups (`python -m app plan herd "
-            "… --out FILE`); each group's models on its own devices (app/server/core_groups.py)",
+            "the older name of `PLAN` for a partition or HERD plan (not with `PLAN`)",
             shown="unset (one core per set of devices hosting the same models)",
         ),
     )
@@ -515,8 +526,8 @@ class Settings:
         metadata=_setting(
             "PPIPE_PLAN",
             FilePath(),
-            "a PPipe plan (`python -m app plan ppipe … --out FILE`): its models are served as "
-            "pipelines of partitions over executors of its device classes (`PPIPE_CLASSES`)",
+            "the older name of `PLAN` for a PPipe plan (not with `PLAN`): its models are served "
+            "as pipelines of partitions over executors of its device classes (`PPIPE_CLASSES`)",
             shown="unset (no pipelines)",
         ),
     )
@@ -574,6 +585,7 @@ def read_settings(env: Mapping[str, str], flags: Mapping[str, str] | None = None
         elif setting.env in env:
             given[setting.name] = setting.parse(env[setting.env], setting.env)
     _split_policy(given, flags)
+    _plan_settings(given)
     _check_policy_options(
         str(given.get("policy", SETTING_BY_NAME["policy"].default)),
         given.get("policy_options") or {},  # type: ignore[arg-type]
@@ -614,6 +626,30 @@ def _check_policy_options(policy: str, options: Mapping[str, object]) -> None:
                 f"POLICY_OPTIONS may not set {option!r}: it is the setting "
                 f"{setting.env} ({setting.flag}), in milliseconds"
             )
+
+
+# The policy a plan of each kind is served with unless POLICY says otherwise.
+PLAN_POLICIES = {"herd-plan": "flex", "inss-plan": "inss"}
+
+
+def _plan_settings(given: dict[str, object]) -> None:
+    """PLAN alone (not with its older names); the policy its kind is served
+    with unless POLICY is given. Reads the plan file's kind."""
+    if given.get("plan") is None:
+        return
+    older = [SETTING_BY_NAME[n].env for n in ("core_groups", "ppipe_plan") if given.get(n)]
+    if older:
+        names = " and ".join(older)
+        what = "is the older name" if len(older) == 1 else "are older names"
+        raise ValueError(f"PLAN and {names} are both set: {names} {what} of PLAN; set PLAN only")
+    from app.planning.plan_files import read_plan_file
+
+    try:
+        kind = read_plan_file(Path(str(given["plan"]))).kind
+    except ValueError as exc:
+        raise ValueError(f"PLAN: {exc}") from None
+    if "policy" not in given and kind in PLAN_POLICIES:
+        given["policy"] = PLAN_POLICIES[kind]
 
 
 def _dependent_defaults(given: Mapping[str, object]) -> dict[str, object]:

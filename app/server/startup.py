@@ -343,12 +343,13 @@ def build_groups(
     for name, state in models.items():
         by_devices.setdefault(state.devices, []).append(name)
     options = core_options(settings)
+    unserved_options(options, models)
     groups = []
     for hosts, names in by_devices.items():
         infos = [models[name].info() for name in names]
         device_infos = [DeviceInfo(d, name=by_id[d].name, kind=by_id[d].kind) for d in hosts]
         group_options = {
-            **options,
+            **per_model_options(options, names),
             **batching_options(settings, {n: models[n].config for n in names}),
         }
         if isinstance(pool, RayExecutorPool):
@@ -363,6 +364,36 @@ def build_groups(
         scheduler = make_scheduler(settings.policy, infos, device_infos, **group_options)
         groups.append(CoreGroup(scheduler, frozenset(names), hosts))
     return groups
+
+
+# Options that may be a {model: value} mapping (a plan's batch sizes).
+PER_MODEL_OPTIONS = ("batch", "max_batch")
+
+
+def per_model_options(options: Mapping[str, object], names: Iterable[str]) -> dict[str, object]:
+    """`options` for the core of `names`: a per-model mapping keeps the
+    core's models (`unserved_options` names the others no core serves)."""
+    names = set(names)
+    out = dict(options)
+    for key in PER_MODEL_OPTIONS:
+        value = out.get(key)
+        if isinstance(value, Mapping):
+            out[key] = {m: v for m, v in value.items() if m in names}
+    return out
+
+
+def unserved_options(options: Mapping[str, object], served: Iterable[str]) -> None:
+    """Say once which models a per-model option names that no core serves
+    (not loaded, or misspelt): they are left out."""
+    served = set(served)
+    for key in PER_MODEL_OPTIONS:
+        value = options.get(key)
+        if isinstance(value, Mapping) and set(value) - served:
+            log.warning(
+                "policy option %r names models not served, left out: %s",
+                key,
+                ", ".join(sorted(set(value) - served)),
+            )
 
 
 def batching_options(settings: Settings, configs: Mapping[str, ModelConfig]) -> dict[str, object]:

@@ -44,6 +44,7 @@ from app.planning.herd.ilp import TIE_BREAKS, SolveOptions, solve
 from app.planning.herd.plan import OBJECTIVES, HerdPlan, write_plan
 from app.planning.herd.problem import Goodput, Problem, model_streams, single_device_goodput
 from app.planning.herd.random_groups import random_plan
+from app.planning.plan_files import MadeFrom, inputs_of
 from app.scheduling.profile import LatencyProfile
 
 PROG = "python -m app plan herd"
@@ -132,7 +133,10 @@ def main(
         return 2
     out.write(format_plan(plan, problem, goodput_text))
     if args.out is not None:
-        write_plan(plan, args.out)
+        rates: dict[str, float] = {}
+        for stream in problem.streams:
+            rates[stream.model] = rates.get(stream.model, 0.0) + stream.rate
+        write_plan(plan, args.out, MadeFrom.now("herd", inputs_of(args), argv, rates))
         out.write(f"plan written to {args.out}\n")
     return 0
 

@@ -21,10 +21,9 @@ from pathlib import Path
 from typing import Any
 
 from app.planning.herd.problem import ModelStream
-from app.planning.plan_files import check_tag, read_json, tagged, write_json
+from app.planning.plan_files import MadeFrom, envelope, read_json, unwrap, write_json
 
 KIND = "herd-plan"
-VERSION = 1
 OBJECTIVES = ("paper", "shared")
 
 
@@ -51,10 +50,9 @@ class HerdPlan:
     def group_of_model(self) -> dict[str, int]:
         return {m: j for j, g in enumerate(self.groups) for m in g.models}
 
-    def to_dict(self) -> dict[str, Any]:
-        return tagged(
+    def to_dict(self, made_from: MadeFrom | None = None) -> dict[str, Any]:
+        return envelope(
             KIND,
-            VERSION,
             {
                 "method": self.method,
                 "objective": self.objective,
@@ -70,11 +68,12 @@ class HerdPlan:
                 ],
                 "solver": self.solver,
             },
+            made_from,
         )
 
     @classmethod
     def from_dict(cls, body: dict[str, Any], source: str = "<plan>") -> HerdPlan:
-        check_tag(body, KIND, VERSION, "a HERD plan", source)
+        body = unwrap(body, KIND, "a HERD plan", source)
         groups = tuple(
             ServingGroup(
                 tuple(int(d) for d in g["devices"]),
@@ -87,8 +86,8 @@ class HerdPlan:
         return cls(str(body["method"]), str(body["objective"]), groups, dict(body["solver"]))
 
 
-def write_plan(plan: HerdPlan, path: Path) -> None:
-    write_json(plan.to_dict(), path)
+def write_plan(plan: HerdPlan, path: Path, made_from: MadeFrom | None = None) -> None:
+    write_json(plan.to_dict(made_from), path)
 
 
 def read_plan(path: Path) -> HerdPlan:

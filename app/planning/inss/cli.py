@@ -37,6 +37,7 @@ from app.planning.inss.config import load_problem, problem_from_dict
 from app.planning.inss.placement import MAX_ASSIGNMENTS, solve_exact, solve_greedy
 from app.planning.inss.plan import Plan, write_plan
 from app.planning.inss.problem import Problem
+from app.planning.plan_files import MadeFrom, inputs_of
 
 PROG = "python -m app plan inss"
 DEFAULT_TRAIN_STEPS = 20_000
@@ -99,7 +100,8 @@ def main(
         return 2
     out.write(format_plan(plan) + note)
     if args.out is not None:
-        write_plan(plan, args.out)
+        rates = {m.model: m.rate for m in plan.models}
+        write_plan(plan, args.out, MadeFrom.now("inss", inputs_of(args), argv, rates))
         out.write(f"plan written to {args.out}\n")
     return 0
 

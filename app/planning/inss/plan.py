@@ -1,8 +1,8 @@
 """An InSS plan (placement, shares and batch sizes) and its file.
 
-The file is JSON with a `kind` and a `version`, as PPipe's plans
-(app/planning/ppipe/plan.py): `write_plan` / `read_plan` round-trip a `Plan`
-exactly. Units: seconds, bytes, requests/s; shares are fractions.
+The file is the planners' plan file (app/planning/plan_files.py: kind,
+version, what it was made from, this plan): `write_plan` / `read_plan`
+round-trip a `Plan` exactly. Units: seconds, bytes, requests/s; shares are fractions.
 """
 
 from __future__ import annotations
@@ -12,13 +12,12 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from app.planning.plan_files import check_tag, read_json, tagged, write_json
+from app.planning.plan_files import MadeFrom, envelope, read_json, unwrap, write_json
 
 if TYPE_CHECKING:
     from app.planning.inss.problem import ModelSpec, Served
 
 PLAN_KIND = "inss-plan"
-PLAN_VERSION = 1
 
 
 @dataclass(frozen=True)
@@ -114,18 +113,22 @@ class Plan:
         return {m.model: m.reason for m in self.models if not m.served}
 
 
-def plan_to_dict(plan: Plan) -> dict[str, Any]:
+def plan_to_dict(plan: Plan, made_from: MadeFrom | None = None) -> dict[str, Any]:
     body = asdict(plan)
     # JSON has no NaN: an unknown figure is null.
     for m in body["models"]:
         for key, value in m.items():
             if isinstance(value, float) and not math.isfinite(value):
                 m[key] = None
-    return tagged(PLAN_KIND, PLAN_VERSION, body)
+    return envelope(PLAN_KIND, body, made_from)
 
 
 def plan_from_dict(body: dict[str, Any], source: str = "plan") -> Plan:
-    check_tag(body, PLAN_KIND, PLAN_VERSION, "an InSS plan", source)
+    return plan_from_body(unwrap(body, PLAN_KIND, "an InSS plan", source), source)
+
+
+def plan_from_body(body: dict[str, Any], source: str = "plan") -> Plan:
+    """The plan from its fields (a plan file's `plan`)."""
     try:
         return Plan(
             method=str(body["method"]),
@@ -142,8 +145,8 @@ def plan_from_dict(body: dict[str, Any], source: str = "plan") -> Plan:
         raise ValueError(f"{source}: malformed plan: {error}") from error
 
 
-def write_plan(plan: Plan, path: Path) -> None:
-    write_json(plan_to_dict(plan), path)
+def write_plan(plan: Plan, path: Path, made_from: MadeFrom | None = None) -> None:
+    write_json(plan_to_dict(plan, made_from), path)
 
 
 def read_plan(path: Path) -> Plan:

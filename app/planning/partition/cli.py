@@ -35,6 +35,7 @@ from app.planning.partition.config import load_problem, problem_from_dict
 from app.planning.partition.milp import DEFAULT_TIME_LIMIT_S, solve
 from app.planning.partition.plan import PartitionPlan, read_plan, write_plan
 from app.planning.partition.random_solver import solve_random
+from app.planning.plan_files import MadeFrom, inputs_of
 
 PROG = "python -m app plan partition"
 
@@ -96,7 +97,9 @@ def main(
         return 2
     out.write(format_plan(plan))
     if args.out is not None:
-        write_plan(plan, args.out)
+        rates = {m.name: m.rate for m in problem.models}
+        made_from = MadeFrom.now("partition", inputs_of(args, "current"), argv, rates)
+        write_plan(plan, args.out, made_from)
         out.write(f"plan written to {args.out}\n")
     return 0
 

@@ -13,10 +13,9 @@ from typing import Any
 import numpy as np
 
 from app.planning.partition.problem import PartitionProblem, change_costs, measure
-from app.planning.plan_files import check_tag, read_json, tagged, write_json
+from app.planning.plan_files import MadeFrom, envelope, read_json, unwrap, write_json
 
 KIND = "symphony-partition"
-VERSION = 1
 
 
 @dataclass(frozen=True)
@@ -124,11 +123,10 @@ def build_plan(
 # ------------------------------------------------------------------ files
 
 
-def plan_to_dict(plan: PartitionPlan) -> dict[str, Any]:
+def plan_to_dict(plan: PartitionPlan, made_from: MadeFrom | None = None) -> dict[str, Any]:
     r = plan.result
-    return tagged(
+    return envelope(
         KIND,
-        VERSION,
         {
             "r_max": plan.r_max,
             "s_max_bytes": plan.s_max_bytes,
@@ -164,11 +162,12 @@ def plan_to_dict(plan: PartitionPlan) -> dict[str, Any]:
                 "details": r.details,
             },
         },
+        made_from,
     )
 
 
 def plan_from_dict(body: dict[str, Any], source: str = "<plan>") -> PartitionPlan:
-    check_tag(body, KIND, VERSION, "a Symphony partition plan", source)
+    body = unwrap(body, KIND, "a Symphony partition plan", source)
     try:
         solver = body["solver"]
         return PartitionPlan(
@@ -208,8 +207,8 @@ def plan_from_dict(body: dict[str, Any], source: str = "<plan>") -> PartitionPla
         raise ValueError(f"{source}: malformed partition plan: {error!r}") from error
 
 
-def write_plan(plan: PartitionPlan, path: Path) -> None:
-    write_json(plan_to_dict(plan), path)
+def write_plan(plan: PartitionPlan, path: Path, made_from: MadeFrom | None = None) -> None:
+    write_json(plan_to_dict(plan, made_from), path)
 
 
 def read_plan(path: Path) -> PartitionPlan:

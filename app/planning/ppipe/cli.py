@@ -56,6 +56,7 @@ from app.planning.cluster_cli import (
 )
 from app.planning.cluster_inputs import ppipe_input
 from app.planning.config_input import InputError, mapping, only
+from app.planning.plan_files import MadeFrom, inputs_of
 from app.planning.ppipe.options import ModelDemand
 from app.planning.ppipe.plan import Cluster, Plan, read_plan, write_plan
 from app.planning.ppipe.planner import PlannerOptions, plan
@@ -133,7 +134,9 @@ def main(
         return 2
     out.write(format_plan(result))
     if args.out is not None:
-        write_plan(result, args.out)
+        # PPipe plans by weights, not rates: `rates` stays empty.
+        made_from = MadeFrom.now("ppipe", inputs_of(args, "start"), argv[1:])
+        write_plan(result, args.out, made_from)
         out.write(f"plan written to {args.out}\n")
     return 0
 

@@ -27,10 +27,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from app.planning.plan_files import check_tag, read_json, tagged, write_json
+from app.planning.plan_files import MadeFrom, envelope, read_json, unwrap, write_json
 
 PLAN_KIND = "ppipe-plan"
-PLAN_VERSION = 1
 
 
 @dataclass(frozen=True)
@@ -124,13 +123,12 @@ class Plan:
         return used
 
 
-def plan_to_dict(plan: Plan) -> dict[str, Any]:
-    body = asdict(plan)
-    return tagged(PLAN_KIND, PLAN_VERSION, body)
+def plan_to_dict(plan: Plan, made_from: MadeFrom | None = None) -> dict[str, Any]:
+    return envelope(PLAN_KIND, asdict(plan), made_from)
 
 
 def plan_from_dict(body: dict[str, Any], source: str = "plan") -> Plan:
-    check_tag(body, PLAN_KIND, PLAN_VERSION, "a PPipe plan", source)
+    body = unwrap(body, PLAN_KIND, "a PPipe plan", source)
     try:
         cluster = Cluster(**body["cluster"])
         models = tuple(ModelTarget(**m) for m in body["models"])
@@ -157,8 +155,8 @@ def plan_from_dict(body: dict[str, Any], source: str = "plan") -> Plan:
         raise ValueError(f"{source}: malformed plan: {error}") from error
 
 
-def write_plan(plan: Plan, path: Path) -> None:
-    write_json(plan_to_dict(plan), path)
+def write_plan(plan: Plan, path: Path, made_from: MadeFrom | None = None) -> None:
+    write_json(plan_to_dict(plan, made_from), path)
 
 
 def read_plan(path: Path) -> Plan:
