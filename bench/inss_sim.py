@@ -215,12 +215,19 @@ def inss_plan(problem: Problem) -> tuple[Plan, float]:
 
 
 def inss_layout(problem: Problem) -> Layout:
-    """The exact plan (with headroom): one partition per served model."""
+    """The exact plan (with headroom): one partition per served model, or
+    one per time-shared device holding its models (whole-device profiles)."""
     plan, headroom = inss_plan(problem)
     evaluator = DeviceEvaluator(problem)
     devices = {d.name: d for d in problem.devices}
     parts = []
+    time_shared = cast(list[str], plan.details.get("time_shared", []))
     for dp in plan.devices:
+        if dp.device in time_shared:
+            batches = {m: cast(int, plan.model(m).batch) for m in dp.models}
+            ells = {m: profile(evaluator, devices[dp.device], m, 1.0, {}) for m in dp.models}
+            parts.append(Partition(dp.device, 1.0, dp.models, batches, ells))
+            continue
         shares = {m: plan.model(m).share for m in dp.models}
         for name in dp.models:
             mp = plan.model(name)
