@@ -97,3 +97,36 @@ def test_the_maf21_csv_layout_is_read_as_invocation_starts(tmp_path: Path) -> No
     bad.write_text("app,func,end\na,f,1\n")
     with pytest.raises(ValueError, match="end_timestamp"):
         read_invocation_trace(bad)
+
+
+def test_the_capacity_table_gives_the_papers_per_cluster_gains() -> None:
+    # The paper's "+75.1 %" is the mean of its clusters' gains; ratio of the
+    # clusters' mean capacities, then their mean.
+    from bench.ppipe_sim import plan_set, render, summarise
+
+    def cell(cluster: str, ppipe: float, np_: float) -> dict:
+        entry = {"capacity": 0.0, "low_utilisation": 0.0}
+        cost = {"probes_per_batch": 1.0, "core_us_per_batch": 30.0}
+        return {
+            "group_index": 1,
+            "cluster": cluster,
+            "arrivals": "maf21",
+            "plans": "maf21",
+            "ppipe": {**entry, "capacity": ppipe},
+            "np": {**entry, "capacity": np_},
+            "cost": cost,
+        }
+
+    cells = [cell("HC1", 0.9, 0.3), cell("HC1", 1.0, 0.5), cell("HC2", 0.9, 0.6)]
+    summary = summarise(cells, ["ppipe", "np"])["maf21"]
+    assert summary["gain_over_np"] == pytest.approx(2.8 / 1.4 - 1)
+    gains = summary["cluster_gain_over_np"]
+    assert gains == pytest.approx({"HC1": 1.9 / 0.8 - 1, "HC2": 0.5, "mean": (1.375 + 0.5) / 2})
+    text = render(cells, {"maf21": summary}, ["ppipe", "np"])
+    assert "maf21: PPipe +100 % over np (per cluster HC1 +137 %, HC2 +50 %, mean +94 %)" in text
+    assert [plan_set(a, "auto") for a in ("poisson", "maf21", "bursty")] == [
+        "maf19",
+        "maf21",
+        "maf19",
+    ]
+    assert plan_set("poisson", "maf21") == "maf21"
