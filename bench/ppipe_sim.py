@@ -144,7 +144,7 @@ def run_cell(
         "process": arrivals,
         "seed": args.seed,
         "burst": burst,
-        "trace": args.trace_starts,
+        "invocations": args.trace_starts,
     }
     max_steps = round(args.max_load / STEP)
     cell: dict[str, Any] = {"group": group, "cluster": cluster, "arrivals": arrivals}

@@ -79,7 +79,7 @@ def test_a_bursty_trace_stays_bursty_when_folded() -> None:
 def test_plan_arrivals_folds_each_model_from_the_given_trace() -> None:
     trace = synthetic_trace(MAF21, seed=3)
     times, index, names = plan_arrivals(
-        {"a": 400.0, "b": 100.0}, 10.0, process="maf21", trace=trace
+        {"a": 400.0, "b": 100.0}, 10.0, process="maf21", invocations=trace
     )
     counts = np.bincount(index, minlength=2)
     assert names == ["a", "b"]

@@ -9,7 +9,7 @@ of PPipe's MILP"). Arrivals (app/workloads/arrivals.py):
 * `poisson` — MAF-2019-like: Poisson at the model's rate;
 * `maf21` — the paper's "Bursty" workload as its artifact plays it: the
   MAF-2021 invocation trace folded to the model's rate
-  (app/workloads/folded.py); `trace` gives the trace's invocation starts,
+  (app/workloads/folded.py); `invocations` gives the trace's starts,
   by default a synthetic two-week trace with the published statistics of
   the real one (`folded.MAF21`), generated once per seed;
 * `bursty` — a chosen shape, kept for comparison: a two-state
@@ -99,13 +99,14 @@ def plan_arrivals(
     process: str = "poisson",
     seed: int = 0,
     burst: BurstShape = BurstShape(),
-    trace: np.ndarray | None = None,
+    invocations: np.ndarray | None = None,
 ) -> tuple[np.ndarray, np.ndarray, list[str]]:
     """(times, model index, model names) of arrivals at `rates` (requests/s)."""
     if process not in ARRIVALS:
         raise ValueError(f"unknown arrival process {process!r}; choose one of {ARRIVALS}")
     if process == "maf21":
-        return folded_arrivals(rates, duration_s, maf21_trace(seed) if trace is None else trace)
+        starts = maf21_trace(seed) if invocations is None else invocations
+        return folded_arrivals(rates, duration_s, starts)
     names = list(rates)
     models: list[dict[str, Any]] = []
     for name in names:
@@ -214,12 +215,13 @@ def simulate_plan(
     jitter: float = 0.0,
     faults: tuple[InstanceFault, ...] = (),
     handoff_s: float = 0.0,
-    trace: np.ndarray | None = None,
+    invocations: np.ndarray | None = None,
 ) -> PlanRunResult:
     """Serve `plan` (its `models`, default all) at `load_factor` × `reference`
     requests/s per model (default: the plan's own throughputs); `handoff_s`
-    between consecutive stages (`PoolPipeline.handoff_s`); `trace`: the
-    invocation starts `maf21` arrivals fold (default the synthetic one)."""
+    between consecutive stages (`PoolPipeline.handoff_s`); `invocations`:
+    the trace's invocation starts `maf21` arrivals fold (default the
+    synthetic one)."""
     if not load_factor > 0.0:
         raise ValueError(f"load factor must be > 0, got {load_factor}")
     layout = plan_layout(plan, profiles, models, handoff_s)
@@ -231,7 +233,7 @@ def simulate_plan(
         raise ValueError(f"no reference throughput for models {missing}")
     rates = {m.name: load_factor * reference[m.name] for m in served}
     times, index, names = plan_arrivals(
-        rates, duration_s, process=process, seed=seed, burst=burst, trace=trace
+        rates, duration_s, process=process, seed=seed, burst=burst, invocations=invocations
     )
     scheduler = PPipeScheduler(layout, admit_floor=admit_floor)
     start = time.perf_counter()
