@@ -150,6 +150,9 @@ NOT_RUN = {
     "python -m bench.ppipe_sim": "6 groups × 4 clusters × 3 variants × 2 arrival processes, "
     "capacity searches of 30-s simulations, ~20 min (tests/test_ppipe_simulation.py runs plans)",
     "python -m bench.ppipe_live": "block profiling and live capacity searches, minutes of load",
+    "python -m bench.ppipe_sim --arrivals maf21 --trace "
+    "AzureFunctionsInvocationTraceForTwoWeeksJan2021.txt": "needs the 305-MB MAF-2021 trace, "
+    "not bundled (tests/test_folded_arrivals.py reads its CSV layout and folds traces)",
     "python -m bench.inss_tables": "fits to the paper's tables; tests/test_inss_latency.py runs it "
     "and checks what it writes",
     "python -m bench.inss_cpu_model": "a timing measurement of co-located executors "
