@@ -15,7 +15,9 @@ Four systems serve it:
 
 * **inss** — the planner's exact plan (app/planning/inss/placement.py,
   `solve_exact`): each model on one device at its share, beside its planned
-  co-runners, with BDA's batch; policy `inss` with the planned batches.
+  co-runners, with BDA's batch, or a device's models in turn on the whole
+  device (the plan's `time_shared` devices: one partition, one core, their
+  duty-cycle batches); policy `inss` with the planned batches.
   Headroom: BDA only asks throughput ≥ λ, and a plan whose shares are all
   but saturated (ResNet50 at 95 % at the file's rates) misses SLOs under
   Poisson arrivals; so the plan is made for the rates × f, f the largest
@@ -75,7 +77,9 @@ Reading the result: the setting's running times are (α·b + β)/ρ, a share
 pessimistic where Tables 2–3 saturate), so sharing a GPU spatially never
 beats running its models in turn at full speed there — sharing only adds
 interference and, at a smaller share, longer batches within the same SLO.
-The gain over time-sharing measures that model, not MPS on a real GPU.
+The gain over time-sharing measures that model, not MPS on a real GPU;
+the planner, which may time-share a device itself, then keeps no spatial
+split on this setting.
 
 Output: a table on stdout; `<out-dir>/sim.json` (options, per arrivals and
 system: capacity, served requests/s, violations, the search's probes, the
@@ -215,12 +219,19 @@ def inss_plan(problem: Problem) -> tuple[Plan, float]:
 
 
 def inss_layout(problem: Problem) -> Layout:
-    """The exact plan (with headroom): one partition per served model."""
+    """The exact plan (with headroom): one partition per served model, or
+    one per time-shared device holding its models (whole-device profiles)."""
     plan, headroom = inss_plan(problem)
     evaluator = DeviceEvaluator(problem)
     devices = {d.name: d for d in problem.devices}
     parts = []
+    time_shared = cast(list[str], plan.details.get("time_shared", []))
     for dp in plan.devices:
+        if dp.device in time_shared:
+            batches = {m: cast(int, plan.model(m).batch) for m in dp.models}
+            ells = {m: profile(evaluator, devices[dp.device], m, 1.0, {}) for m in dp.models}
+            parts.append(Partition(dp.device, 1.0, dp.models, batches, ells))
+            continue
         shares = {m: plan.model(m).share for m in dp.models}
         for name in dp.models:
             mp = plan.model(name)

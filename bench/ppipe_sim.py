@@ -3,15 +3,23 @@ vs DART-r plans, all served by the `ppipe` data plane, on the four 100-device
 clusters, under Poisson and bursty arrivals.
 
     python -m bench.ppipe_sim [--groups 1,2] [--clusters HC1,HC2]
-        [--variants ppipe,np,dart-r] [--arrivals poisson,bursty]
+        [--variants ppipe,np,dart-r] [--arrivals poisson,maf21,bursty]
+        [--plans auto|maf19|maf21] [--trace FILE]
         [--duration 30] [--seed 0] [--max-load 1.0]
         [--burst-amplitude 0.5] [--burst-dwell 0.1] [--out-dir DIR]
 
-Plans are the PPipe artifact's reference plans (data/ppipe/plans-maf19/,
-`_v4` = PPipe, `_bl` = NP, `_dart-r` = DART-r), so the comparison does not
-depend on our planner. Groups are the paper's six groups of three DNNs,
-numbered 1–6 in the order of their file names; clusters HC1–HC4 are L4/P4,
-L4/T4, V100/P4 and V100/T4 (25 high- and 75 low-class devices).
+Plans are the PPipe artifact's reference plans (`_v4` = PPipe, `_bl` = NP,
+`_dart-r` = DART-r), so the comparison does not depend on our planner: as in
+the artifact (scripts/run_sim_in_batch.py), Poisson arrivals are served by
+the plans made for MAF-2019's workload weights (data/ppipe/plans-maf19/,
+0.3/0.33/0.37) and the paper's "Bursty" arrivals, the MAF-2021 trace folded
+to each DNN's rate (`maf21`, app/workloads/folded.py; `--trace` the real
+trace's CSV, default a synthetic one with its published statistics), by the
+plans made for MAF-2021's weights (data/ppipe/plans-maf21/, 0.39/0.26/0.35);
+`--plans` forces one set. `bursty` is the earlier chosen-shape MMPP stand-in
+(served by the MAF-2019 plans). Groups are the paper's six groups of three
+DNNs, numbered 1–6 in the order of their file names; clusters HC1–HC4 are
+L4/P4, L4/T4, V100/P4 and V100/T4 (25 high- and 75 low-class devices).
 
 Method (the paper's and its artifact's, scripts/run_sim_in_batch.py): load
 factor 1.0 is the PPipe plan's throughput for each DNN, whichever plan
@@ -49,11 +57,12 @@ from rich.console import Console
 from app.planning.ppipe.plan import Plan, read_reference_plan
 from app.planning.ppipe.profiles import BUNDLED_DIR, load_profile
 from app.simulation.ppipe_run import ARRIVALS, BurstShape, PlanRunResult, simulate_plan
+from app.workloads.folded import read_invocation_trace
 from bench.progress import about, make_progress, plain_lines
 
-PLANS = BUNDLED_DIR / "plans-maf19"
+# Plan sets: the workload each was made for -> (folder, the file names' weights).
+PLAN_SETS = {"maf19": ("plans-maf19", "0.3-0.33-0.37"), "maf21": ("plans-maf21", "0.39-0.26-0.35")}
 OUT_DIR = Path(__file__).resolve().parent / "results" / "ppipe"
-WEIGHTS = "0.3-0.33-0.37"
 CLUSTERS = {"HC1": "L4-P4", "HC2": "L4-T4", "HC3": "V100-P4", "HC4": "V100-T4"}
 VARIANTS = {"ppipe": "v4", "np": "bl", "dart-r": "dart-r"}
 HIGH_CLASSES = ("L4", "V100")
@@ -63,21 +72,32 @@ COST_LOAD = 0.9
 # The paper's averages (§7.2): capacity (load factor) and low-class utilisation.
 PAPER = {
     "poisson": {"ppipe": 0.965},
-    "bursty": {"ppipe": 0.903},
-    "gain_over_np": {"poisson": 0.48, "bursty": 0.75},
-    "gain_over_dart-r": {"poisson": 0.32, "bursty": 0.36},
+    "maf21": {"ppipe": 0.903, "np": 0.611, "dart-r": 0.694},
+    "gain_over_np": {"poisson": 0.48, "maf21": 0.75},
+    "gain_over_dart-r": {"poisson": 0.32, "maf21": 0.36},
     "low_utilisation": {"ppipe": 0.736, "np": 0.081, "dart-r": 0.295},
 }
 
 
-def groups() -> list[str]:
+def groups(plans: str = "maf19") -> list[str]:
     """The six groups' model strings, in file-name order."""
-    names = {p.name.split(f"_{WEIGHTS}_")[0] for p in PLANS.glob(f"*_{WEIGHTS}_*.json")}
-    return sorted(names)
+    folder, weights = PLAN_SETS[plans]
+    paths = (BUNDLED_DIR / folder).glob(f"*_{weights}_*.json")
+    return sorted({p.name.split(f"_{weights}_")[0] for p in paths})
 
 
-def plan_path(group: str, cluster: str, variant: str) -> Path:
-    (path,) = PLANS.glob(f"{group}_{WEIGHTS}_{CLUSTERS[cluster]}_*_{VARIANTS[variant]}.json")
+def plan_set(arrivals: str, choice: str) -> str:
+    """The plans an arrival process is served by: `choice`, or with "auto"
+    the artifact's pairing (MAF-2021 arrivals, MAF-2021 plans)."""
+    if choice != "auto":
+        return choice
+    return "maf21" if arrivals == "maf21" else "maf19"
+
+
+def plan_path(group: str, cluster: str, variant: str, plans: str = "maf19") -> Path:
+    folder, weights = PLAN_SETS[plans]
+    pattern = f"{group}_{weights}_{CLUSTERS[cluster]}_*_{VARIANTS[variant]}.json"
+    (path,) = (BUNDLED_DIR / folder).glob(pattern)
     return path
 
 
@@ -114,7 +134,8 @@ def capacity(
 def run_cell(
     group: str, cluster: str, arrivals: str, variants: list[str], args: argparse.Namespace
 ) -> dict[str, Any]:
-    reference_plan = read_reference_plan(plan_path(group, cluster, "ppipe"))
+    plans = plan_set(arrivals, args.plans)
+    reference_plan = read_reference_plan(plan_path(group, cluster, "ppipe", plans))
     reference = {m.name: m.throughput for m in reference_plan.models}
     profiles = {name: load_profile(name) for name in reference}
     burst = BurstShape(args.burst_amplitude, args.burst_dwell)
@@ -123,11 +144,13 @@ def run_cell(
         "process": arrivals,
         "seed": args.seed,
         "burst": burst,
+        "invocations": args.trace_starts,
     }
     max_steps = round(args.max_load / STEP)
     cell: dict[str, Any] = {"group": group, "cluster": cluster, "arrivals": arrivals}
+    cell["plans"] = plans
     for variant in variants:
-        plan = read_reference_plan(plan_path(group, cluster, variant))
+        plan = read_reference_plan(plan_path(group, cluster, variant, plans))
         low = low_class(plan)
         per_model: dict[str, Any] = {}
         for name in reference:
@@ -184,36 +207,59 @@ def summarise(cells: list[dict[str, Any]], variants: list[str]) -> dict[str, Any
                 entry[f"gain_over_{base}"] = (
                     entry["ppipe"]["capacity"] / entry[base]["capacity"] - 1
                 )
+                entry[f"cluster_gain_over_{base}"] = cluster_gains(rows, base)
         entry["probes_per_batch"] = sum(r["cost"]["probes_per_batch"] for r in rows) / len(rows)
         entry["core_us_per_batch"] = sum(r["cost"]["core_us_per_batch"] for r in rows) / len(rows)
         summary[arrivals] = entry
     return summary
 
 
+def cluster_gains(rows: list[dict[str, Any]], base: str) -> dict[str, float]:
+    """PPipe's gain over `base` per cluster (the ratio of the cluster's mean
+    capacities over its groups) and their mean, "mean": the paper's
+    statistic (§7.2: "+75.1 % ... (161.6 %, 34.1 %, 50.4 % and 54.1 %)" is
+    the mean of the four clusters' gains, not the ratio of the means)."""
+    gains: dict[str, float] = {}
+    for cluster in sorted({r["cluster"] for r in rows}):
+        mine = [r for r in rows if r["cluster"] == cluster]
+        ppipe = sum(r["ppipe"]["capacity"] for r in mine)
+        other = sum(r[base]["capacity"] for r in mine)
+        if other > 0:
+            gains[cluster] = ppipe / other - 1
+    if gains:
+        gains["mean"] = sum(gains.values()) / len(gains)
+    return gains
+
+
 def render(cells: list[dict[str, Any]], summary: dict[str, Any], variants: list[str]) -> str:
-    head = ["group", "cluster", "arrivals"]
+    head = ["group", "cluster", "arrivals", "plans"]
     head += [f"{v} cap" for v in variants] + [f"{v} low util" for v in variants]
     head += ["probes/batch", "µs/batch"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for c in cells:
-        row = [str(c["group_index"]), c["cluster"], c["arrivals"]]
+        row = [str(c["group_index"]), c["cluster"], c["arrivals"], c["plans"]]
         row += [f"{c[v]['capacity']:.2f}" for v in variants]
         row += [f"{100 * c[v]['low_utilisation']:.1f} %" for v in variants]
         row += [f"{c['cost']['probes_per_batch']:.2f}", f"{c['cost']['core_us_per_batch']:.0f}"]
         lines.append("| " + " | ".join(row) + " |")
     for arrivals, s in summary.items():
-        row = ["mean", "", arrivals]
+        row = ["mean", "", arrivals, ""]
         row += [f"{s[v]['capacity']:.3f}" for v in variants]
         row += [f"{100 * s[v]['low_utilisation']:.1f} %" for v in variants]
         row += [f"{s['probes_per_batch']:.2f}", f"{s['core_us_per_batch']:.0f}"]
         lines.append("| " + " | ".join(row) + " |")
     gains = [
-        f"{arrivals}: PPipe +{100 * s[k]:.0f} % over {k.removeprefix('gain_over_')}"
+        f"{arrivals}: PPipe +{100 * s[k]:.0f} % over {k.removeprefix('gain_over_')} "
+        f"(per cluster {per_cluster(s['cluster_' + k])})"
         for arrivals, s in summary.items()
         for k in ("gain_over_np", "gain_over_dart-r")
         if k in s
     ]
     return "\n".join(lines) + ("\n\n" + "; ".join(gains) if gains else "") + "\n"
+
+
+def per_cluster(gains: dict[str, float]) -> str:
+    return ", ".join(f"{k} +{100 * v:.0f} %" for k, v in gains.items())
 
 
 def parse_list(text: str, allowed: list[str], what: str) -> list[str]:
@@ -231,7 +277,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--groups", default="1,2,3,4,5,6", help="groups 1–6 (default all)")
     p.add_argument("--clusters", default=",".join(CLUSTERS), help="HC1..HC4 (default all)")
     p.add_argument("--variants", default=",".join(VARIANTS), help="ppipe,np,dart-r")
-    p.add_argument("--arrivals", default=",".join(ARRIVALS), help="poisson,bursty")
+    p.add_argument("--arrivals", default="poisson,maf21", help="poisson,maf21,bursty")
+    p.add_argument("--plans", default="auto", choices=["auto", *PLAN_SETS])
+    p.add_argument("--trace", type=Path, help="MAF-2021 trace CSV for maf21 arrivals")
     p.add_argument("--duration", type=float, default=30.0, help="simulated seconds per run")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--max-load", type=float, default=1.0, help="top of the load grid")
@@ -248,6 +296,7 @@ def main(argv: list[str] | None = None) -> int:
     clusters = parse_list(args.clusters, list(CLUSTERS), "clusters")
     variants = parse_list(args.variants, list(VARIANTS), "variants")
     arrivals = parse_list(args.arrivals, list(ARRIVALS), "arrivals")
+    args.trace_starts = read_invocation_trace(args.trace) if args.trace else None
     if not args.duration > 0 or not args.max_load >= STEP:
         raise SystemExit("--duration must be > 0 and --max-load ≥ 0.05")
     cells: list[dict[str, Any]] = []
@@ -275,7 +324,11 @@ def main(argv: list[str] | None = None) -> int:
     print(table)
     args.out_dir.mkdir(parents=True, exist_ok=True)
     body = {
-        "options": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
+        "options": {
+            k: str(v) if isinstance(v, Path) else v
+            for k, v in vars(args).items()
+            if k != "trace_starts"
+        },
         "burst": asdict(BurstShape(args.burst_amplitude, args.burst_dwell)),
         "paper": PAPER,
         "summary": summary,

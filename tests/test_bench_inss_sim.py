@@ -50,11 +50,16 @@ def test_inss_plans_with_headroom_and_shares_devices() -> None:
     problem = load_problem(CONFIG)
     layout = layout_for(problem, "inss")
     assert layout.headroom == 2.0  # the file's rates × 2 are still served
-    # At 2× the rates only 2.4× fits: the headroom shrinks, to 1 %.
+    # At 2× the rates only 2.8× fits (2.4× without time-sharing): the
+    # headroom shrinks, to 1 %.
     tighter = layout_for(scaled(problem, 2.0), "inss")
-    assert tighter.headroom is not None and 1.0 < tighter.headroom < 1.3
-    assert any(p.share < 1.0 for p in layout.partitions)
-    assert all(p.batch and p.batch[p.models[0]] >= 1 for p in layout.partitions)
+    assert tighter.headroom is not None and 1.3 < tighter.headroom < 1.45
+    # The setting's running times are (α·b + β)/ρ: no spatial split beats
+    # running the models in turn, so the plan time-shares two GPUs and runs
+    # one model alone on each of the others.
+    assert all(p.share == 1.0 for p in layout.partitions)
+    assert sorted(len(p.models) for p in layout.partitions) == [1, 1, 2, 2]
+    assert all(p.batch and min(p.batch.values()) >= 1 for p in layout.partitions)
 
 
 @pytest.mark.slow

@@ -80,9 +80,14 @@ def _check_feasible(problem: Problem, plan: Plan) -> None:
         if m.served:
             assert m.worst_latency_s <= m.slo_s + 1e-12, m
             assert m.throughput >= m.rate, m
+    time_shared = plan.details.get("time_shared", [])
     for d in plan.devices:
         shares = sum(plan.model(name).share for name in d.models)
-        assert shares == pytest.approx(d.shares_used) and shares <= 1 + 1e-9
+        if d.device in time_shared:  # in turn, each on the whole device
+            assert len(d.models) > 1 and d.shares_used == 1.0
+            assert all(plan.model(name).share == 1.0 for name in d.models)
+        else:
+            assert shares == pytest.approx(d.shares_used) and shares <= 1 + 1e-9
         memory = sum(plan.model(name).memory_bytes for name in d.models)
         assert memory == pytest.approx(d.memory_used_bytes) and memory <= d.memory_bytes
 
@@ -121,8 +126,59 @@ def test_greedy_is_feasible_and_no_better_than_exact() -> None:
     assert heuristic.objective <= exact.objective + 1e-9
 
 
+# One device, two models with a fixed cost per batch (t = b + 4 ms at the
+# whole device), rate 100 each, SLO 30 ms. Spatially, at 50/50 t = 2(b + 4):
+# b = 2 (worst max(12, 10) + 12 = 24 ms; b = 3 gives 34), 166.7 req/s each;
+# the best split (40/60) gives 133.3 + 200 = 333.3. In turn on the whole
+# device: b = 3 each, cycle D = 7 + 7 = 14 ms, worst max(14, 20) + 7 = 27
+# ms, 3 / 14 ms = 214.3 req/s each, 428.6 together (b = 4 would need
+# max(15, 30) + 8 = 38 ms).
+TURNS: dict[str, Any] = {
+    "share_step": 0.1,
+    "devices": [{"name": "gpu", "memory_mb": 10000, "bandwidth_gb_per_s": 10}],
+    "models": [
+        _model("X", 100, 30, {1: 100, 8: 100}, latency_per_kind={"gpu": _linear(1, 4)}),
+        _model("Y", 100, 30, {1: 100, 8: 100}, latency_per_kind={"gpu": _linear(1, 4)}),
+    ],
+}
+
+
+def test_time_sharing_runs_the_models_in_turn_on_a_duty_cycle() -> None:
+    problem = _problem(TURNS)
+    evaluator = DeviceEvaluator(problem)
+    turns = evaluator.time_share(problem.devices[0], ["X", "Y"])
+    assert turns is not None
+    assert [(s.share, s.batch) for s in turns] == [(1.0, 3), (1.0, 3)]
+    assert [s.exec_s for s in turns] == pytest.approx([0.007, 0.007])
+    assert [s.throughput for s in turns] == pytest.approx([3 / 0.014] * 2)
+    assert [s.worst_latency_s for s in turns] == pytest.approx([0.027] * 2)
+    # Rates the cycle cannot cover within the SLO: no duty cycle serves them.
+    tight = copy.deepcopy(TURNS)
+    for m in tight["models"]:
+        m["rate"] = 400
+    assert DeviceEvaluator(_problem(tight)).time_share(problem.devices[0], ["X", "Y"]) is None
+
+
+def test_the_plan_is_never_below_time_sharing_the_same_device(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    problem = _problem(TURNS)
+    plan = solve_exact(problem)
+    assert plan.details["time_shared"] == ["gpu"]
+    assert plan.objective == pytest.approx(2 * 3 / 0.014)
+    assert [(m.share, m.batch) for m in plan.models] == [(1.0, 3), (1.0, 3)]
+    _check_feasible(problem, plan)
+    assert solve_greedy(problem).objective == pytest.approx(plan.objective)
+    # Without the time-shared option the best is the spatial split (333.3).
+    monkeypatch.setattr(DeviceEvaluator, "time_share", lambda *_: None)
+    spatial = solve_exact(problem)
+    assert spatial.details["time_shared"] == []
+    assert spatial.objective == pytest.approx(1000 / 3)
+
+
 def _brute_force(problem: Problem) -> tuple[int, float]:
-    """Every assignment (a device or unserved) × every share vector, no pruning."""
+    """Every assignment (a device or unserved) × every share vector and the
+    models in turn on the whole device, no pruning."""
     evaluator = DeviceEvaluator(problem)
     names = [m.name for m in problem.models]
     options = [*range(len(problem.devices)), None]
@@ -144,6 +200,8 @@ def _brute_force(problem: Problem) -> tuple[int, float]:
                 ]
                 if all(s.ok for s in served)
             ]
+            if len(on) > 1 and (turns := evaluator.time_share(device, on)):
+                values.append(sum(s.throughput for s in turns))  # the models in turn
             if not values:
                 break
             count, total = count + len(on), total + max(values)

@@ -1,6 +1,7 @@
 """Policy `inss` (app/scheduling/inss.py): FIFO per model, a batch of b_i
 sent once b_i requests are queued, otherwise at the queued requests' last
-moment behind one planned batch (deadline − ℓ(queued) − delay − ℓ(b_i)), a
+moment behind one planned batch (deadline − ℓ(queued) − delay − ℓ(b_i), or
+the models' duty cycle on a time-shared device), a
 request queued past its SLO dropped — on the virtual clock."""
 
 from __future__ import annotations
@@ -65,6 +66,21 @@ def test_a_partial_batch_goes_at_its_last_moment_behind_one_planned_batch():
     (d,) = dispatches(s.advance(wake))
     assert ids(d.batch.requests) == [1, 2, 3]
     assert (d.batch.start_at, d.batch.finish_at) == pytest.approx((0.041, 0.048))
+
+
+def test_models_in_turn_on_a_device_reserve_the_duty_cycle():
+    # m at batch 8 (ℓ = 12 ms) and n at batch 4 (ℓ = 8 ms) time-share one
+    # device: one planned batch of each may run first, a 20-ms cycle, so a
+    # lone request due at 60 ms goes at 60 − ℓ(1) − 20 = 35 ms, whichever
+    # model it is for. Over two devices the cycle is 10 ms, below m's own
+    # ℓ(8): m's reserve is 12 ms again (43 ms), n's 10 ms (45 ms).
+    for n_devices, last_m, last_n in ((1, 0.035, 0.035), (2, 0.043, 0.045)):
+        s = InssScheduler([model(), model("n")], devices(n_devices), batch={"m": 8, "n": 4})
+        assert s.add_request(request(1, 0.010), 0.010) == []
+        assert s.next_wakeup() == pytest.approx(last_m)
+        s = InssScheduler([model(), model("n")], devices(n_devices), batch={"m": 8, "n": 4})
+        assert s.add_request(request(1, 0.010, name="n"), 0.010) == []
+        assert s.next_wakeup() == pytest.approx(last_n)
 
 
 def test_without_the_reserve_a_partial_batch_ends_at_its_deadline():

@@ -150,6 +150,26 @@ def test_an_inss_plan_sets_shares_placement_and_batch_sizes(tmp_path: Path) -> N
     assert served(env, repository)[1].policy_options == {"max_batch": {"a": 4, "b": 2, "c": 8}}
 
 
+def test_an_inss_plans_time_shared_device_is_not_split(tmp_path: Path) -> None:
+    """Models the planner runs in turn on a whole device (each at share 1.0)
+    share that device's one executor, as time-sharing does."""
+    repository = emulated_repository(tmp_path / "models", {"a": 1.0, "b": 2.0, "c": 1.0})
+    path = inss_plan(
+        tmp_path / "plan.json",
+        {"a": ("emulated:0", 1.0, 4), "b": ("emulated:0", 1.0, 2), "c": ("emulated:1", 1.0, 8)},
+    )
+    env = {"PLAN": str(path), "CPU_SLICES": "0", "EMULATED_DEVICES": "2"}
+    _, resolved, plan, index = served(env, repository)
+    assert resolved.device_shares is None
+    assert resolved.policy_options == {"batch": {"a": 4, "b": 2, "c": 8}}
+    configs = place_inss(plan, index.models, whole_devices(resolved))
+    assert {n: c.devices for n, c in configs.items()} == {
+        "a": ("emulated:0",),
+        "b": ("emulated:0",),
+        "c": ("emulated:1",),
+    }
+
+
 def test_under_another_policy_an_inss_plans_batches_are_said_not_applied(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -192,10 +212,14 @@ def test_the_bundled_inss_example_plans_for_the_documented_server(tmp_path: Path
     assert plan is not None and plan.inss is not None
     assert plan.inss.batch == {m.model: m.batch for m in planned.models}
     assert resolved.policy_options == {"batch": plan.inss.batch}
-    shared = [d for d in planned.devices if len(d.models) > 1]
-    assert resolved.device_shares == {
-        d.device: tuple(planned.model(m).share for m in d.models) for d in shared
-    }
+    split = [d for d in planned.devices if any(planned.model(m).share < 1.0 for m in d.models)]
+    assert resolved.device_shares == (
+        {d.device: tuple(planned.model(m).share for m in d.models) for d in split} or None
+    )
+    # The others run their models on the whole device: alone, or time-shared in turn.
+    whole = {d.device for d in planned.devices} - {d.device for d in split}
+    assert {plan.inss.device_of[m] for d in planned.devices if d.device in whole
+            for m in d.models} <= whole  # fmt: skip
 
 
 def test_a_herd_plan_by_plan_forms_its_groups_with_flex(tmp_path: Path) -> None:

@@ -13,7 +13,12 @@ requests queue FIFO and go to its share in batches:
    SLO, the oldest request's) less ℓ(queued) and delay(queued), and less
    ℓ(b_i) — room for one planned batch sent before them and still running
    (eq. 2's worst case, which the planner's SLO check assumes: a task may
-   wait for one more t_inf). Without that reserve (`reserve_batch=False`) a
+   wait for one more t_inf); when the core's devices are time-shared by
+   several models (the planner's time-sharing: models in turn on a whole
+   device), the reserve is the duty cycle instead when it is longer — one
+   planned batch of every model of the core, spread over its devices,
+   Σ_j ℓ_j(b_j) / devices — which the planner's check for time-shared
+   models assumes. Without that reserve (`reserve_batch=False`) a
    partial batch sent at its bare last moment ends exactly at its deadline,
    and batches filled meanwhile by a burst queue behind it and end late: on
    bench/workloads/inss/paper-setting.yaml, planned with 2× rate headroom
@@ -149,11 +154,22 @@ class InssScheduler(TritonScheduler):
         """Rule 2: the earliest deadline among the queued requests (as the
         core plans with it: less its deadline margin) less ℓ(their items) on
         the fastest device, the dispatch delay and, with `reserve_batch`,
-        ℓ(b_i)."""
+        ℓ(b_i) or the duty cycle of the core's models if longer."""
         items = self._items[name]
         due = min(entry[2].due for entry in self.fifo[name])
         model = self.models[name]
         last = due - self.latency(model, items, self._fastest) - self.delay(items)
         if self.reserve_batch:
-            last -= self.latency(model, self.config[name].max_batch, self._fastest)
+            last -= max(self._planned_time(model), self._cycle())
         return last
+
+    def _planned_time(self, model: ModelInfo) -> float:
+        """ℓ(b_i) on the fastest device."""
+        return self.latency(model, self.config[model.name].max_batch, self._fastest)
+
+    def _cycle(self) -> float:
+        """One planned batch of every model of the core, over its devices."""
+        if len(self.models) < 2:
+            return 0.0
+        total = sum(self._planned_time(m) for m in self.models.values())
+        return total / len(self.devices)

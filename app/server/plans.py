@@ -130,7 +130,8 @@ def load_plan(settings: Settings) -> PlanInForce | None:
 
 def inss_placement(file: PlanFile) -> InssPlacement:
     """An InSS plan's shares, placement and batches (module docstring): a
-    device holding one model at its whole is not split."""
+    device whose models are each at its whole (one model alone, or several
+    time-shared: run in turn) is not split."""
     from app.planning.inss.plan import plan_from_body
 
     plan = plan_from_body(file.body, "the plan")
@@ -143,7 +144,7 @@ def inss_placement(file: PlanFile) -> InssPlacement:
         if not placed:
             continue
         values = tuple(float(m.share or 1.0) for m in placed)
-        split = not (len(placed) == 1 and values[0] >= 1.0)
+        split = not all(value >= 1.0 for value in values)
         if split:
             shares[device.device] = values
         for i, m in enumerate(placed):

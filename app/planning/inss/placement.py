@@ -19,6 +19,14 @@ these are the references it is measured against.
     - bound: the served count and throughput so far plus, for each model
       still to place, its best alone throughput; the greedy plan is the
       first incumbent; interchangeable empty devices are tried once.
+    - beside the best share vector, a set of two or more models may run in
+      turn on the whole device (time-sharing, problem.py's
+      `time_share`; every model at share 1.0, batches on a duty cycle):
+      the better of the two is the set's configuration, so a plan is never
+      below what time-sharing the same devices, or one model per device
+      (a single model's share vector includes 100 %), plans. A plan's
+      `details["time_shared"]` names the devices whose models run in turn
+      (their `shares_used` is 1.0).
   The objective is lexicographic: first the number of models served, then
   Σ throughput; so an infeasible problem still gets the plan that serves
   the most models, and the others are reported with their reason.
@@ -60,6 +68,7 @@ class DeviceChoice:
 
     value: float  # Σ throughput
     served: tuple[Served, ...]
+    time_shared: bool = False  # the models in turn on the whole device
 
 
 class _Search:
@@ -103,6 +112,10 @@ class _Search:
                 value = sum(s.throughput for s in served)
                 if found is None or value > found.value + _EPS:
                     found = DeviceChoice(value, served)
+            if len(names) > 1 and (turns := self.evaluator.time_share(device, names)):
+                value = sum(s.throughput for s in turns)
+                if found is None or value > found.value + _EPS:
+                    found = DeviceChoice(value, turns, time_shared=True)
         self._best[key] = found
         return found
 
@@ -236,17 +249,21 @@ def _plan(
     problem = search.problem
     served: dict[str, tuple[Device, Served]] = {}
     device_plans = []
+    time_shared = []
     for device, models in zip(problem.devices, sets, strict=True):
         choice = search.best(device, models) if models else DeviceChoice(0.0, ())
         assert choice is not None
         for s in choice.served:
             served[s.model] = (device, s)
+        if choice.time_shared:
+            time_shared.append(device.name)
+        used = 1.0 if choice.time_shared else sum(s.share for s in choice.served)
         device_plans.append(
             DevicePlan(
                 device=device.name,
                 kind=device.kind,
                 models=tuple(s.model for s in choice.served),
-                shares_used=round(sum(s.share for s in choice.served), 12),
+                shares_used=round(used, 12),
                 memory_bytes=device.memory_bytes,
                 memory_used_bytes=sum(s.memory_bytes for s in choice.served),
             )
@@ -263,6 +280,7 @@ def _plan(
         **details,
         "configurations": search.evaluator.configurations,
         "device_sets": len(search._best),
+        "time_shared": time_shared,
     }
     feasible = all(m.served for m in model_plans)
     return Plan(

@@ -26,6 +26,23 @@ Given the shares, a model's t_inf depends on its own batch only (the
 co-runners' L2 use depends on their shares, not batches), so BDA's batch
 sizes maximise Σ throughput on the device whenever memory does not bind.
 
+Time-sharing (`DeviceEvaluator.time_share`): several models on one whole
+device (share 1.0 each), running in turn, one at a time — no co-runner
+slows a batch, but each waits for the others'. Batches follow a duty cycle
+(Nexus's squishy bin packing): a cycle runs one batch of every model,
+D = Σ t_i(b_i) with t_i at the whole device alone; model i serves b_i / D
+requests/s (≥ λ_i), and its worst case is the spatial one with D in place
+of its own running batch, T = max(D, (b_i − 1)/λ_i) + t_i(b_i) ≤ SLO (its
+first task arrives just after its batch left: the cycle runs before the
+next). For a cycle budget C on a grid, every model starts at the least
+batch covering its rate over C, ⌈λ_i·C⌉, and batches then grow one item at
+a time where an item costs least time, while D ≤ C and each SLO holds;
+the best Σ b_i / D over the grid is kept. With one model the cycle is its
+own batch and the check is the spatial one at share 1.0. A time-shared
+model's throughput is at most its best alone at share 1.0 (b_i / D ≤
+b_i / t_i(b_i), and b_i meets the alone check), so the placement search's
+bound still holds.
+
 The searches (placement.py) prune on one property, checked here when a
 problem is built: a co-runner never speeds a model up (α_s ≥ 0 and
 2·α_s + β_s ≥ 0, so the scheduling interference of n ≥ 2 models is ≥ 0;
@@ -357,6 +374,41 @@ class DeviceEvaluator:
             rate_ok,
         )
 
+    def time_share(self, device: Device, names: Sequence[str]) -> tuple[Served, ...] | None:
+        """The models of `names` in turn on the whole `device` (module
+        docstring), or None when no duty cycle serves them all."""
+        self.configurations += 1
+        specs = [self.problem.model(n) for n in names]
+        t_inf = [self._exec_fn(device, n, {n: 1.0}) for n in names]
+        lo = sum(t(1) for t in t_inf)
+        hi = min(spec.slo_s for spec in specs)
+        best: tuple[float, list[int]] | None = None
+        for k in range(CYCLE_GRID):
+            budget = lo * (hi / lo) ** (k / (CYCLE_GRID - 1)) if hi > lo else lo
+            batches = _cycle_batches(specs, t_inf, budget, device.memory_bytes)
+            if batches is None:
+                continue
+            value = sum(batches) / sum(t(b) for t, b in zip(t_inf, batches, strict=True))
+            if best is None or value > best[0] + 1e-12:
+                best = (value, batches)
+        if best is None:
+            return None
+        batches = best[1]
+        cycle = sum(t(b) for t, b in zip(t_inf, batches, strict=True))
+        return tuple(
+            Served(
+                spec.name,
+                1.0,
+                b,
+                t(b),
+                b / cycle,
+                max(cycle, (b - 1) / spec.rate) + t(b),
+                spec.memory.at(b),
+                True,
+            )
+            for spec, t, b in zip(specs, t_inf, batches, strict=True)
+        )
+
     def _fit_memory(
         self, device: Device, outcomes: Sequence[Served], shares: Mapping[str, float]
     ) -> tuple[Served, ...]:
@@ -375,6 +427,49 @@ class DeviceEvaluator:
             _, i, smaller = min(steps, key=lambda s: (s[0], s[1]))
             current[i] = smaller
         return tuple(current)
+
+
+#: Cycle budgets tried between Σ t_i(1) and the tightest SLO (geometric).
+CYCLE_GRID = 16
+
+
+def _cycle_batches(
+    specs: Sequence[ModelSpec],
+    t_inf: Sequence[Callable[[int], float]],
+    budget: float,
+    memory_bytes: float,
+) -> list[int] | None:
+    """Batches for a duty cycle of at most `budget` seconds (module
+    docstring): each ⌈λ·budget⌉, then grown where an item costs least."""
+    batches = []
+    for spec, t in zip(specs, t_inf, strict=True):
+        b = max(1, math.ceil(spec.rate * budget - 1e-9))
+        if b > spec.memory.max_batch or not _cycle_ok(spec, t, b, budget):
+            return None
+        batches.append(b)
+    used = sum(t(b) for t, b in zip(t_inf, batches, strict=True))
+    memory = sum(spec.memory.at(b) for spec, b in zip(specs, batches, strict=True))
+    if used > budget or memory > memory_bytes:
+        return None
+    while True:
+        steps = []
+        for i, (spec, t) in enumerate(zip(specs, t_inf, strict=True)):
+            b = batches[i] + 1
+            if b > spec.memory.max_batch:
+                continue
+            cost, grown = t(b) - t(b - 1), spec.memory.at(b) - spec.memory.at(b - 1)
+            fits = used + cost <= budget and memory + grown <= memory_bytes
+            if fits and _cycle_ok(spec, t, b, budget):
+                steps.append((cost, i, grown))
+        if not steps:
+            return batches
+        cost, i, grown = min(steps)
+        batches[i] += 1
+        used, memory = used + cost, memory + grown
+
+
+def _cycle_ok(spec: ModelSpec, t: Callable[[int], float], batch: int, cycle: float) -> bool:
+    return max(cycle, (batch - 1) / spec.rate) + t(batch) <= spec.slo_s
 
 
 def _exec(
