@@ -47,21 +47,17 @@ def test_an_error_crosses_as_its_class_reason_and_status():
     assert type(unknown) is ServingError and (unknown.status, unknown.reason) == (418, "odd_reason")
 
 
-def test_each_worker_owns_an_equal_share_of_the_arena_and_the_scheduler_one_more(
-    no_leftover_segments: None,
-):
+def test_each_worker_owns_an_equal_share_of_the_arena(no_leftover_segments: None):
     config = emulated_config()  # max_batch_size 8
     alone = Settings(arena_slots=100)
     assert arena_capacity(alone, config) == 100
     split = Settings(arena_slots=100, api_workers=3)
     assert worker_slots(split, config) == 34
-    assert arena_capacity(split, config) == 4 * 34
+    assert arena_capacity(split, config) == 3 * 34
     assert worker_slots(Settings(arena_slots=10, api_workers=4), config) == 8  # a whole request
     arena = create_arena(split, config)
     try:
-        assert arena.free_slots == 34  # the scheduler's own share (gRPC)
-        taken = arena.acquire_rows(34)
-        assert taken is not None and min(taken) == 3 * 34
+        assert arena.capacity == 102 and arena.free_slots == 0  # the scheduler takes none
     finally:
         arena.close_and_unlink()
 
@@ -75,7 +71,9 @@ def test_a_worker_answers_model_questions_from_the_view_as_the_service_would():
             "view",
             ServiceView(
                 configs={config.name: config},
-                refusals={key: ErrorDescriptor.of(ModelUnloaded("model 'emu' version 7 is unloaded"))},
+                refusals={
+                    key: ErrorDescriptor.of(ModelUnloaded("model 'emu' version 7 is unloaded"))
+                },
                 model_names=[config.name],
                 ready={config.name: True},
                 server_ready=True,
@@ -255,10 +253,29 @@ def _metric(url: str, name: str) -> float:
     return sum(float(line.split()[-1]) for line in text.splitlines() if line.startswith(series))
 
 
+def _grpc_answers(port: int, n: int) -> list[np.ndarray]:
+    import tritonclient.grpc as grpcclient
+
+    client = grpcclient.InferenceServerClient(f"127.0.0.1:{port}")
+    try:
+        answers = []
+        for i in range(n):
+            rows = np.arange(4, dtype=np.float32).reshape(1, 4) - i
+            x = grpcclient.InferInput("x", [1, 4], "FP32")
+            x.set_data_from_numpy(rows)
+            answers.append(client.infer("echo", [x]).as_numpy("x"))
+        stats = client.get_inference_statistics("echo", as_json=True)
+        assert int(stats["model_stats"][0]["inference_stats"]["success"]["count"]) >= n
+        return answers
+    finally:
+        client.close()
+
+
 @pytest.mark.slow
 def test_two_workers_answer_each_request_once_as_one_process_does(start):
     n = 60
-    alone, split = start(0), start(2)
+    grpc_port = free_port()
+    alone, split = start(0), start(2, GRPC_PORT=str(grpc_port))
     expected = [
         np.arange(4 * (1 + i % 3), dtype=np.float32).reshape(-1, 4) + 1000 * i for i in range(n)
     ]
@@ -271,6 +288,10 @@ def test_two_workers_answer_each_request_once_as_one_process_does(start):
         success = stats["model_stats"][0]["inference_stats"]["success"]["count"]
         assert success == n
     assert len(split.workers()) == 2
+    # gRPC is served by the workers too, on the one port.
+    for i, got in enumerate(_grpc_answers(grpc_port, 6)):
+        np.testing.assert_array_equal(got, np.arange(4, dtype=np.float32).reshape(1, 4) - i)
+    assert _metric(split.url, "requests_total") == n + 6
     # A bad request: the same answer from a worker as from the single process.
     bad = {"inputs": [{"name": "x", "shape": [1, 5], "datatype": "FP32", "data": [1, 2, 3, 4, 5]}]}
     replies = [

@@ -146,6 +146,11 @@ class RemoteService:
 
     # --------------------------------------------------- calls to the scheduler
 
+    async def refresh_statistics(self) -> None:
+        """Fetch the scheduler's statistics report (every model's) for the
+        statistics route about to run (HTTP's and gRPC's)."""
+        self.statistics = await self.call("model_statistics")
+
     async def call(self, method: str, *args: Any) -> Any:
         """The scheduler's `service.<method>(*args)` (awaited there if a coroutine)."""
         if self.lost is not None:

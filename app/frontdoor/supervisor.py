@@ -1,10 +1,10 @@
 """The scheduler process of API_WORKERS ≥ 1: the service, the receiver, the workers.
 
 `serve` starts the service (executors, profiles, scheduling cores, as the
-single process does), the gRPC endpoint and Triton's metrics port (served
-here, as before), the `Receiver`, then the API workers, which bind HTTP's
-HOST:PORT with SO_REUSEPORT. This process holds the port bound (not
-listening) so that PORT=0 picks one port for all of them.
+single process does), Triton's metrics port (served here, as before), the
+`Receiver`, then the API workers, which bind HTTP's HOST:PORT and gRPC's
+HOST:GRPC_PORT with SO_REUSEPORT. This process holds both ports bound (not
+listening) so that PORT=0 or GRPC_PORT=0 picks one port for all of them.
 
 A worker that exits while the daemon serves is started again under its
 number (the receiver tells it which of its slots are still taken); its
@@ -30,12 +30,12 @@ import os
 import signal
 import socket
 import time
+from dataclasses import replace
 from multiprocessing.process import BaseProcess
 
 from app.frontdoor import worker as worker_main
 from app.frontdoor.channel import new_address, remove_address
 from app.frontdoor.receiver import Receiver
-from app.grpc.lifecycle import start_grpc_endpoint
 from app.main import start_metrics_endpoint
 from app.server.live import LiveService
 from app.server.metrics import Metrics
@@ -55,10 +55,9 @@ WATCH_S = 0.2
 class Workers:
     """The API worker processes: started, watched, started again, stopped."""
 
-    def __init__(self, settings: Settings, address: str, port: int, log_level: str) -> None:
+    def __init__(self, settings: Settings, address: str, log_level: str) -> None:
         self.settings = settings
         self.address = address
-        self.port = port
         self.log_level = log_level
         self.processes: dict[int, BaseProcess] = {}
         self.started_at: dict[int, float] = {}
@@ -70,7 +69,7 @@ class Workers:
     def start(self, number: int) -> None:
         process = self._context.Process(
             target=worker_main.main,
-            args=(self.settings, number, self.address, self.port, self.log_level, os.getpid()),
+            args=(self.settings, number, self.address, self.log_level, os.getpid()),
             name=f"api-worker-{number}",
             daemon=False,
         )
@@ -137,7 +136,9 @@ def serve(settings: Settings, log_level: str = "info") -> int:
 
 async def _serve(settings: Settings, log_level: str) -> int:
     check_settings(settings)
-    holder = hold_port(settings.host, settings.port)
+    holders = [hold_port(settings.host, settings.port)]
+    if settings.grpc_port:
+        holders.append(hold_port(settings.host, settings.grpc_port))
     metrics = Metrics(settings.metrics_prefix)
     service = LiveService(settings, metrics)
     address = new_address()
@@ -147,30 +148,31 @@ async def _serve(settings: Settings, log_level: str) -> int:
         except BaseException:
             await service.stop()
             raise
-        port = holder.getsockname()[1]
-        return await _run(settings, log_level, service, address, port)
+        ports = [holder.getsockname()[1] for holder in holders]
+        # The workers' settings: the ports picked for PORT=0 or GRPC_PORT=0.
+        shared = replace(settings, port=ports[0], grpc_port=ports[1] if settings.grpc_port else 0)
+        return await _run(shared, log_level, service, address)
     finally:
         remove_address(address)
-        holder.close()
+        for holder in holders:
+            holder.close()
 
 
-async def _run(
-    settings: Settings, log_level: str, service: LiveService, address: str, port: int
-) -> int:
+async def _run(settings: Settings, log_level: str, service: LiveService, address: str) -> int:
     """Serve from the workers until a signal (or a worker that cannot
     start), then shut down in order (module docstring); the exit status."""
-    grpc_endpoint = await start_grpc_endpoint(settings, lambda: service, service.metrics)
     metrics_endpoint = await start_metrics_endpoint(settings, service, service.metrics)
     receiver = Receiver(service, address)
     receiver.start()
-    workers = Workers(settings, address, port, log_level)
+    workers = Workers(settings, address, log_level)
     try:
         for number in range(settings.api_workers):
             workers.start(number)
         log.info(
-            "HTTP on http://%s:%d from %d API worker processes",
+            "HTTP on http://%s:%d%s from %d API worker processes",
             settings.host,
-            port,
+            settings.port,
+            f", gRPC on port {settings.grpc_port}" if settings.grpc_port else "",
             settings.api_workers,
         )
         status = await _until_stopped(service, workers)
@@ -182,7 +184,6 @@ async def _run(
             await service.stop()
         finally:
             await receiver.stop()
-            await grpc_endpoint.stop()
             if metrics_endpoint is not None:
                 await metrics_endpoint.stop()
     return status

@@ -3,7 +3,8 @@
 It binds HOST:PORT itself with SO_REUSEPORT (the kernel spreads new
 connections over the workers) and serves the very API of the single
 process (app.api.create_api, the inference fast path and the guarded
-connections included). Its lifespan connects to the scheduler and waits
+connections included), and gRPC's on GRPC_PORT the same way
+(app.grpc.lifecycle, `reuse_port`). Its lifespan connects to the scheduler and waits
 for its welcome; from then on a watch checks, every WATCH_S, that the
 scheduler is still there: once it is gone (this process's parent changed,
 or nothing heard for SILENCE_S), every request waiting is answered 503
@@ -35,6 +36,7 @@ from app.api.connection import uvicorn_connection_options
 from app.frontdoor.channel import worker_socket
 from app.frontdoor.messages import SILENCE_S, dump, load
 from app.frontdoor.remote import ForwardedMetrics, RemoteService
+from app.grpc.lifecycle import start_grpc_endpoint
 from app.server.settings import Settings
 from app.server.stop_signals import safety_net_s
 
@@ -129,7 +131,7 @@ class Prefetch:
                     accept = dict(scope["headers"]).get(b"accept", b"").decode("latin-1")
                     self.metrics.rendered = await self.service.call("metrics", accept)
                 elif path.endswith("/stats"):
-                    self.service.statistics = await self.service.call("model_statistics")
+                    await self.service.refresh_statistics()
         await self.app(scope, receive, send)
 
 
@@ -142,8 +144,16 @@ def build_app(settings: Settings, link: Link) -> ASGIApp:
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
         await link.start()
         try:
+            grpc_endpoint = await start_grpc_endpoint(
+                settings, lambda: service, metrics, reuse_port=True
+            )
+        except BaseException:
+            await link.stop()
+            raise
+        try:
             yield
         finally:
+            await grpc_endpoint.stop()  # after HTTP's connections: the drain is over
             await link.stop()
 
     api = create_api(
@@ -159,9 +169,7 @@ def build_app(settings: Settings, link: Link) -> ASGIApp:
     return Prefetch(api, service, metrics)
 
 
-def main(
-    settings: Settings, worker: int, address: str, port: int, log_level: str, parent: int
-) -> None:
+def main(settings: Settings, worker: int, address: str, log_level: str, parent: int) -> None:
     """A worker process's entry (multiprocessing spawn): serve until told to
     stop (SIGTERM, SIGINT) or the scheduler is gone (then exit 1)."""
     logging.basicConfig(
@@ -179,7 +187,7 @@ def main(
         **uvicorn_connection_options(settings),
     )
     server = link.server = uvicorn.Server(config)
-    sock = listening_socket(settings.host, port)
+    sock = listening_socket(settings.host, settings.port)
     server.run(sockets=[sock])
     if link.service.lost is not None or not server.started:
         sys.exit(1)

@@ -155,14 +155,14 @@ def arena_capacity(settings: Settings, config: ModelConfig) -> int:
     per item, ARENA_SLOTS, and at least one whole request of max_batch_size.
     With API_WORKERS the slots are cut into one equal share per worker
     (`worker_slots`), each at least one whole request."""
-    if settings.api_workers:  # and one share for what this process serves (gRPC)
-        return (settings.api_workers + 1) * worker_slots(settings, config)
+    if settings.api_workers:
+        return settings.api_workers * worker_slots(settings, config)
     return max(settings.arena_slots, config.max_batch_size)
 
 
 def create_arena(settings: Settings, config: ModelConfig) -> Arena:
-    """A model's new arena (`arena_capacity`); with API_WORKERS the workers'
-    shares are set aside: this process takes slots from its own share only."""
+    """A model's new arena (`arena_capacity`); with API_WORKERS every slot
+    is a worker's: this process never takes one (it serves no request itself)."""
     arena = Arena.create(config, arena_capacity(settings, config))
     if settings.api_workers:
         arena.set_aside(range(settings.api_workers * worker_slots(settings, config)))
@@ -170,9 +170,9 @@ def create_arena(settings: Settings, config: ModelConfig) -> Arena:
 
 
 def worker_slots(settings: Settings, config: ModelConfig) -> int:
-    """The arena slots of one API worker (API_WORKERS ≥ 1), and of this
-    process: an equal share of ARENA_SLOTS, at least one whole request of
-    max_batch_size. Worker k owns slots [k·share, (k+1)·share)."""
+    """The arena slots of one API worker (API_WORKERS ≥ 1): an equal share
+    of ARENA_SLOTS, at least one whole request of max_batch_size. Worker k
+    owns slots [k·share, (k+1)·share)."""
     workers = max(settings.api_workers, 1)
     return max(-(-settings.arena_slots // workers), config.max_batch_size)
 
