@@ -146,9 +146,9 @@ class Settings:
         metadata=_setting(
             "API_WORKERS",
             Integer(0, 256),
-            "HTTP worker processes that parse requests and hand the scheduler process small "
-            "descriptors over ZeroMQ, tensors in shared memory (0: one process does both; "
-            "`python -m app serve` only; docs/architecture.md, API worker processes)",
+            "API worker processes that serve HTTP and gRPC and hand the scheduler process "
+            "small descriptors over ZeroMQ, tensors in shared memory (0: one process does "
+            "both; `python -m app serve` only; docs/architecture.md, API worker processes)",
         ),
     )
     grpc_port: int = field(
