@@ -386,3 +386,31 @@ def _alive(pid: int) -> bool:
         return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
     except OSError:
         return False
+
+
+@pytest.mark.slow
+def test_sigterm_answers_every_request_in_flight_and_the_daemon_exits_0(start):
+    daemon = start(2, hold_ms=300.0, max_batch=1)  # SHUTDOWN_GRACE_S 2: ~7 of 12 finish
+
+    async def scenario() -> list[tuple[int, str]]:
+        loop = asyncio.get_running_loop()
+        answers = loop.run_in_executor(None, _in_flight, daemon.url, 12)
+        await asyncio.sleep(0.5)
+        daemon.process.send_signal(signal.SIGTERM)
+        return await answers
+
+    answers = asyncio.run(scenario())
+    assert set(answers) == {(200, ""), (503, "shutting_down")}, answers
+    assert daemon.process.wait(timeout=30) == 0
+    assert "answered" in daemon.log.read_text() and "shut down" in daemon.log.read_text()
+
+
+@pytest.mark.slow
+def test_a_workers_share_of_the_arena_full_is_a_429_counted_by_the_scheduler(start):
+    daemon = start(1, hold_ms=300.0, max_batch=1, ARENA_SLOTS="1")
+    answers = _in_flight(daemon.url, 3)
+    assert sorted(answers) == [(200, ""), (429, "overloaded"), (429, "overloaded")], answers
+    text = httpx.get(f"{daemon.url}/metrics", timeout=5).text
+    assert 'deadline_serve_dropped_total{model="echo",reason="overloaded"} 2.0' in text
+    stats = httpx.get(f"{daemon.url}/v2/models/echo/stats", timeout=5).json()["model_stats"][0]
+    assert stats["inference_stats"]["fail"]["count"] == 2
