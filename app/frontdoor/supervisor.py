@@ -126,7 +126,14 @@ def check_settings(settings: Settings) -> None:
 
 
 def serve(settings: Settings, log_level: str = "info") -> int:
-    """Run the daemon with API_WORKERS worker processes; its exit status."""
+    """Run the daemon with API_WORKERS worker processes; its exit status.
+    On uvloop where it is installed, as uvicorn runs the single process."""
+    try:
+        import uvloop
+
+        asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
+    except ImportError:
+        pass
     try:
         return asyncio.run(_serve(settings, log_level))
     except StartupFailed as exc:
