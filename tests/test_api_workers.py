@@ -414,3 +414,29 @@ def test_a_workers_share_of_the_arena_full_is_a_429_counted_by_the_scheduler(sta
     assert 'deadline_serve_dropped_total{model="echo",reason="overloaded"} 2.0' in text
     stats = httpx.get(f"{daemon.url}/v2/models/echo/stats", timeout=5).json()["model_stats"][0]
     assert stats["inference_stats"]["fail"]["count"] == 2
+
+
+def test_a_worker_frees_its_slots_once_and_only_its_own(no_leftover_segments: None):
+    config = emulated_config()
+    settings = Settings(arena_slots=16, api_workers=2)
+    arena = create_arena(settings, config)
+    sent: list[tuple] = []
+    try:
+        service = RemoteService(1, sent.append)
+        view = ServiceView(
+            configs={config.name: config},
+            arenas={config.name: arena.layout},
+            shares={config.name: worker_slots(settings, config)},
+        )
+        # A killed predecessor left slots 8 and 9 in flight.
+        service.on_message(("welcome", {arena.name: [8, 9]}, view))
+        share = service._share(config.name, arena.layout)
+        assert sorted(share.free) == list(range(10, 16))
+        service.on_message(("answer", 123, arena.name, [8, 9], None, None))  # its answer
+        service.on_message(
+            ("answer", 124, arena.name, [8, 9, 3], None, None)
+        )  # again, and not ours
+        assert sorted(share.free) == list(range(8, 16))
+        share.arena.close()
+    finally:
+        arena.close_and_unlink()

@@ -62,7 +62,9 @@ class _Share:
         return [self.free.pop() for _ in range(n)]
 
     def give(self, slots: list[int]) -> None:
-        self.free.extend(slot for slot in slots if slot in self.owned)
+        """Free `slots` (this worker's only; one already free stays once)."""
+        free = set(self.free)
+        self.free.extend(slot for slot in slots if slot in self.owned and slot not in free)
 
 
 @dataclass
