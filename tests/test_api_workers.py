@@ -440,3 +440,12 @@ def test_a_worker_frees_its_slots_once_and_only_its_own(no_leftover_segments: No
         share.arena.close()
     finally:
         arena.close_and_unlink()
+
+
+@pytest.mark.slow
+def test_the_cpu_benchmark_counts_each_process_of_the_daemon():
+    from bench.api_workers_cpu import measure
+
+    row = measure(1, rate=100.0, duration=2.0)
+    assert 120 <= row["requests"] <= 280  # Poisson, 200 expected
+    assert row["scheduler"] > 0 and row["workers"] > 0 and row["executor"] > 0
