@@ -299,6 +299,14 @@ def test_two_workers_answer_each_request_once_as_one_process_does(start):
     ]
     assert [r.status_code for r in replies] == [400, 400]
     assert replies[0].json() == replies[1].json()
+    # A parameter without effect: counted on the scheduler's /metrics as alone.
+    x = {"name": "x", "shape": [1, 4], "datatype": "FP32", "data": [1, 2, 3, 4]}
+    odd = {"parameters": {"odd_one": 1}, "inputs": [x]}
+    for daemon in (alone, split):
+        reply = httpx.post(f"{daemon.url}/v2/models/echo/infer", json=odd, timeout=5)
+        assert reply.status_code == 200, reply.text
+        text = httpx.get(f"{daemon.url}/metrics", timeout=5).text
+        assert 'name="odd_one"} 1.0' in text, [ln for ln in text.splitlines() if "ignored" in ln]
     unknown = [httpx.get(f"{d.url}/v2/models/nope", timeout=5) for d in (alone, split)]
     assert [r.status_code for r in unknown] == [404, 404] and unknown[0].json() == unknown[1].json()
     assert split.process.send_signal(signal.SIGTERM) is None

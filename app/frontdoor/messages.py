@@ -10,7 +10,9 @@ names its kind. A worker sends
 - `("refused", model, reason, message)`: a request it refused before
   sending (its arena share full), for the model's metrics and statistics;
 - `("call", call_id, method, args)`: a service call (statistics, metrics,
-  model control), answered `("result", call_id, value, error, view)`.
+  model control), answered `("result", call_id, value, error, view)`;
+- `("metric", name, args)`: what it counted itself (an ignored request
+  parameter, a refused gRPC call), for the scheduler's metrics.
 
 The scheduler answers each infer descriptor with `("answer", rid, result,
 error)` (`result` an InferResult without outputs: the worker reads them

@@ -41,6 +41,8 @@ log = logging.getLogger("app.frontdoor")
 
 # The service calls a worker may make (`("call", …)`), beside "metrics".
 CALLS = frozenset({"model_statistics", "load_model", "unload_model", "reshare_device"})
+# What a worker counts itself, counted here too (`("metric", name, args)`).
+WORKER_METRICS = frozenset({"parameter_ignored", "grpc_call_refused"})
 
 
 def view_of(service: LiveService) -> ServiceView:
@@ -124,6 +126,8 @@ class Receiver:
             self._refused(*message[1:])
         elif kind == "call":
             self._spawn(self._call(identity, *message[1:]))
+        elif kind == "metric" and message[1] in WORKER_METRICS:
+            getattr(self.service.metrics, message[1])(*message[2])
         elif kind == "hello":
             busy: dict[str, list[int]] = {}
             for arena, slots in self._inflight.get(identity, {}).values():

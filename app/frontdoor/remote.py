@@ -38,9 +38,23 @@ Send = Callable[[tuple[Any, ...]], None]
 
 class ForwardedMetrics(Metrics):
     """A worker's metrics: `/metrics` renders the scheduler's registry, as the
-    worker fetched it for the request (`rendered`)."""
+    worker fetched it for the request (`rendered`); what the worker counts
+    itself (ignored request parameters, refused gRPC calls) is counted there
+    too, by a message."""
 
     rendered: tuple[bytes, str] | None = None
+
+    def __init__(self, prefix: str, send: Send) -> None:
+        super().__init__(prefix)
+        self._send = send
+
+    def parameter_ignored(self, name: str) -> tuple[str, bool]:
+        self._send(("metric", "parameter_ignored", (name,)))
+        return super().parameter_ignored(name)
+
+    def grpc_call_refused(self, method: str) -> None:
+        self._send(("metric", "grpc_call_refused", (method,)))
+        super().grpc_call_refused(method)
 
     def render(self, accept: str | None = None) -> tuple[bytes, str]:
         if self.rendered is None:

@@ -138,7 +138,7 @@ class Prefetch:
 def build_app(settings: Settings, link: Link) -> ASGIApp:
     """The worker's ASGI app: the API over `link`'s RemoteService."""
     service = link.service
-    metrics = ForwardedMetrics(settings.metrics_prefix)
+    metrics = ForwardedMetrics(settings.metrics_prefix, link.send)
 
     @asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
