@@ -457,3 +457,22 @@ def test_the_cpu_benchmark_counts_each_process_of_the_daemon():
     row = measure(1, rate=100.0, duration=2.0)
     assert 120 <= row["requests"] <= 280  # Poisson, 200 expected
     assert row["scheduler"] > 0 and row["workers"] > 0 and row["executor"] > 0
+
+
+@pytest.mark.slow
+def test_model_control_through_a_worker_reaches_every_worker(start):
+    daemon = start(2)
+    body = {"model": "echo", "inputs": {"x": [[1.0, 2.0, 3.0, 4.0]]}}
+
+    def statuses() -> set[tuple[int, str]]:  # 12 connections: both workers answer some
+        replies = [httpx.post(f"{daemon.url}/infer", json=body, timeout=5) for _ in range(12)]
+        return {(r.status_code, r.json().get("reason", "")) for r in replies}
+
+    assert statuses() == {(200, "")}
+    unload = httpx.post(f"{daemon.url}/v2/repository/models/echo/unload", timeout=30)
+    assert unload.status_code == 200, unload.text
+    assert statuses() == {(503, "unloaded")}
+    load = httpx.post(f"{daemon.url}/v2/repository/models/echo/load", timeout=30)
+    assert load.status_code == 200, load.text
+    assert statuses() == {(200, "")}
+    assert _metric(daemon.url, "pending_requests") == 0

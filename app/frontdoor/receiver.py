@@ -110,10 +110,13 @@ class Receiver:
         """The service's view to every worker, every VIEW_PERIOD_S."""
         while True:
             await asyncio.sleep(VIEW_PERIOD_S)
-            if self._workers:
-                frame = dump(("view", view_of(self.service)))
-                for identity in self._workers:
-                    self._socket.send_multipart([identity, frame])
+            self._broadcast()
+
+    def _broadcast(self) -> None:
+        if self._workers:
+            frame = dump(("view", view_of(self.service)))
+            for identity in self._workers:
+                self._socket.send_multipart([identity, frame])
 
     def _on(self, identity: bytes, message: tuple[Any, ...]) -> None:
         kind = message[0]
@@ -188,5 +191,8 @@ class Receiver:
         except Exception as exc:
             log.exception("call %s of API worker %r failed", method, identity)
             error = ErrorDescriptor("ServingError", f"internal error: {exc}", "internal", 500)
-        view = view_of(self.service) if method in CALLS - {"model_statistics"} else None
+        changed = method in CALLS - {"model_statistics"}  # model control: every worker learns it
+        view = view_of(self.service) if changed else None
         self._send(identity, ("result", call_id, value, error, view))
+        if changed:
+            self._broadcast()
