@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import os
 import tempfile
+from collections.abc import Iterator
 
 import zmq
 import zmq.asyncio
@@ -61,3 +62,13 @@ def worker_socket(context: zmq.asyncio.Context, address: str, worker: int) -> zm
     socket.setsockopt(zmq.IDENTITY, worker_identity(worker))
     socket.connect(address)
     return socket
+
+
+def waiting(socket: zmq.asyncio.Socket) -> Iterator[list[bytes]]:
+    """The messages already queued on `socket`, without waiting: read after
+    each awaited one, so that a burst costs one wake-up of the loop."""
+    while True:
+        try:
+            yield socket.recv_multipart(flags=zmq.NOBLOCK).result()
+        except zmq.Again:
+            return

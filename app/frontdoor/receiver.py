@@ -23,7 +23,7 @@ import zmq
 import zmq.asyncio
 
 from app.errors import Overloaded, ServingError
-from app.frontdoor.channel import scheduler_socket
+from app.frontdoor.channel import scheduler_socket, waiting
 from app.frontdoor.messages import (
     VIEW_PERIOD_S,
     ErrorDescriptor,
@@ -100,11 +100,12 @@ class Receiver:
 
     async def _read(self) -> None:
         while True:
-            identity, frame = await self._socket.recv_multipart()
-            try:
-                self._on(identity, load(frame))
-            except Exception:
-                log.exception("a message of API worker %r could not be handled", identity)
+            first = await self._socket.recv_multipart()
+            for identity, frame in (first, *waiting(self._socket)):
+                try:
+                    self._on(identity, load(frame))
+                except Exception:
+                    log.exception("a message of API worker %r could not be handled", identity)
 
     async def _publish(self) -> None:
         """The service's view to every worker, every VIEW_PERIOD_S."""

@@ -33,7 +33,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from app.api import create_api
 from app.api.connection import uvicorn_connection_options
-from app.frontdoor.channel import worker_socket
+from app.frontdoor.channel import waiting, worker_socket
 from app.frontdoor.messages import SILENCE_S, dump, load
 from app.frontdoor.remote import ForwardedMetrics, RemoteService
 from app.grpc.lifecycle import start_grpc_endpoint
@@ -89,11 +89,19 @@ class Link:
 
     async def _read(self) -> None:
         while True:
-            message = load(await self._socket.recv())
+            first = await self._socket.recv_multipart()
             self.heard_at = time.monotonic()
-            self.service.on_message(message)
-            if message[0] == "welcome":
-                self._welcomed.set()
+            for (frame,) in (first, *waiting(self._socket)):
+                try:
+                    message = load(frame)
+                    self.service.on_message(message)
+                except Exception:  # one message; the link goes on
+                    log.exception(
+                        "API worker %d: a message could not be handled", self.service.worker
+                    )
+                    continue
+                if message[0] == "welcome":
+                    self._welcomed.set()
 
     async def _watch(self) -> None:
         while True:
