@@ -1,8 +1,8 @@
 """API worker processes (API_WORKERS ≥ 1): the front door apart from the scheduler.
 
 With API_WORKERS=N the daemon is one scheduler process (the service, its
-executors, the scheduling cores, gRPC and Triton's metrics port) and N
-worker processes that each accept HTTP on the shared port (SO_REUSEPORT),
+executors, the scheduling cores and Triton's metrics port) and N worker
+processes that each accept HTTP and gRPC on the shared ports (SO_REUSEPORT),
 parse and validate a request as the single process does, write its tensors
 into the model's shared-memory arena and send the scheduler a small
 descriptor over ZeroMQ; the answer comes back as a descriptor and the
