@@ -476,3 +476,16 @@ def test_model_control_through_a_worker_reaches_every_worker(start):
     assert load.status_code == 200, load.text
     assert statuses() == {(200, "")}
     assert _metric(daemon.url, "pending_requests") == 0
+
+
+@pytest.mark.slow
+def test_a_port_in_use_stops_the_start_in_one_line(run_module):
+    import socket
+
+    with socket.socket() as taken:  # bound without SO_REUSEPORT: no one may share it
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        done = run_module("app", "serve", "--port", str(port), env={"API_WORKERS": "2"})
+    assert done.returncode == 3, done.stderr
+    assert f"cannot bind 127.0.0.1:{port}" in done.stderr and "Traceback" not in done.stderr

@@ -115,7 +115,10 @@ class Workers:
 def hold_port(host: str, port: int) -> socket.socket:
     """HOST:PORT bound with SO_REUSEPORT and not listening: the workers'
     port (PORT=0: the one the system picked), kept for them."""
-    return worker_main.listening_socket(host, port)
+    try:
+        return worker_main.listening_socket(host, port)
+    except OSError as exc:
+        raise StartupFailed(f"cannot bind {host}:{port} ({exc.strerror or exc}; in use?)") from None
 
 
 def check_settings(settings: Settings) -> None:
@@ -145,7 +148,11 @@ async def _serve(settings: Settings, log_level: str) -> int:
     check_settings(settings)
     holders = [hold_port(settings.host, settings.port)]
     if settings.grpc_port:
-        holders.append(hold_port(settings.host, settings.grpc_port))
+        try:
+            holders.append(hold_port(settings.host, settings.grpc_port))
+        except StartupFailed:
+            holders[0].close()
+            raise
     metrics = Metrics(settings.metrics_prefix)
     service = LiveService(settings, metrics)
     address = new_address()
