@@ -138,6 +138,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ValueError as exc:  # the open-file limit leaves no room for clients
         print(f"python -m app serve: error: {exc}", file=sys.stderr)
         return 2
+    if settings.api_workers:  # API worker processes (app/frontdoor/)
+        from app.frontdoor.supervisor import serve
+
+        return serve(settings, command.log_level)
     uvicorn.run(
         create_app(settings),
         host=settings.host,

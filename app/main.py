@@ -40,6 +40,11 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     uvicorn_error = logging.getLogger("uvicorn.error")
     if _STARTUP_TRACEBACK not in uvicorn_error.filters:
         uvicorn_error.addFilter(_STARTUP_TRACEBACK)
+    if settings.api_workers:
+        log.warning(
+            "API_WORKERS=%d applies under `python -m app serve`: this process serves alone",
+            settings.api_workers,
+        )
     warning = exposure_warning(settings.admin_token, settings.host)
     if warning:
         log.warning(warning)

@@ -138,6 +138,8 @@ NOT_RUN = {
     "--sample-rates 0,0.2": "a live benchmark, minutes; tests/test_orloj_live.py runs a short one",
     "python -m bench.orloj_tables --arrivals trace --rate-scale 0.8333333": "a benchmark "
     "of minutes; tests/test_orloj.py checks its tables",
+    "python -m bench.api_workers_cpu --workers 0,1,2 --rate 400": "three daemons under load, "
+    "a minute; tests/test_api_workers.py runs one short measurement",
     "pip install -e .": _INSTALLS,
     "pip install -e '.[test]'": _INSTALLS,
     "pip install -e '.[bench]'": _INSTALLS,

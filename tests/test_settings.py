@@ -49,6 +49,7 @@ SAMPLES: dict[str, tuple[str, object]] = {
     "RAY_NODES": ("0=10.0.0.2,1=10.0.0.3", {0: "10.0.0.2", 1: "10.0.0.3"}),
     "ARENA_SLOTS": ("64", 64),
     "METRICS_PORT": ("9102", 9102),
+    "API_WORKERS": ("4", 4),
     "MAX_QUEUE": ("5", 5),
     "STUCK_FACTOR": ("2.5", 2.5),
     "STUCK_MARGIN_S": ("0.25", 0.25),
@@ -160,7 +161,8 @@ def test_flag_names_come_from_the_variables():
     assert FLAG["MODEL_REPOSITORY"] == "--model-repository"
     assert FLAG["SHUTDOWN_GRACE_S"] == "--shutdown-grace-s"
     assert [setting.name for setting in SETTINGS] == [
-        "repository", "policy", "policy_options", "host", "port", "grpc_port", "metrics_port",
+        "repository", "policy", "policy_options", "host", "port", "api_workers", "grpc_port",
+        "metrics_port",
         "cpu_slices",
         "threads_per_slice", "emulated_devices", "device_shares", "colocation_profile",
         "plan", "core_groups", "autoscale", "autoscale_window_s", "autoscale_cooldown_s",

@@ -49,6 +49,9 @@ class StatisticsRpcs:
     async def ModelStatistics(self, request: Any, context: Context) -> Any:
         async def work() -> pb.ModelStatisticsResponse:
             service = self.get_service()
+            refresh = getattr(service, "refresh_statistics", None)
+            if refresh is not None:  # an API worker's: the scheduler's figures now
+                await refresh()
             report = model_statistics(service, request.name or None, request.version or None)
             return json_format.ParseDict(report, pb.ModelStatisticsResponse())
 

@@ -88,11 +88,14 @@ def grpc_address(host: str, port: int) -> str:
     return f"{host}:{port}"
 
 
-def _server_options(largest_bytes: int, connections: Any) -> list[tuple[str, Any]]:
+def _server_options(
+    largest_bytes: int, connections: Any, reuse_port: bool = False
+) -> list[tuple[str, Any]]:
     """grpcio's channel options: message sizes, idle connections, and how
-    many calls it holds before Admission sees them."""
+    many calls it holds before Admission sees them; SO_REUSEPORT only for
+    the API workers that share the port (app/frontdoor/)."""
     options: list[tuple[str, Any]] = [
-        ("grpc.so_reuseport", 0),
+        ("grpc.so_reuseport", int(reuse_port)),
         ("grpc.max_receive_message_length", largest_bytes),
         ("grpc.max_send_message_length", -1),
     ]
@@ -117,9 +120,12 @@ async def start_grpc_endpoint(
     settings: Settings,
     get_service: Callable[[], InferenceService],
     metrics: Metrics | None = None,
+    *,
+    reuse_port: bool = False,
 ) -> GrpcEndpoint:
     """Serve `inference.GRPCInferenceService` on GRPC_PORT (see the module
-    docstring); raises RuntimeError when the port cannot be bound."""
+    docstring); raises RuntimeError when the port cannot be bound.
+    `reuse_port`: bound with SO_REUSEPORT, beside the other API workers."""
     if settings.grpc_port == 0:
         return GrpcEndpoint()
     try:
@@ -145,7 +151,7 @@ async def start_grpc_endpoint(
     limits = RequestLimits(settings.max_body_bytes, settings.max_json_bytes)
     largest = limits.any_model(get_service())
     connections = connection_limits(settings)
-    options = _server_options(largest.bytes, connections)
+    options = _server_options(largest.bytes, connections, reuse_port)
     admission = Admission(
         connections.max_connections,
         metrics.grpc_call_refused if metrics is not None else lambda method: None,

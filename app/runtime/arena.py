@@ -245,6 +245,12 @@ class Arena:
         self._in_use.remove(slot)
         self._free.append(slot)
 
+    def set_aside(self, slots: range) -> None:
+        """Take free `slots` out of this side's bookkeeping for good: another
+        process (an API worker) owns them and writes them."""
+        aside = set(slots)
+        self._free = [slot for slot in self._free if slot not in aside]
+
     def acquire_rows(self, n: int) -> list[int] | None:
         """`n` free slots for a request of `n` items (any n, not necessarily
         consecutive), or None when fewer than `n` are free."""

@@ -82,8 +82,8 @@ from app.server.metrics import Metrics, metric_label
 from app.server.pipeline_service import PipelineService, start_pipelines
 from app.server.plan_checks import prepare_plan
 from app.server.plans import PlanInForce, place_inss, whole_devices
-from app.server.service import InferResult, request_items
-from app.server.serving_routes import DispatcherRoute, Route, Served
+from app.server.service import InferResult, placed_items, request_items
+from app.server.serving_routes import DispatcherRoute, PlacedRoute, Route, Served
 from app.server.settings import Settings
 from app.server.startup import ModelState
 from app.server.statistics import Statistics, epoch_ms
@@ -452,10 +452,13 @@ class LiveService(Management):
         request_id: str | None = None,
         received_at: float | None = None,
         app: str = "",
+        placed: tuple[str, list[int]] | None = None,
     ) -> InferResult:
         """Answer one request (`_serve`). One answered with an error is
         counted in its model's statistics here; one answered with outputs
-        where its timings are known (`_serve`)."""
+        where its timings are known (`_serve`). `placed`: (arena, slots)
+        where an API worker wrote the inputs already (app/frontdoor/): the
+        answer's outputs are left there for it to read."""
         began = time.monotonic()
         try:
             return await self._serve(
@@ -465,6 +468,7 @@ class LiveService(Management):
                 request_id=request_id,
                 received_at=received_at,
                 app=app,
+                placed=placed,
             )
         except ServingError:
             now = time.monotonic()
@@ -481,6 +485,7 @@ class LiveService(Management):
         request_id: str | None = None,
         received_at: float | None = None,
         app: str = "",
+        placed: tuple[str, list[int]] | None = None,
     ) -> InferResult:
         if self.closing:
             raise ShuttingDown("server is shutting down")
@@ -497,7 +502,7 @@ class LiveService(Management):
                     "the model config does not allow loosening"
                 )
             slo = slo_ms
-        route = self._route(model)
+        route = self._route(model, placed)
         label = metric_label(model)
         limit = self.settings.max_queue
         outstanding = self._outstanding.get(model, 0)
@@ -506,7 +511,7 @@ class LiveService(Management):
             raise Overloaded(
                 f"model {shown_model(model)}: queue full ({limit} requests waiting)", "queue_full"
             )
-        items = request_items(config, inputs)
+        items = request_items(config, inputs) if placed is None else placed_items(config, placed)
         try:
             future = route.submit(
                 config, inputs, items, slo / 1000.0, received_at=received_at, app=app
@@ -568,10 +573,18 @@ class LiveService(Management):
             app=served.app,  # as the core saw it
         )
 
-    def _route(self, model: str) -> Route:
+    def _route(self, model: str, placed: tuple[str, list[int]] | None = None) -> Route:
         if self.pipelines is not None and model in self.pipelines.configs:
+            if placed is not None:
+                raise InvalidInput(
+                    f"model {shown_model(model)} is a pipeline: not served by API workers"
+                )
             return self.pipelines.route
-        assert self._dispatcher_route is not None
+        assert self._dispatcher_route is not None and self.dispatcher is not None
+        if placed is not None:
+            arena, slots = placed
+            device_name = lambda d: self._device(d).name  # noqa: E731
+            return PlacedRoute(self.dispatcher, self.models, device_name, slots, arena)
         return self._dispatcher_route
 
     def _settle(self, model: str, answered: asyncio.Future) -> None:

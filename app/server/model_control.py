@@ -42,7 +42,7 @@ from typing import TYPE_CHECKING, Any
 from app.errors import ControlBusy, InvalidInput, LoadFailed, ModelNotFound
 from app.repository.config import VERSION_KEY_SEP, ModelConfig, shown_model
 from app.repository.loader import load_repository
-from app.runtime.arena import Arena, compute_layout
+from app.runtime.arena import compute_layout
 from app.runtime.devices import model_allowed_on
 from app.scheduling.model import ModelInfo
 from app.scheduling.registry import make_scheduler
@@ -443,7 +443,7 @@ async def _load(service: LiveService, config: ModelConfig, planned: tuple[int, .
     name = config.name
     if name in pool.configs:  # left in the pool by a load that failed (at start-up)
         await pool.model_changes.remove_model(name)
-    arena = Arena.create(config, startup.arena_capacity(settings, config))
+    arena = startup.create_arena(settings, config)
     errors = await pool.model_changes.add_model(config, arena)  # the pool owns the arena now
     hosts = tuple(sorted(d for d, error in errors.items() if error is None))
     if not hosts:

@@ -99,3 +99,15 @@ def request_items(config: ModelConfig, inputs: dict[str, np.ndarray]) -> int:
             f"max_batch_size ({config.max_batch_size}), got {items}"
         )
     return items
+
+
+def placed_items(config: ModelConfig, placed: tuple[str, list[int]]) -> int:
+    """The items of a request an API worker placed in `placed`'s slots
+    (its arena, the slots): one slot per item, 1 ≤ n ≤ max_batch_size."""
+    items = len(placed[1])
+    if not 1 <= items <= config.max_batch_size:
+        raise InvalidInput(
+            f"model {config.model_name!r}: the batch dimension must be between 1 and the model's "
+            f"max_batch_size ({config.max_batch_size}), got {items}"
+        )
+    return items

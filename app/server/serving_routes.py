@@ -32,7 +32,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from app.errors import ExecutorFailed, InvalidInput, Overloaded, ServingError
+from app.errors import ExecutorFailed, InvalidInput, ModelNotReady, Overloaded, ServingError
 from app.repository.config import ModelConfig, shown_model
 from app.server.dispatcher import Dispatcher, Finished, Pending
 from app.server.pipeline_driver import PipelineDriver
@@ -147,6 +147,66 @@ class DispatcherRoute:
             _forward(future, served, served_of)
         finally:
             state.arena.release_rows(pending.slots)
+
+
+class PlacedRoute:
+    """A request whose inputs an API worker process wrote into its model's
+    arena already (app/frontdoor/): its `slots` go to the dispatcher as they
+    are; the worker reads the outputs and frees the slots once answered, so
+    the answer's `outputs` are empty and no tensor byte passes here."""
+
+    def __init__(
+        self,
+        dispatcher: Dispatcher,
+        models: Mapping[str, ModelState],
+        device_name: Callable[[int], str],
+        slots: list[int],
+        arena: str,
+    ) -> None:
+        self._dispatcher = dispatcher
+        self._models = models
+        self._device_name = device_name
+        self._slots = slots
+        self._arena = arena  # the segment the worker wrote into
+
+    def submit(
+        self,
+        config: ModelConfig,
+        inputs: dict[str, np.ndarray],
+        items: int,
+        slo_s: float,
+        *,
+        received_at: float | None,
+        app: str,
+    ) -> asyncio.Future[Served]:
+        state = self._models[config.name]
+        if state.arena.name != self._arena:
+            # The model was reloaded (a new arena) after the worker wrote.
+            raise ModelNotReady(f"model {shown_model(config.name)} was reloaded; retry")
+        pending = self._dispatcher.submit_request(
+            config.name, self._slots, slo_s, received_at=received_at, app=app
+        )
+        seen_at = time.monotonic()
+        served: asyncio.Future[Served] = asyncio.get_running_loop().create_future()
+
+        def served_of(finished: Finished) -> Served:
+            if finished.error is not None:
+                raise ExecutorFailed(f"executor failed: {finished.error}")
+            batch = finished.batch
+            return Served(
+                outputs={},
+                arrival=pending.request.arrival,
+                seen_at=seen_at,
+                started_at=finished.started_at,
+                finished_at=finished.finished_at,
+                batch_size=batch.size,
+                batch=(batch.device, batch.id),
+                device=self._device_name(batch.device),
+                app=pending.request.app,
+            )
+
+        pending.future.add_done_callback(lambda future: _forward(future, served, served_of))
+        return served
 
 
 class PipelineRoute:

@@ -146,6 +146,16 @@ class Settings:
     port: int = field(
         default=8000, metadata=_setting("PORT", Integer(0, 65535), "port uvicorn binds")
     )
+    api_workers: int = field(
+        default=0,
+        metadata=_setting(
+            "API_WORKERS",
+            Integer(0, 256),
+            "API worker processes that serve HTTP and gRPC and hand the scheduler process "
+            "small descriptors over ZeroMQ, tensors in shared memory (0: one process does "
+            "both; `python -m app serve` only; docs/architecture.md, API worker processes)",
+        ),
+    )
     grpc_port: int = field(
         default=8001,
         metadata=_setting(

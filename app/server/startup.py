@@ -152,8 +152,29 @@ async def load_models(settings: Settings) -> RepositoryIndex:
 
 def arena_capacity(settings: Settings, config: ModelConfig) -> int:
     """A model's arena slots, at start-up and on every (re)load alike: one
-    per item, ARENA_SLOTS, and at least one whole request of max_batch_size."""
+    per item, ARENA_SLOTS, and at least one whole request of max_batch_size.
+    With API_WORKERS the slots are cut into one equal share per worker
+    (`worker_slots`), each at least one whole request."""
+    if settings.api_workers:
+        return settings.api_workers * worker_slots(settings, config)
     return max(settings.arena_slots, config.max_batch_size)
+
+
+def create_arena(settings: Settings, config: ModelConfig) -> Arena:
+    """A model's new arena (`arena_capacity`); with API_WORKERS every slot
+    is a worker's: this process never takes one (it serves no request itself)."""
+    arena = Arena.create(config, arena_capacity(settings, config))
+    if settings.api_workers:
+        arena.set_aside(range(settings.api_workers * worker_slots(settings, config)))
+    return arena
+
+
+def worker_slots(settings: Settings, config: ModelConfig) -> int:
+    """The arena slots of one API worker (API_WORKERS ≥ 1): an equal share
+    of ARENA_SLOTS, at least one whole request of max_batch_size. Worker k
+    owns slots [k·share, (k+1)·share)."""
+    workers = max(settings.api_workers, 1)
+    return max(-(-settings.arena_slots // workers), config.max_batch_size)
 
 
 def log_unavailable(settings: Settings, name: str, reason: str) -> None:
@@ -201,10 +222,7 @@ async def start_executors(
     the others are unavailable."""
     # One slot per item; at least one whole request of max_batch_size items.
     pool: ExecutorPool | RayExecutorPool
-    arenas = {
-        name: Arena.create(config, arena_capacity(settings, config))
-        for name, config in index.models.items()
-    }
+    arenas = {name: create_arena(settings, config) for name, config in index.models.items()}
     if settings.ray_address is not None:
         pool = ray_pool(settings, devices, index, arenas, events)
     elif settings.ray_nodes is not None:
