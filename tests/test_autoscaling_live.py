@@ -94,6 +94,9 @@ async def test_park_and_unpark_post_their_events_and_refuse_what_cannot_be(tmp_p
         assert pool is not None
         pool.events = events.append  # type: ignore[assignment]
         await pool.parking.park(1)
+        # Parked, not crashed: in GET /v2/devices and in device_state alike.
+        parked = {d["name"]: d["state"] for d in service.device_index()}
+        exposed = service.metrics.render()[0].decode()
         with pytest.raises(ValueError, match="emulated:1 is parked already"):
             await pool.parking.park(1)
         with pytest.raises(ValueError, match="emulated:0 is not parked"):
@@ -102,7 +105,13 @@ async def test_park_and_unpark_post_their_events_and_refuse_what_cannot_be(tmp_p
             await pool.parking.park(9)
         took = await pool.parking.unpark(1)
         alive = pool.alive(1)
+        unparked = {d["name"]: d["state"] for d in service.device_index()}
     finally:
         await service.stop()
     assert alive and took > 0
+    assert parked == {"emulated:0": "serving", "emulated:1": "parked"}
+    assert unparked == {"emulated:0": "serving", "emulated:1": "serving"}
+    prefix = service.metrics.prefix
+    assert f'{prefix}device_state{{device="emulated:1",state="parked"}} 1.0' in exposed
+    assert f'{prefix}device_state{{device="emulated:1",state="down"}} 0.0' in exposed
     assert [type(e) for e in events] == [DeviceParked, DeviceUnparked]

@@ -103,6 +103,10 @@ def _every_family_in_use(metrics: Metrics) -> str:
     metrics.alone_profiled("m", 0.004, 1)
     metrics.alone_profiled("m", None, 0)
     metrics.parameter_ignored("priority")
+    metrics.batch_preempted("m", 4)
+    metrics.watch_devices(lambda: {"emulated:0": "parked"})
+    metrics.record_plan("inss-plan", "2", 1.0)
+    metrics.watch_alone_times(lambda: {("m", "app"): (0.01, 0.02, 0.03)})
     return metrics.render()[0].decode()
 
 

@@ -45,6 +45,7 @@ def test_preempts_exactly_at_the_lambda_threshold(new, preempted):
     if preempted:
         (stop,) = preempts(out)
         assert stop.batch_id == running.id
+        assert (stop.model, stop.requests) == ("slow", 10)  # what the daemon counts
         (sent,) = dispatches(out)
         assert (sent.batch.model, sent.batch.size) == ("fast", 31)
         # Until the stop is confirmed the core holds the preempted requests:

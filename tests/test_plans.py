@@ -453,12 +453,15 @@ def test_the_daemon_serves_an_inss_plan_on_its_shares_at_its_batch_sizes(tmp_pat
         try:
             x = np.ones((1, 4), dtype=np.float32)
             calls = [service.infer(m, {"x": x}) for m in ("a", "b", "c") for _ in range(8)]
-            return await asyncio.gather(*calls), service.plan_in_force()
+            answers = await asyncio.gather(*calls)
+            return answers, service.plan_in_force(), service.metrics.render()[0].decode()
         finally:
             await service.stop()
 
-    answers, in_force = asyncio.run(scenario())
+    answers, in_force, exposed = asyncio.run(scenario())
     assert in_force is not None and in_force["kind"] == "inss-plan"
+    # The plan in force as the dashboard reads it.
+    assert 'deadline_serve_plan_info{kind="inss-plan",version="2"} 1.0' in exposed
     assert in_force["setting"] == "PLAN" and in_force["path"] == str(path)
     by_model = {m: answers[8 * i : 8 * i + 8] for i, m in enumerate(("a", "b", "c"))}
     assert {r.device for r in by_model["a"]} == {"emulated:0"}

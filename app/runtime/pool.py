@@ -184,6 +184,12 @@ class ExecutorPool(DeviceRecords, Reshares):
         w = self._workers[device_id]
         return not w.dead and not w.loading and w.process is not None and w.process.is_alive()
 
+    def parked(self, device_id: int) -> bool:
+        return self.parking.parked(device_id)
+
+    def resharing(self, device_id: int) -> bool:
+        return device_id in self._resharing or device_id in self._retiring
+
     def pid(self, device_id: int) -> int | None:
         p = self._workers[device_id].process
         return None if p is None else p.pid

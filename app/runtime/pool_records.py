@@ -19,6 +19,7 @@ class ExecutorRecord(Protocol):
     load_errors: dict[str, str]
     load_info: dict[str, str]
     dead: bool
+    loading: bool
     restarts: int
     last_respawn_s: float | None
 
@@ -32,6 +33,28 @@ class DeviceRecords:
 
     def _records(self) -> Mapping[int, ExecutorRecord]:
         raise NotImplementedError
+
+    def alive(self, device_id: int) -> bool:
+        raise NotImplementedError
+
+    def parked(self, device_id: int) -> bool:
+        raise NotImplementedError
+
+    def resharing(self, device_id: int) -> bool:
+        """Whether a shadow executor is taking over the device's share."""
+        return False
+
+    def state(self, device_id: int) -> str:
+        """`serving`, `parked` (stopped on purpose), `resharing`, `loading`
+        (starting or loading models) or `down` (failed; restarting)."""
+        if self.parked(device_id):
+            return "parked"
+        if self.resharing(device_id):
+            return "resharing"
+        if self.alive(device_id):
+            return "serving"
+        record = self._records()[device_id]
+        return "loading" if record.loading and not record.dead else "down"
 
     def placement(self, device_id: int) -> list[str]:
         """Models the device will load (backend supports it, config allows it)."""

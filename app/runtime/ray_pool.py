@@ -230,6 +230,9 @@ class RayExecutorPool(DeviceRecords, ActorFaults, ActorAloneRuns):
         a = self._actors[device_id]
         return self._started and not self._stopped and not a.dead and not a.loading
 
+    def parked(self, device_id: int) -> bool:
+        return self.parking.parked(device_id)
+
     def pid(self, device_id: int) -> int | None:
         """The actor's worker process id (on its node)."""
         return self._actors[device_id].pid

@@ -183,6 +183,15 @@ class AloneTimes(BatchLatency):
         built from now."""
         return tuple(self._in_use(app))
 
+    def quantiles(self, app: str, qs: Sequence[float]) -> tuple[float, ...]:
+        """`app`'s alone-time (c0 + x) at each quantile of `qs` over the
+        samples in use (orloj.txt §3 "per-application tracking"), or () when
+        it has none."""
+        samples = self.samples_in_use(app)
+        if not samples:
+            return ()
+        return tuple(self.c0 + float(x) for x in np.quantile(np.asarray(samples), qs))
+
     def apps(self) -> list[str]:
         """Applications with samples in use, in a fixed order."""
         names = set(self._previous) | set(self._current)

@@ -512,7 +512,7 @@ class Scheduler:
         are re-enqueued (line 19) and the others dropped."""
         self._forget(batch, now)
         self.stopping[batch.id] = Stopping(batch, list(batch.requests))
-        self._out.append(Preempt(batch.device, batch.id))
+        self._out.append(Preempt(batch.device, batch.id, batch.model, len(batch.requests)))
 
     def _recover(self, requests: list[Request], now: float, reason: DropReason) -> None:
         """Requests whose batch will not answer them: back to the policy if

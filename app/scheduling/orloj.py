@@ -214,6 +214,18 @@ class OrlojScheduler(ReplanningScheduler):
         for model in self.models.values():
             self._add_state(model)
 
+    def alone_time_quantiles(self, qs: Sequence[float]) -> dict[tuple[str, str], tuple[float, ...]]:
+        """(model, application) → its alone-times at the quantiles `qs`,
+        from the samples each model's histograms are built from now: what
+        the daemon exports per application (a metric family)."""
+        out: dict[tuple[str, str], tuple[float, ...]] = {}
+        for name, state in self.states.items():
+            if state.dynamic is None:
+                continue
+            for app in state.dynamic.apps():
+                out[(name, app)] = state.dynamic.quantiles(app, qs)
+        return out
+
     def queued(self) -> int:
         return sum(len(s.pending) for s in self.states.values())
 

@@ -124,10 +124,13 @@ class Drop:
 class Preempt:
     """Stop batch `batch_id` on `device` now. The core holds its requests
     until the driver confirms the stop (`Scheduler.batch_stopped`, or
-    `batch_finished` if the batch ended first)."""
+    `batch_finished` if the batch ended first). `model` and `requests` say
+    what was stopped (the daemon counts preemptions per model)."""
 
     device: int
     batch_id: int
+    model: str = ""
+    requests: int = 0
 
 
 Decision = Dispatch | Complete | Drop | Preempt

@@ -125,7 +125,8 @@ class Dispatcher(EventDriver):
     """Drives the cores of `groups` on the running event loop.
 
     `on_batch(batch, finished)`, when given, hears of every batch that ran
-    to its end (the service counts it in its metrics). `alone_sample_rate`:
+    to its end (the service counts it in its metrics); `on_preempt(decision)`
+    of every batch a core preempts. `alone_sample_rate`:
     the fraction of dynamic models' requests re-run alone (PROFILE_SAMPLE_RATE),
     drawn with `rng`."""
 
@@ -137,6 +138,7 @@ class Dispatcher(EventDriver):
         clock: Callable[[], float] = time.monotonic,
         timer_factory: Callable[[], Timer] | None = None,
         on_batch: Callable[[Batch, Finished], None] | None = None,
+        on_preempt: Callable[[Preempt], None] | None = None,
         alone_sample_rate: float = 0.0,
         rng: random.Random | None = None,
     ) -> None:
@@ -150,6 +152,7 @@ class Dispatcher(EventDriver):
             timer_factory or (lambda: make_timer(asyncio.get_running_loop())), self._on_wakeup
         )
         self._on_batch = on_batch
+        self._on_preempt = on_preempt
         self._sampler = AloneSampler(alone_sample_rate, rng)
         self._ids = itertools.count()
         self.pending: dict[int, Pending] = {}
@@ -236,6 +239,8 @@ class Dispatcher(EventDriver):
                 error = dropped(decision.reason.value)
                 self._fail(decision.requests, error)
             elif isinstance(decision, Preempt):
+                if self._on_preempt is not None:
+                    self._on_preempt(decision)
                 try:
                     self._executors.cancel(decision.device, decision.batch_id)
                 except Exception as exc:  # its executor is gone: its events say so

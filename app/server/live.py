@@ -69,7 +69,7 @@ from app.runtime.events import (
 )
 from app.runtime.pool import ExecutorPool
 from app.runtime.realtime import SchedState, restore, set_fifo
-from app.scheduling.types import Batch
+from app.scheduling.types import Batch, Preempt
 from app.server import model_control, startup
 from app.server.autoscale_signals import publish_signals
 from app.server.autoscaling import DeviceScaling
@@ -78,10 +78,11 @@ from app.server.core_groups import apply_core_groups
 from app.server.dispatcher import Dispatcher, Finished
 from app.server.heap import freeze_startup_heap, thaw_heap
 from app.server.management import Management
-from app.server.metrics import Metrics, metric_label
+from app.server.metrics import ALONE_QUANTILES, Metrics, metric_label
 from app.server.pipeline_service import PipelineService, start_pipelines
 from app.server.plan_checks import prepare_plan
 from app.server.plans import PlanInForce, place_inss, whole_devices
+from app.server.preemption_log import PreemptionLog
 from app.server.service import InferResult, placed_items, request_items
 from app.server.serving_routes import DispatcherRoute, PlacedRoute, Route, Served
 from app.server.settings import Settings
@@ -113,6 +114,7 @@ class LiveService(Management):
         self.pipelines: PipelineService | None = None
         self.plan: PlanInForce | None = None  # PLAN (app/server/plans.py)
         self._plan_loaded_at = 0.0
+        self._preemptions = PreemptionLog()
         self._dispatcher_route: DispatcherRoute | None = None
         self.ready = False
         self.closing = False
@@ -179,8 +181,11 @@ class LiveService(Management):
             startup.build_groups(settings, self.models, self.devices, self.pool),
             self.pool,
             on_batch=self._on_batch,
+            on_preempt=self._on_preempt,
             alone_sample_rate=settings.profile_sample_rate,
         )
+        self.metrics.watch_devices(self._device_states)
+        self.metrics.watch_alone_times(self._alone_quantiles)
         self._dispatcher_route = DispatcherRoute(
             self.dispatcher, self.models, lambda d: self._device(d).name, settings.arena_slots
         )
@@ -217,9 +222,32 @@ class LiveService(Management):
         settings, self.plan = prepare_plan(self.settings, index)
         self.settings = settings
         self._plan_loaded_at = time.time()
+        if self.plan is not None:
+            file = self.plan.file
+            self.metrics.record_plan(file.kind, str(file.version), self._plan_loaded_at)
         if self.plan is not None and self.plan.inss is not None and index.models:
             index.models = place_inss(self.plan, index.models, whole_devices(settings))
         return settings
+
+    def _on_preempt(self, decision: Preempt) -> None:
+        """A FLEX preemption: counted per model, logged (rate-limited)."""
+        self.metrics.batch_preempted(metric_label(decision.model), decision.requests)
+        self._preemptions.preempted(
+            decision.model, self._device(decision.device).name, decision.requests
+        )
+
+    def _alone_quantiles(self) -> dict[tuple[str, str], tuple[float, ...]]:
+        """What the cores that track alone-times per application (Orloj) plan with."""
+        out: dict[tuple[str, str], tuple[float, ...]] = {}
+        for group in self.dispatcher.groups if self.dispatcher is not None else ():
+            quantiles = getattr(group.scheduler, "alone_time_quantiles", None)
+            if quantiles is not None:
+                out.update(quantiles(ALONE_QUANTILES))
+        return out
+
+    def _device_states(self) -> dict[str, str]:
+        """Each device's state for `device_state` (app.runtime.pool_records)."""
+        return {d["name"]: d["state"] for d in self.device_index()}
 
     def plan_in_force(self) -> dict[str, object] | None:
         """The plan served (`GET /v2/plan`), None without one."""

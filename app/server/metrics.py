@@ -35,6 +35,16 @@ one process stay independent.
                                            the executors' profiler
     alone_stopped_total{model}             profiler re-runs stopped for a planned batch
     alone_dropped_total{model}             samples dropped from an executor's full backlog
+    preemptions_total{model}               batches stopped by a FLEX preemption
+    preempted_requests_total{model}        requests of those batches (each re-queued if it
+                                           can still finish alone, else dropped `preempted`)
+    device_state{device,state}             gauge: 1 for each device's state (serving, parked,
+                                           resharing, loading, down), 0 for the others
+    alone_time_quantile_seconds{model,app,quantile}
+                                           gauge: the alone-times Orloj plans with, per
+                                           (model, application), at 0.5, 0.9 and 0.99
+    plan_info{kind,version}                gauge: 1 for the plan in force (kind `none`: no plan)
+    plan_loaded_timestamp_seconds          gauge: when it was taken up (Unix time)
     ignored_parameters_total{name}         request, input and output parameters accepted
                                            without effect (Triton's priority, sequence ones,
                                            custom ones; app/api/request_params.py): Triton's
@@ -51,13 +61,13 @@ Grafana dashboard and alert rules over these names are in deploy/.
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.exposition import choose_encoder
-from prometheus_client.metrics_core import Metric
+from prometheus_client.metrics_core import GaugeMetricFamily, Metric
 
 from app.repository.config import VERSION_KEY_SEP
 from app.server.setting_parsers import MetricPrefix
@@ -113,6 +123,12 @@ MAX_PARAMETER_NAME_LENGTH = 64
 OTHER_PARAMETER = "other"
 
 
+# What `device_state` says of a device (app.runtime.pool_records' `state`).
+DEVICE_STATES = ("serving", "parked", "resharing", "loading", "down")
+
+# The quantiles of `alone_time_quantile_seconds`.
+ALONE_QUANTILES = (0.5, 0.9, 0.99)
+
 # Samples prometheus_client adds to these types, each family's start time.
 _HAS_CREATED = ("counter", "histogram", "summary")
 
@@ -130,6 +146,49 @@ class _Registry(CollectorRegistry):
                 kept.samples = [s for s in metric.samples if s.name != created]
                 metric = kept
             yield metric
+
+
+class _DeviceStates:
+    """`device_state` read from the service at each scrape: a parked device
+    must not look like a crashed one, and a gauge set on every change
+    would need a hook in every path that changes one."""
+
+    def __init__(self, name: str, states: Callable[[], dict[str, str]]) -> None:
+        self.name = name
+        self.states = states
+
+    def collect(self) -> Iterable[Metric]:
+        family = GaugeMetricFamily(
+            self.name,
+            f"1 for the device's state ({', '.join(DEVICE_STATES)}), 0 for the others.",
+            labels=["device", "state"],
+        )
+        for device, state in self.states().items():
+            for each in DEVICE_STATES:
+                family.add_metric([device, each], 1.0 if each == state else 0.0)
+        yield family
+
+
+class _AloneQuantiles:
+    """`alone_time_quantile_seconds` read from the cores at each scrape:
+    the per-application distributions Orloj keeps (orloj.txt §3), which
+    the per-model `alone_seconds` histogram mixes together."""
+
+    def __init__(self, name: str, source: Callable[[], dict[tuple[str, str], tuple]]) -> None:
+        self.name = name
+        self.source = source
+
+    def collect(self) -> Iterable[Metric]:
+        family = GaugeMetricFamily(
+            self.name,
+            "Alone-times (seconds) of a dynamic model's requests per application, at each "
+            "quantile, over the samples the policy plans with now (Orloj's histograms).",
+            labels=["model", "app", "quantile"],
+        )
+        for (model, app), values in sorted(self.source().items()):
+            for q, seconds in zip(ALONE_QUANTILES, values, strict=False):
+                family.add_metric([model, app, f"{q:g}"], seconds)
+        yield family
 
 
 @dataclass(frozen=True)
@@ -288,6 +347,28 @@ class Metrics:
             "Seconds from the last executor failure to serving again (respawned).",
             ["device"],
         )
+        self._mechanism_series()
+
+    def _mechanism_series(self) -> None:
+        """What the policies and the control plane did: preemptions, the plan."""
+        self.preemptions = self._counter(
+            "preemptions", "Batches stopped by a FLEX preemption (Shepherd §5.2).", ["model"]
+        )
+        self.preempted_requests = self._counter(
+            "preempted_requests",
+            "Requests of preempted batches (re-queued if they can still finish alone, else "
+            "dropped with reason preempted).",
+            ["model"],
+        )
+        self.plan_info = self._gauge(
+            "plan_info", "1 for the plan in force (kind none: no plan).", ["kind", "version"]
+        )
+        self.plan_loaded = self._gauge(
+            "plan_loaded_timestamp_seconds", "When the plan in force was taken up (Unix time)."
+        )
+        self.record_plan("none", "", 0.0)
+        self._device_states: _DeviceStates | None = None
+        self._alone_quantiles: _AloneQuantiles | None = None
 
     def _counter(self, name: str, doc: str, labels: Iterable[str] = ()) -> Counter:
         return Counter(self.prefix + name, doc, labels, registry=self.registry)
@@ -403,6 +484,32 @@ class Metrics:
                 self._parameter_names.add(OTHER_PARAMETER)
         self.ignored_parameters.labels(label).inc()
         return label, first
+
+    def batch_preempted(self, model: str, requests: int) -> None:
+        self.preemptions.labels(model).inc()
+        self.preempted_requests.labels(model).inc(requests)
+
+    def record_plan(self, kind: str, version: str, loaded_at: float) -> None:
+        """The plan in force: `kind` (a plan file's, or `none`), its version
+        and when it was taken up; the previous plan's series is removed."""
+        self.plan_info.clear()
+        self.plan_info.labels(kind, version).set(1)
+        self.plan_loaded.set(loaded_at)
+
+    def watch_devices(self, states: Callable[[], dict[str, str]]) -> None:
+        """`device_state` from `states()` (device name → state) at each scrape."""
+        if self._device_states is not None:
+            self.registry.unregister(self._device_states)
+        self._device_states = _DeviceStates(self.prefix + "device_state", states)
+        self.registry.register(self._device_states)
+
+    def watch_alone_times(self, source: Callable[[], dict[tuple[str, str], tuple]]) -> None:
+        """`alone_time_quantile_seconds` from `source()` ((model, app) → the
+        alone-times at ALONE_QUANTILES) at each scrape."""
+        if self._alone_quantiles is not None:
+            self.registry.unregister(self._alone_quantiles)
+        self._alone_quantiles = _AloneQuantiles(self.prefix + "alone_time_quantile_seconds", source)
+        self.registry.register(self._alone_quantiles)
 
     def set_device_busy(self, device: str, fraction: float) -> None:
         self.busy_fraction.labels(str(device)).set(fraction)

@@ -65,7 +65,9 @@ class ReshareUnavailable(ServingError):
 
 def device_index(service: LiveService) -> list[dict[str, Any]]:
     """Every executor device: its name, kind, share, cores (a CPU share's),
-    threads, whether it is serving, and the models it serves."""
+    threads, whether it is serving (`alive`), its `state` (serving, parked,
+    resharing, loading or down: app.runtime.pool_records) and the models it
+    serves."""
     pool = service.pool
     out = []
     for device in service.devices:
@@ -78,6 +80,7 @@ def device_index(service: LiveService) -> list[dict[str, Any]]:
                 "cpus": list(current.cpus) if current.cpus is not None else None,
                 "threads": current.threads,
                 "alive": pool is not None and pool.alive(device.id),
+                "state": pool.state(device.id) if pool is not None else "down",
                 "models": sorted(
                     name for name, state in service.models.items() if device.id in state.devices
                 ),
