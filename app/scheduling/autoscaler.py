@@ -37,7 +37,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from app.scheduling.autoscale import advised_device_change
-from app.scheduling.base import Scheduler
+from app.scheduling.driven import ServedCore
 
 
 @dataclass(frozen=True)
@@ -128,7 +128,7 @@ class Autoscaler:
         self.starting.discard(device)
         self.serving.add(device)
 
-    def tick(self, core: Scheduler, now: float) -> ScaleUp | ScaleDown | None:
+    def tick(self, core: ServedCore, now: float) -> ScaleUp | ScaleDown | None:
         """Read and reset the core's window; the action to take, if any."""
         signals = core.signals(now)
         core.reset_signals(now)
@@ -161,7 +161,7 @@ class Autoscaler:
         return action
 
 
-def _quiet(core: Scheduler, serving: Iterable[int]) -> list[int]:
+def _quiet(core: ServedCore, serving: Iterable[int]) -> list[int]:
     """Devices in service with no batch in flight or stopping."""
     stopping = {s.batch.device for s in core.stopping.values()}
     idle = set(core.idle_devices()) - stopping

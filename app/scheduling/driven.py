@@ -32,11 +32,13 @@ or not.
 
 from __future__ import annotations
 
-from typing import Protocol, TypeVar
+from typing import ClassVar, Protocol, TypeVar
 
+from app.scheduling.base import Stopping
+from app.scheduling.model import ModelInfo
 from app.scheduling.ppipe.batches import PipelineDecision
 from app.scheduling.ppipe.layout import Layout
-from app.scheduling.types import Decision, Request
+from app.scheduling.types import AutoscaleSignals, Decision, DeviceInfo, Request
 
 D = TypeVar("D", covariant=True)
 
@@ -60,6 +62,25 @@ class BatchCore(DrivenCore[Decision], Protocol):
     def record_alone_time(
         self, model: str, app: str, seconds: float, now: float
     ) -> list[Decision]: ...
+
+
+class ServedCore(BatchCore, Protocol):
+    """A `BatchCore` as the daemon serves it (app/server/): models loaded
+    and unloaded while serving, a device's speed changed by a reshare, and
+    Symphony's autoscaling signals (symphony.txt §4.4)."""
+
+    name: ClassVar[str]
+    speed_changes: ClassVar[bool]
+    models: dict[str, ModelInfo]
+    devices: dict[int, DeviceInfo]
+    stopping: dict[int, Stopping]  # preempted batches whose stop is not confirmed
+
+    def idle_devices(self) -> list[int]: ...
+    def add_model(self, model: ModelInfo, now: float) -> list[Decision]: ...
+    def remove_model(self, name: str, now: float) -> list[Decision]: ...
+    def set_device_speed(self, device: int, speed: float, now: float) -> list[Decision]: ...
+    def signals(self, now: float) -> AutoscaleSignals: ...
+    def reset_signals(self, now: float) -> None: ...
 
 
 class StageCore(DrivenCore[PipelineDecision], Protocol):

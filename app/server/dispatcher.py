@@ -52,7 +52,7 @@ from app.runtime.events import (
     ExecutorEvent,
 )
 from app.runtime.messages import AloneMark
-from app.scheduling.base import Scheduler
+from app.scheduling.driven import ServedCore
 from app.scheduling.model import ModelInfo
 from app.scheduling.types import (
     Batch,
@@ -116,7 +116,7 @@ class Finished:
 class CoreGroup:
     """One scheduling core and the devices and models it owns."""
 
-    scheduler: Scheduler
+    scheduler: ServedCore
     models: frozenset[str]
     devices: tuple[int, ...]
 
