@@ -32,7 +32,7 @@ every batch in flight, and the executor is respawned in the background: a
 fresh process loads the same models and re-attaches the same arenas; DeviceUp
 reports it serving again (until then `alive()` is False).
 
-Reshares. `await pool.reshare(device_id, share)` gives a device's executor a
+Reshares (`pool.reshares`). `await pool.reshare(device_id, share)` gives a device's executor a
 new share (InSS §5.3; app.runtime.pool_reshare): a shadow executor with the
 new share starts beside the old one, loads the same models and runs each
 once at batch 1; then, in one step on the event loop, new batches for the
@@ -98,7 +98,7 @@ from app.runtime.model_changes import ModelChanges
 from app.runtime.mps import GpuSharing
 from app.runtime.parking import Parking
 from app.runtime.pool_records import DeviceRecords, ExecutorRecord
-from app.runtime.pool_reshare import Reshares
+from app.runtime.pool_reshare import Reshared, Reshares
 from app.runtime.pool_worker import Worker, attach_reader, detach_reader, drain, start_process
 from app.runtime.watchdog import check_interval, hang_of, reap
 
@@ -109,7 +109,7 @@ LatencyOf = Callable[[str, int], "float | None"]
 
 
 # --------------------------------------------------------------------- pool
-class ExecutorPool(DeviceRecords, Reshares):
+class ExecutorPool(DeviceRecords):
     """Executor processes for `devices`, serving `configs` through `arenas`.
 
     `configs`: ModelConfigs (a mapping by name or an iterable); `arenas`: one
@@ -148,11 +148,8 @@ class ExecutorPool(DeviceRecords, Reshares):
         self.events = events
         self.log_level = log.getEffectiveLevel() if log_level is None else log_level
         self._workers: dict[int, Worker] = {d.id: Worker(d) for d in devices}  # serving
-        # Reshares (app.runtime.pool_reshare), by device id: the share asked
-        # for, the shadow starting, the executor it replaced still running.
-        self._resharing: dict[int, float] = {}
-        self._shadows: dict[int, Worker] = {}
-        self._retiring: dict[int, Worker] = {}
+        # A device's executor replaced by a shadow (app.runtime.pool_reshare).
+        self.reshares = Reshares(self)
         self.parking = Parking(self)  # executors stopped on purpose (app.runtime.parking)
         self.model_changes = ModelChanges(self)  # models loaded while serving
         self._waiters: dict[int, tuple[Worker, asyncio.Future]] = {}
@@ -188,7 +185,7 @@ class ExecutorPool(DeviceRecords, Reshares):
         return self.parking.parked(device_id)
 
     def resharing(self, device_id: int) -> bool:
-        return device_id in self._resharing or device_id in self._retiring
+        return self.reshares.in_progress(device_id)
 
     def pid(self, device_id: int) -> int | None:
         p = self._workers[device_id].process
@@ -197,13 +194,14 @@ class ExecutorPool(DeviceRecords, Reshares):
     def inflight(self, device_id: int) -> dict[int, str]:
         """Batch id → model of the device's batches in flight (a retiring
         executor's included)."""
-        retiring = self._retiring.get(device_id)
+        retiring = self.reshares.retiring.get(device_id)
         held = {} if retiring is None else retiring.inflight
         return {**held, **self._workers[device_id].inflight}
 
     def _processes(self) -> list[Worker]:
         """Every executor process: serving, retiring, shadows starting."""
-        return [*self._workers.values(), *self._retiring.values(), *self._shadows.values()]
+        reshares = self.reshares
+        return [*self._workers.values(), *reshares.retiring.values(), *reshares.shadows.values()]
 
     # -------------------------------------------------------------- start
     async def start(self, timeout: float = 300.0) -> None:
@@ -298,7 +296,7 @@ class ExecutorPool(DeviceRecords, Reshares):
         while not self._stopped:
             await asyncio.sleep(interval)
             now = time.monotonic()
-            for w in [*self._workers.values(), *self._retiring.values()]:
+            for w in [*self._workers.values(), *self.reshares.retiring.values()]:
                 if w.dead or w.loading or w.stopping:
                     continue
                 reason = hang_of(w, now, self)
@@ -378,7 +376,7 @@ class ExecutorPool(DeviceRecords, Reshares):
     def _holder(self, device_id: int, batch_id: int) -> Worker | None:
         """The executor holding the batch: the serving one or, after a
         reshare, the one it replaced."""
-        for w in (self._workers[device_id], self._retiring.get(device_id)):
+        for w in (self._workers[device_id], self.reshares.retiring.get(device_id)):
             if w is not None and batch_id in w.inflight:
                 return w
         return None
@@ -523,7 +521,7 @@ class ExecutorPool(DeviceRecords, Reshares):
                 if not fut.done():
                     fut.set_exception(ExecutorFailed(reason))
         if w.retiring:
-            self._retired(w, reason)
+            self.reshares.retired(w, reason)
         if fault and self.respawn and self._loop is not None:
             self._background(self._respawn(w))
 
@@ -553,6 +551,42 @@ class ExecutorPool(DeviceRecords, Reshares):
 
     # ------------------------------------------------------------- parking
 
+    # What a reshare works through (app.runtime.pool_reshare's ShadowHost).
+
+    async def reshare(
+        self,
+        device_id: int,
+        share: float,
+        *,
+        cores: Sequence[int] | None = None,
+        timeout: float | None = None,
+        stop_timeout_s: float = 5.0,
+    ) -> Reshared:
+        """Give the device's executor the share `share` (Reshares.reshare)."""
+        return await self.reshares.reshare(
+            device_id, share, cores=cores, timeout=timeout, stop_timeout_s=stop_timeout_s
+        )
+
+    @property
+    def workers(self) -> dict[int, Worker]:
+        return self._workers
+
+    @property
+    def running(self) -> bool:
+        return self._started and not self._stopped
+
+    def spawn(self, w: Worker) -> None:
+        self._spawn(w)
+
+    async def load(self, w: Worker) -> None:
+        await self._load(w)
+
+    async def warm_up(self, w: Worker, model: str, timeout: float) -> None:
+        await self._profile_on(w, model, [1], 0, 1, timeout)
+
+    def mark_dead(self, w: Worker, reason: str) -> None:
+        self._mark_dead(w, reason)
+
     # The executor lifecycle parking works through (app.runtime.parking).
 
     @property
@@ -564,7 +598,7 @@ class ExecutorPool(DeviceRecords, Reshares):
 
     def refuse_park(self, device_id: int) -> str | None:
         w = self._workers[device_id]
-        if w.dead or w.loading or device_id in self._resharing or device_id in self._retiring:
+        if w.dead or w.loading or self.reshares.in_progress(device_id):
             return "down, starting or being reshared"
         return None
 
@@ -639,7 +673,7 @@ class ExecutorPool(DeviceRecords, Reshares):
             else:
                 self._post(BatchStopped(w.device.id, msg.batch_id, msg.stopped_at))
             if w.retiring and not w.inflight:
-                self._drained(w)
+                self.reshares.drained(w)
         elif isinstance(msg, Loaded):
             self._resolve(msg.req_id, (msg.errors, msg.info))
         elif isinstance(msg, Unloaded):

@@ -1,7 +1,9 @@
 """Reallocating a device share through a shadow executor (InSS §5.3).
 
-`ExecutorPool` (app/runtime/pool.py) inherits `Reshares`. `reshare(device,
-share)` gives a device's executor a new share without dropping a batch:
+`ExecutorPool` (app/runtime/pool.py) owns a `Reshares` (`pool.reshares`),
+which works through the pool's executors only by `ShadowHost`.
+`reshare(device, share)` gives a device's executor a new share without
+dropping a batch:
 
 1. **Shadow.** A second executor process starts for the same device id with
    the new share (`reshared_device`: a CPU share is pinned again to the cores
@@ -42,18 +44,15 @@ import os
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from app.errors import ExecutorFailed
 from app.runtime.devices import ExecutorDevice
-from app.runtime.events import DeviceReshared
+from app.runtime.events import DeviceReshared, ExecutorEvent
 from app.runtime.messages import Stop
 from app.runtime.pool_worker import Worker
 from app.runtime.shares import check_shares, split_cores
 from app.runtime.watchdog import reap
-
-if TYPE_CHECKING:
-    from app.runtime.pool import ExecutorPool
 
 log = logging.getLogger("app.runtime.pool")
 
@@ -143,11 +142,47 @@ def speed_ratio(old: ExecutorDevice, new: ExecutorDevice) -> float:
     return new.share / old.share
 
 
+class ShadowHost(Protocol):
+    """What a reshare needs of a pool: its devices and serving executors,
+    and starting, loading, warming up and ending an executor process."""
+
+    devices: dict[int, ExecutorDevice]
+    load_timeout_s: float
+    workers: dict[int, Worker]  # the serving executor of each device
+
+    @property
+    def running(self) -> bool:
+        """Started and not stopping."""
+        ...
+
+    def placement(self, device_id: int) -> list[str]: ...
+    def spawn(self, w: Worker) -> None: ...
+    async def load(self, w: Worker) -> None: ...
+    async def warm_up(self, w: Worker, model: str, timeout: float) -> None:
+        """Run `model` once at batch 1 on `w`."""
+        ...
+
+    def mark_dead(self, w: Worker, reason: str) -> None: ...
+    def post(self, event: ExecutorEvent) -> None: ...
+
+
 class Reshares:
-    """A device's executor replaced by a shadow with a new share."""
+    """A device's executor replaced by a shadow with a new share; by device
+    id, the share asked for, the shadow starting, and the executor it
+    replaced while that still runs."""
+
+    def __init__(self, pool: ShadowHost) -> None:
+        self._pool = pool
+        self.asked: dict[int, float] = {}
+        self.shadows: dict[int, Worker] = {}
+        self.retiring: dict[int, Worker] = {}
+
+    def in_progress(self, device_id: int) -> bool:
+        """A reshare of the device is under way (until its old executor is gone)."""
+        return device_id in self.asked or device_id in self.retiring
 
     async def reshare(
-        self: ExecutorPool,
+        self,
         device_id: int,
         share: float,
         *,
@@ -161,88 +196,35 @@ class Reshares:
         `reshared_device`); `timeout`: for the shadow's load and warm-up
         together (default: the pool's load timeout); `stop_timeout_s`: how
         long the drained old executor may take to exit before it is killed."""
-        old = self._refuse_reshare(device_id, share)
-        new_device = reshared_device(old.device, share, self.devices.values(), cores)
-        limit = self.load_timeout_s if timeout is None else timeout
-        name = old.device.name
-        self._resharing[device_id] = share
+        old = self._refused(device_id, share)
+        new_device = reshared_device(old.device, share, self._pool.devices.values(), cores)
+        limit = self._pool.load_timeout_s if timeout is None else timeout
+        self.asked[device_id] = share
         try:
             t0 = time.monotonic()
             shadow = Worker(new_device)
             shadow.loading = True  # its death is no fault of the device
-            self._shadows[device_id] = shadow
-            asked = self.placement(device_id)
-            stage = "start"
-            try:
-                self._spawn(shadow)
-                t_spawned = time.monotonic()
-                stage = "load its models"
-                await asyncio.wait_for(self._load(shadow), limit)
-                t_loaded = time.monotonic()
-                missing = [m for m in old.models if m not in shadow.models]
-                if missing:
-                    raise ExecutorFailed(
-                        "; ".join(
-                            f"{m}: {shadow.load_errors.get(m, 'not loaded')}" for m in missing
-                        )
-                    )
-                stage = "warm up"
-                for model in shadow.models:
-                    left = max(0.0, limit - (time.monotonic() - t_spawned))
-                    await self._profile_on(shadow, model, [1], 0, 1, left)
-                t_warm = time.monotonic()
-            except BaseException as exc:
-                self._discard_shadow(shadow, f"shadow executor of {name} failed to {stage}")
-                if isinstance(exc, ExecutorFailed | TimeoutError | OSError):
-                    raise ReshareFailed(
-                        f"resharing {name} to {share:g}: the shadow executor failed to {stage}: "
-                        f"{exc or 'timed out'}; {name} serves on at {old.device.share:g}"
-                    ) from exc
-                raise
+            self.shadows[device_id] = shadow
+            asked = self._pool.placement(device_id)
+            t_spawned, t_loaded, t_warm = await self._start_shadow(old, shadow, share, limit)
             why_not = self._switch_refusal(device_id, old, asked)
             if why_not is not None:
+                name = old.device.name
                 self._discard_shadow(shadow, f"shadow executor of {name} not switched to")
                 raise ReshareFailed(f"resharing {name} to {share:g}: {why_not}")
-
-            # The switch: nothing awaits in between, so no submit sees half of it.
-            switched_at = time.monotonic()
-            loop = asyncio.get_running_loop()
-            shadow.loading = False
-            shadow.serving_since = switched_at
-            shadow.restarts, shadow.last_respawn_s = old.restarts, old.last_respawn_s
-            del self._shadows[device_id]
-            self._workers[device_id] = shadow
-            self.devices[device_id] = new_device
-            old.retiring = True
-            old.drained, old.ended = loop.create_future(), loop.create_future()
-            self._retiring[device_id] = old
-            old_batches = tuple(old.inflight)
-            if not old.inflight:
-                self._drained(old)
-            ratio = speed_ratio(old.device, new_device)
-            self._post(DeviceReshared(device_id, old.device.share, share, ratio))
+            switched_at, old_batches = self._switch(device_id, old, shadow)
             t_switched = time.monotonic()
-            log.info(
-                "%s reshared %g → %g: pid %s serves, pid %s retires holding %d batch(es)",
-                name,
-                old.device.share,
-                share,
-                shadow.process.pid,
-                old.process.pid,
-                len(old_batches),
-            )
-
             await asyncio.shield(old.drained)
             t_drained = time.monotonic()
             old_failure = await self._wait_retired(old, stop_timeout_s)
             reap(old.process)
             t_end = time.monotonic()
         finally:
-            self._resharing.pop(device_id, None)
-            self._shadows.pop(device_id, None)
+            self.asked.pop(device_id, None)
+            self.shadows.pop(device_id, None)
         return Reshared(
             device=device_id,
-            name=name,
+            name=old.device.name,
             old_share=old.device.share,
             new_share=share,
             old_pid=old.process.pid,
@@ -260,18 +242,82 @@ class Reshares:
             old_failure=old_failure,
         )
 
+    async def _start_shadow(
+        self, old: Worker, shadow: Worker, share: float, limit: float
+    ) -> tuple[float, float, float]:
+        """Start the shadow, load the old executor's models on it and run
+        each once (within `limit` s); when it had started, loaded and warmed
+        up. On a failure the shadow is discarded and ReshareFailed says why."""
+        name = old.device.name
+        stage = "start"
+        try:
+            self._pool.spawn(shadow)
+            t_spawned = time.monotonic()
+            stage = "load its models"
+            await asyncio.wait_for(self._pool.load(shadow), limit)
+            t_loaded = time.monotonic()
+            missing = [m for m in old.models if m not in shadow.models]
+            if missing:
+                raise ExecutorFailed(
+                    "; ".join(f"{m}: {shadow.load_errors.get(m, 'not loaded')}" for m in missing)
+                )
+            stage = "warm up"
+            for model in shadow.models:
+                left = max(0.0, limit - (time.monotonic() - t_spawned))
+                await self._pool.warm_up(shadow, model, left)
+            return t_spawned, t_loaded, time.monotonic()
+        except BaseException as exc:
+            self._discard_shadow(shadow, f"shadow executor of {name} failed to {stage}")
+            if isinstance(exc, ExecutorFailed | TimeoutError | OSError):
+                raise ReshareFailed(
+                    f"resharing {name} to {share:g}: the shadow executor failed to {stage}: "
+                    f"{exc or 'timed out'}; {name} serves on at {old.device.share:g}"
+                ) from exc
+            raise
+
+    def _switch(self, device_id: int, old: Worker, shadow: Worker) -> tuple[float, tuple[int, ...]]:
+        """The shadow serves the device from now on; the old executor keeps
+        the batches it holds. Nothing awaits in here, so no submit sees half
+        of it. When it switched, and the old executor's batches then."""
+        switched_at = time.monotonic()
+        loop = asyncio.get_running_loop()
+        shadow.loading = False
+        shadow.serving_since = switched_at
+        shadow.restarts, shadow.last_respawn_s = old.restarts, old.last_respawn_s
+        del self.shadows[device_id]
+        self._pool.workers[device_id] = shadow
+        self._pool.devices[device_id] = shadow.device
+        old.retiring = True
+        old.drained, old.ended = loop.create_future(), loop.create_future()
+        self.retiring[device_id] = old
+        old_batches = tuple(old.inflight)
+        if not old.inflight:
+            self.drained(old)
+        ratio = speed_ratio(old.device, shadow.device)
+        self._pool.post(DeviceReshared(device_id, old.device.share, shadow.device.share, ratio))
+        log.info(
+            "%s reshared %g → %g: pid %s serves, pid %s retires holding %d batch(es)",
+            old.device.name,
+            old.device.share,
+            shadow.device.share,
+            shadow.process.pid,
+            old.process.pid,
+            len(old_batches),
+        )
+        return switched_at, old_batches
+
     # ---------------------------------------------------------- internals
-    def _refuse_reshare(self: ExecutorPool, device_id: int, share: float) -> Worker:
+    def _refused(self, device_id: int, share: float) -> Worker:
         """The device's serving executor, if it may be reshared to `share`."""
-        if device_id not in self._workers:
-            have = ", ".join(f"{i} ({d.name})" for i, d in self.devices.items()) or "none"
+        if device_id not in self._pool.workers:
+            have = ", ".join(f"{i} ({d.name})" for i, d in self._pool.devices.items()) or "none"
             raise ValueError(f"reshare: no device {device_id} in this pool (devices: {have})")
-        old = self._workers[device_id]
+        old = self._pool.workers[device_id]
         name = old.device.name
         check_shares(name, [share])
         others = {
-            d.name: max(d.share, self._resharing.get(i, 0.0))
-            for i, d in self.devices.items()
+            d.name: max(d.share, self.asked.get(i, 0.0))
+            for i, d in self._pool.devices.items()
             if i != device_id and d.whole == old.device.whole
         }
         total = math.fsum([*others.values(), share])
@@ -282,10 +328,10 @@ class Reshares:
                 f"{old.device.whole} ({listed}) its shares would sum to {total:g}, "
                 "more than the whole device"
             )
-        if not self._started or self._stopped:
+        if not self._pool.running:
             raise ReshareRefused(f"reshare of {name}: the pool is not running")
-        if device_id in self._resharing or device_id in self._retiring:
-            doing = self._resharing.get(device_id)
+        if device_id in self.asked or device_id in self.retiring:
+            doing = self.asked.get(device_id)
             to = "" if doing is None else f" to {doing:g}"
             raise ReshareRefused(f"reshare of {name}: a reshare{to} is in progress")
         if old.dead or old.loading:
@@ -295,28 +341,26 @@ class Reshares:
             )
         return old
 
-    def _switch_refusal(
-        self: ExecutorPool, device_id: int, old: Worker, asked: list[str]
-    ) -> str | None:
+    def _switch_refusal(self, device_id: int, old: Worker, asked: list[str]) -> str | None:
         """Why the loaded shadow cannot take over now, or None."""
-        if self._stopped:
+        if not self._pool.running:
             return "the pool stopped"
-        if self._workers[device_id] is not old or old.dead or old.loading:
+        if self._pool.workers[device_id] is not old or old.dead or old.loading:
             return f"its executor failed meanwhile (it is respawned); {old.device.name} unchanged"
-        if self.placement(device_id) != asked:
+        if self._pool.placement(device_id) != asked:
             return "models were added or removed while the shadow loaded; try again"
         return None
 
-    def _discard_shadow(self: ExecutorPool, shadow: Worker, reason: str) -> None:
+    def _discard_shadow(self, shadow: Worker, reason: str) -> None:
         if shadow.conn is None:  # its process never started
             return
         if shadow.process is not None and shadow.process.is_alive():
             with contextlib.suppress(OSError):
                 shadow.process.kill()
-        self._mark_dead(shadow, reason)  # loading: no DeviceDown, no respawn
+        self._pool.mark_dead(shadow, reason)  # loading: no DeviceDown, no respawn
         reap(shadow.process)
 
-    async def _wait_retired(self: ExecutorPool, old: Worker, stop_timeout_s: float) -> str | None:
+    async def _wait_retired(self, old: Worker, stop_timeout_s: float) -> str | None:
         """Until the drained old executor is gone (killed if it does not
         stop in time); why it ended otherwise than by its stop, or None."""
         assert old.ended is not None
@@ -330,10 +374,10 @@ class Reshares:
             old.process.kill()
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(asyncio.shield(old.ended), _KILL_WAIT_S)
-        self._mark_dead(old, reason)
+        self._pool.mark_dead(old, reason)
         return reason
 
-    def _drained(self: ExecutorPool, w: Worker) -> None:
+    def drained(self, w: Worker) -> None:
         """A retiring executor holds no batch: tell it to stop."""
         if w.drained is not None and not w.drained.done():
             w.drained.set_result(None)
@@ -343,7 +387,7 @@ class Reshares:
         with contextlib.suppress(OSError, ValueError):  # gone already: its EOF says so
             w.conn.send(Stop())
 
-    def _retired(self: ExecutorPool, w: Worker, reason: str) -> None:
+    def retired(self, w: Worker, reason: str) -> None:
         """A retiring executor is gone (`reason`): its batches have their
         events by now."""
         failure = None if w.stopping else reason
@@ -352,5 +396,5 @@ class Reshares:
         for fut, value in ((w.drained, None), (w.ended, failure)):
             if fut is not None and not fut.done():
                 fut.set_result(value)
-        if self._retiring.get(w.device.id) is w:
-            del self._retiring[w.device.id]
+        if self.retiring.get(w.device.id) is w:
+            del self.retiring[w.device.id]
