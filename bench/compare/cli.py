@@ -81,6 +81,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="SCHED_FIFO priority of the daemon (REALTIME_PRIORITY) and the generator "
         "(0: off; needs root or CAP_SYS_NICE)",
     )
+    p.add_argument(
+        "--cpu-rates",
+        default="",
+        help="offered r/s, comma-separated: after its CDF run, each system's CPU ms per "
+        "answered request at each, per process (bench.cpu_per_request; default: none)",
+    )
     return p
 
 
@@ -122,6 +128,7 @@ def main(argv: list[str] | None = None) -> int:
             tuple(float(v) / 1000.0 for v in args.ray_waits.split(",")) if args.ray_waits else None
         ),
         realtime_priority=args.realtime_priority,
+        cpu_rates=tuple(float(v) for v in args.cpu_rates.split(",") if v.strip()),
     )
     # A line at least every 5 s on what runs now (bench/progress.py).
     with Status(Console(stderr=True)):

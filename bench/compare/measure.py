@@ -32,6 +32,8 @@ class SystemResult:
     cdf_run: dict[str, Any]  # the run at the nominal rate: summary + generator
     latencies_ms: np.ndarray = field(repr=False)  # answered requests of that run
     grid: list[dict[str, Any]] = field(default_factory=list)  # peers: the screening
+    # --cpu-rates: CPU ms per answered request at fixed rates (bench.cpu_per_request)
+    cpu_per_request: list[dict[str, Any]] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -43,6 +45,7 @@ class SystemResult:
             "probes": self.probes,
             "cdf_run": self.cdf_run,
             "grid": self.grid,
+            "cpu_per_request": self.cpu_per_request,
         }
 
 
@@ -56,6 +59,7 @@ class Options:
     screen_probes: int = 4  # capacity probes per peer grid point
     ray_waits_s: tuple[float, ...] | None = None  # None: ray_grid.WAITS_S
     realtime_priority: int = 0  # SCHED_FIFO of the daemon and the generator (0: off)
+    cpu_rates: tuple[float, ...] = ()  # offered r/s of the CPU-per-request probes (none: off)
 
 
 def probe_row(result: LiveResult) -> dict[str, Any]:
@@ -131,9 +135,11 @@ def measure(
     system: str,
     label: str,
     startup_s: float,
+    pid: int | None = None,
 ) -> SystemResult:
     """Capacity search, then one run at the nominal rate (or at
-    `cdf_fraction` of the capacity) for the CDF."""
+    `cdf_fraction` of the capacity) for the CDF; with `options.cpu_rates`,
+    the CPU of the process tree under `pid` per answered request at each."""
     with fifo_while(options.realtime_priority, "--realtime-priority"):
         capacity, rows = capacity_search(url, workload, targets, options, options.max_probes)
         cdf_scale = options.cdf_scale
@@ -145,6 +151,13 @@ def measure(
                 url, short(workload, options), cdf_scale, targets=targets, workers=options.workers
             )
         )
+    cpu_rows = []
+    if options.cpu_rates and pid is not None:
+        from bench.cpu_per_request import cpu_probes
+
+        cpu_rows = cpu_probes(
+            url, pid, workload, targets, options.cpu_rates, options.probe_duration_s
+        )
     return SystemResult(
         system=system,
         label=label,
@@ -154,6 +167,7 @@ def measure(
         probes=rows,
         cdf_run={"rate_scale": cdf_scale, **cdf.summary, "generator": cdf.generator},
         latencies_ms=_latencies(cdf),
+        cpu_per_request=cpu_rows,
     )
 
 
@@ -185,6 +199,7 @@ def run_daemon(setup: Setup, workload: Workload, policy: str, options: Options) 
             system=policy,
             label=f"daemon, policy {policy}",
             startup_s=handle.startup_s,
+            pid=handle.process.pid,
         )
     finally:
         stop_daemon(handle)

@@ -323,6 +323,7 @@ def run_peer(peer: Peer, setup: Setup, workload: Workload, options: Options) -> 
             system=peer.name,
             label=f"{peer.title}, {best.label}",
             startup_s=running.startup_s,
+            pid=getattr(getattr(running.handle, "process", None), "pid", None),
         )
     finally:
         peer.stop(running)

@@ -1,0 +1,249 @@
+"""CPU milliseconds per answered request, per process, for the daemon and each peer.
+
+    python -m bench.cpu_per_request [--workload a] [--devices 1] [--rates 250]
+                                    [--duration 10] [--systems symphony]
+                                    [--peers tritonserver,ray,bentoml] [--out FILE]
+
+Every system is started in turn on the same setup as `bench.compare`
+(`--workload` names one of its setups; `--devices` as there), warmed up,
+then sent each offered rate of `--rates` (requests per second, open loop,
+`bench.loadgen`) for `--duration` seconds. Around each run the CPU time
+(user + system) of the server's whole process tree is read from /proc: its
+main process (the daemon's event loop; a peer's server or launcher) and
+every descendant (the daemon's executors, Triton's Python-backend stubs,
+Ray's and BentoML's workers). The figure is the CPU each process used
+during the run divided by the requests answered (HTTP 200) in it.
+
+A peer runs at the first point of its grid (its settings are in the
+output). A peer that is not installed is reported as such, with the
+install command, and the run goes on with the others. Written to `--out`
+(default bench/results/cpu_per_request.json) and printed as a table;
+`bench.compare --cpu-rates` adds the same probes to its own results.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import dataclasses
+import json
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from app.workloads.spec import Workload, load_workload
+from bench.cli import sanitize
+from bench.loadgen import ModelTarget, prepare_targets, run_load
+from bench.proc_cpu import PROC, Usage, read_tree, usage
+from bench.progress import say
+
+DEFAULT_OUT = Path(__file__).resolve().parent / "results" / "cpu_per_request.json"
+WARM_UP_S = 2.0
+
+
+def probe_row(offered_rps: float, answered: int, duration_s: float, used: Usage) -> dict[str, Any]:
+    """One rate's figures: CPU ms per answered request, in all and per process."""
+
+    def per_request(seconds: float) -> float | None:
+        return 1000.0 * seconds / answered if answered else None
+
+    return {
+        "offered_rps": offered_rps,
+        "answered": answered,
+        "answered_rps": answered / duration_s if duration_s > 0 else 0.0,
+        "cpu_ms_per_request": per_request(used.total_s),
+        "processes_gone": used.gone,
+        "processes": [
+            {
+                "pid": p.pid,
+                "name": p.name,
+                "role": p.role,
+                "cpu_s": p.cpu_s,
+                "cpu_ms_per_request": per_request(p.cpu_s),
+            }
+            for p in used.processes
+        ],
+    }
+
+
+# One open-loop run: (url, workload, rate scale, targets) → requests answered.
+LoadRun = Callable[[str, Workload, float, Sequence[ModelTarget]], int]
+
+
+def answered_run(
+    url: str, workload: Workload, scale: float, targets: Sequence[ModelTarget], workers: int = 1
+) -> int:
+    """Run `workload` at `scale` against `url`; how many requests were answered (200)."""
+    result = asyncio.run(run_load(url, workload, scale, targets=targets, workers=workers))
+    return int((result.records.status == 200).sum())
+
+
+def cpu_probes(
+    url: str,
+    root_pid: int,
+    workload: Workload,
+    targets: Sequence[ModelTarget],
+    rates: Sequence[float],
+    duration_s: float,
+    *,
+    run: LoadRun = answered_run,
+    proc: Path = PROC,
+) -> list[dict[str, Any]]:
+    """A warm-up run, then one run per offered rate, the tree's CPU read around each."""
+    nominal = workload.offered_rate()
+    short = dataclasses.replace(workload, duration_s=float(duration_s))
+    warm = dataclasses.replace(workload, duration_s=min(WARM_UP_S, float(duration_s)))
+    if rates:
+        say(f"CPU probes: warm-up ({warm.duration_s:g} s)")
+        run(url, warm, min(rates) / nominal, targets)
+    rows = []
+    for rate in rates:
+        say(f"CPU probe at {rate:,.0f} r/s for {duration_s:g} s")
+        before = read_tree(root_pid, proc)
+        answered = run(url, short, rate / nominal, targets)
+        after = read_tree(root_pid, proc)
+        rows.append(probe_row(rate, answered, float(duration_s), usage(before, after)))
+    return rows
+
+
+def table(results: Sequence[dict[str, Any]]) -> str:
+    """One row per system and rate: CPU ms per answered request, main process, the rest."""
+    lines = [
+        "| system | offered r/s | answered r/s | CPU ms / request | main process | children |",
+        "|---|---|---|---|---|---|",
+    ]
+    for system in results:
+        if "unavailable" in system:
+            lines.append(f"| {system['system']} | not installed: {system['unavailable']} |||||")
+            continue
+        for row in system["cpu_per_request"]:
+            total = row["cpu_ms_per_request"]
+            main = sum(p["cpu_s"] for p in row["processes"] if p["role"] == "main")
+            rest = sum(p["cpu_s"] for p in row["processes"] if p["role"] != "main")
+            n = row["answered"] or 1
+            lines.append(
+                f"| {system['label']} | {row['offered_rps']:,.0f} | {row['answered_rps']:,.0f} "
+                f"| {'—' if total is None else f'{total:.3f}'} | {1000 * main / n:.3f} "
+                f"| {1000 * rest / n:.3f} |"
+            )
+    return "\n".join(lines)
+
+
+def measure_daemon(setup: Any, workload: Workload, policy: str, args: Any) -> dict[str, Any]:
+    from bench.daemon_launcher import free_port, start_daemon, stop_daemon
+
+    say(f"starting the daemon (policy {policy})")
+    handle = start_daemon(
+        setup.repository,
+        free_port(),
+        policy=policy,
+        emulated_devices=setup.emulated_devices,
+        cpu_slices=setup.cpu_slices,
+        threads_per_slice=setup.cpu_threads,
+    )
+    try:
+        targets = asyncio.run(prepare_targets(handle.url, workload))
+        rows = cpu_probes(
+            handle.url, handle.process.pid, workload, targets, args.rates, args.duration
+        )
+    finally:
+        stop_daemon(handle)
+    return {"system": policy, "label": f"daemon, policy {policy}", "cpu_per_request": rows}
+
+
+def measure_peer(setup: Any, workload: Workload, name: str, args: Any) -> dict[str, Any]:
+    from bench.compare.measure import Options
+    from bench.compare.peers import PEERS, PeerUnavailable
+
+    peer = PEERS[name]
+    try:
+        peer.check()
+    except PeerUnavailable as exc:
+        say(f"{name}: not installed")
+        return {"system": name, "unavailable": str(exc)}
+    options = Options(
+        probe_duration_s=args.duration, max_probes=1, cdf_scale=1.0, cdf_fraction=None, workers=1
+    )
+    point = peer.grid(setup, workload, options)[0]
+    say(f"starting {name} ({point.label})")
+    running = peer.start(setup, workload, point)
+    try:
+        rows = cpu_probes(
+            running.url,
+            running.handle.process.pid,
+            workload,
+            peer.targets(setup, workload),
+            args.rates,
+            args.duration,
+        )
+    finally:
+        peer.stop(running)
+    return {
+        "system": name,
+        "label": f"{peer.title}, {point.label}",
+        "settings": point.settings,
+        "cpu_per_request": rows,
+    }
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from bench.compare.setups import SETUPS
+
+    p = argparse.ArgumentParser(
+        prog="python -m bench.cpu_per_request", description=__doc__.splitlines()[0]
+    )
+    p.add_argument("--workload", default="a", choices=list(SETUPS))
+    p.add_argument("--devices", type=int, default=1)
+    p.add_argument("--rates", type=_rates, default=(250.0,), help="offered r/s, comma-separated")
+    p.add_argument("--duration", type=float, default=10.0, help="seconds per rate")
+    p.add_argument("--systems", default="symphony", help="the daemon's policies ('none': none)")
+    p.add_argument("--peers", default="tritonserver,ray,bentoml", help="peers ('none': none)")
+    p.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    return p
+
+
+def _rates(text: str) -> tuple[float, ...]:
+    rates = tuple(float(v) for v in text.split(",") if v.strip())
+    if not rates or any(r <= 0 for r in rates):
+        raise argparse.ArgumentTypeError(f"rates must be > 0 r/s, got {text!r}")
+    return rates
+
+
+def _names(raw: str) -> list[str]:
+    names = [s.strip() for s in raw.split(",") if s.strip()]
+    return [] if names == ["none"] else names
+
+
+def main(argv: list[str] | None = None) -> int:
+    from bench.compare.cli import DAEMON_POLICIES
+    from bench.compare.peers import PEERS
+    from bench.compare.setups import SETUPS
+
+    args = build_parser().parse_args(argv)
+    systems, peers = _names(args.systems), _names(args.peers)
+    unknown = [s for s in systems if s not in DAEMON_POLICIES] + [
+        p for p in peers if p not in PEERS
+    ]
+    if unknown:
+        print(f"error: unknown systems {unknown}", file=sys.stderr)
+        return 2
+    setup = SETUPS[args.workload].on_devices(args.devices)
+    workload = setup.workload_on_devices(load_workload(setup.workload))
+    results = [measure_daemon(setup, workload, s, args) for s in systems]
+    results += [measure_peer(setup, workload, p, args) for p in peers]
+    doc = {
+        "workload": workload.name,
+        "devices": setup.devices,
+        "rates": list(args.rates),
+        "duration_s": args.duration,
+        "systems": results,
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(sanitize(doc), indent=1) + "\n")
+    print(table(results))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
