@@ -127,6 +127,35 @@ def test_tritonclient_health_metadata_and_config(triton):
     }
 
 
+def test_the_model_config_reads_alike_over_http_and_grpc_as_tritons_does(served, triton):
+    """tritonclient's get_model_config over HTTP gets the JSON form of the
+    ModelConfig its gRPC call gets (proto JSON writes int64 dims as
+    strings; Triton's HTTP endpoint as numbers), our own fields beside it."""
+    import tritonclient.http as th
+
+    http = th.InferenceServerClient(served["http"].removeprefix("http://"))
+    try:
+        for model in ("mlp", "densenet121-emulated"):
+            over_http = http.get_model_config(model)
+            over_grpc = triton.get_model_config(model, as_json=True)["config"]
+            for tensors in ("input", "output"):
+                for tensor in over_grpc[tensors]:
+                    tensor["dims"] = [int(d) for d in tensor["dims"]]
+            for key in ("name", "platform", "backend", "max_batch_size", "input", "output",
+                        "parameters"):  # fmt: skip
+                assert over_http[key] == over_grpc[key], (model, key)
+        mlp = http.get_model_config("mlp")
+    finally:
+        http.close()
+    assert (mlp["platform"], mlp["backend"], mlp["runtime"]) == (
+        "onnxruntime_onnx",
+        "onnxruntime",
+        "onnx",
+    )
+    assert mlp["input"] == [{"name": "input", "data_type": "TYPE_FP32", "dims": [4096]}]
+    assert mlp["parameters"]["slo_ms"] == {"string_value": "5000"} and mlp["slo_ms"] == 5000
+
+
 def test_tritonclient_infer_mlp_equals_onnxruntime(triton, repository):
     import onnxruntime
     import tritonclient.grpc as tg

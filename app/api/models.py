@@ -206,13 +206,25 @@ class ModelConfigTensor(BaseModel):
     dims: list[int] = Field(description="Shape without the batch dimension.")
 
 
+class ModelConfigParameter(BaseModel):
+    string_value: str
+
+
 class ModelConfigResponse(BaseModel):
-    """The model's configuration, shaped like Triton's model config where they overlap."""
+    """The model's configuration in Triton's model-config JSON (`name`,
+    `platform`, `backend` as Triton names them, `max_batch_size`, `input`,
+    `output`, `parameters`: what tritonclient's `get_model_config` reads,
+    the same as the gRPC ModelConfig), with this server's own fields beside
+    them (`version`, `slo_ms`, `allow_slo_loosening`, `devices`,
+    `description`, and `runtime`: the backend that runs it here)."""
 
     name: str
+    platform: str
     backend: str
+    runtime: str
     version: str
     max_batch_size: int
+    parameters: dict[str, ModelConfigParameter]
     slo_ms: float
     allow_slo_loosening: bool
     devices: list[str] | None = None

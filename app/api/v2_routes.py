@@ -45,7 +45,7 @@ from app.api.received import received_at
 from app.api.request_params import note_unused
 from app.api.security import short_repr
 from app.errors import ModelNotReady, ServingError
-from app.repository.triton_config import triton_platform
+from app.repository.triton_config import config_parameters, triton_backend, triton_platform
 
 # Triton's extension names for what this server serves (shared memory,
 # trace, logging, classification, sequences and scheduling policies are
@@ -123,7 +123,9 @@ def model_config(ctx: ApiContext, name: str, version: str | None) -> m.ModelConf
 
     return m.ModelConfigResponse(
         name=config.model_name,
-        backend=config.backend,
+        platform=triton_platform(config.backend),
+        backend=triton_backend(config.backend),
+        runtime=config.backend,
         version=config.version,
         max_batch_size=config.max_batch_size,
         slo_ms=config.slo_ms,
@@ -132,6 +134,10 @@ def model_config(ctx: ApiContext, name: str, version: str | None) -> m.ModelConf
         description=config.description,
         input=tensors(config.inputs),
         output=tensors(config.outputs),
+        parameters={
+            name: m.ModelConfigParameter(string_value=value)
+            for name, value in config_parameters(config).items()
+        },
     )
 
 

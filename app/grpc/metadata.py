@@ -18,7 +18,7 @@ from tritonclient.grpc import model_config_pb2 as mc
 from tritonclient.grpc import service_pb2 as pb
 
 from app.repository.config import ModelConfig, TensorSpec
-from app.repository.triton_config import triton_backend, triton_platform
+from app.repository.triton_config import config_parameters, triton_backend, triton_platform
 
 # Triton's name for a datatype where it is not TYPE_<v2 name>.
 _TRITON_TYPE_NAMES = {"BYTES": "TYPE_STRING"}
@@ -70,6 +70,6 @@ def model_config(config: ModelConfig) -> mc.ModelConfig:
             for spec in config.outputs
         ],
     )
-    out.parameters["slo_ms"].string_value = f"{config.slo_ms:g}"
-    out.parameters["allow_slo_loosening"].string_value = str(config.allow_slo_loosening).lower()
+    for name, value in config_parameters(config).items():
+        out.parameters[name].string_value = value
     return out

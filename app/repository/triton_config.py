@@ -96,6 +96,15 @@ def triton_platform(backend: str) -> str:
     return _TRITON_NAMES.get(backend, (backend, backend))[0]
 
 
+def config_parameters(config: Any) -> dict[str, str]:
+    """The model config's `parameters` as both endpoints answer them
+    (Triton's string map): what of ours a Triton client can read there."""
+    return {
+        "slo_ms": f"{config.slo_ms:g}",
+        "allow_slo_loosening": str(config.allow_slo_loosening).lower(),
+    }
+
+
 def triton_backend(backend: str) -> str:
     """Triton's `backend` of a model on our `backend` (`onnxruntime`, `pytorch`)."""
     return _TRITON_NAMES.get(backend, (backend, backend))[1]
