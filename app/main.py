@@ -13,8 +13,8 @@ from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
 
-from app.api import create_api
 from app.api.connection import guard_running_uvicorn
+from app.api.routes import settings_api
 from app.api.security import exposure_warning
 from app.errors import ModelNotReady
 from app.grpc.lifecycle import start_grpc_endpoint
@@ -98,16 +98,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             raise ModelNotReady("server is starting")
         return service
 
-    return create_api(
-        get_service,
-        metrics,
-        lifespan=lifespan,
-        title="deadline-serve",
-        max_body_bytes=settings.max_body_bytes,
-        max_json_bytes=settings.max_json_bytes,
-        admin_token=settings.admin_token,
-        bind_host=settings.host,
-    )
+    return settings_api(get_service, metrics, settings, lifespan=lifespan, title="deadline-serve")
 
 
 async def start_metrics_endpoint(

@@ -44,6 +44,7 @@ from app.api.statistics_routes import add_statistics_routes
 from app.api.unsupported_routes import add_unsupported_routes
 from app.api.v2_routes import add_v2_routes
 from app.server.metrics import Metrics
+from app.server.settings import Settings
 
 
 def add_metrics_route(router: APIRouter, ctx: ApiContext) -> None:
@@ -137,6 +138,22 @@ def install(
     install_error_handlers(app)
     add_request_schemas(app)
     return app
+
+
+def settings_api(
+    get_service: ServiceProvider, metrics: Metrics, settings: Settings, **fastapi_kwargs: Any
+) -> FastAPI:
+    """`create_api` with the daemon's settings' limits, admin token and host:
+    the one-process daemon's app and each API worker's (app/frontdoor/)."""
+    return create_api(
+        get_service,
+        metrics,
+        max_body_bytes=settings.max_body_bytes,
+        max_json_bytes=settings.max_json_bytes,
+        admin_token=settings.admin_token,
+        bind_host=settings.host,
+        **fastapi_kwargs,
+    )
 
 
 def create_api(

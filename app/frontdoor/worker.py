@@ -31,8 +31,8 @@ import zmq.asyncio
 from fastapi import FastAPI
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from app.api import create_api
 from app.api.connection import uvicorn_connection_options
+from app.api.routes import settings_api
 from app.frontdoor.channel import waiting, worker_socket
 from app.frontdoor.messages import SILENCE_S, dump, load
 from app.frontdoor.remote import ForwardedMetrics, RemoteService
@@ -164,15 +164,8 @@ def build_app(settings: Settings, link: Link) -> ASGIApp:
             await grpc_endpoint.stop()  # after HTTP's connections: the drain is over
             await link.stop()
 
-    api = create_api(
-        lambda: service,
-        metrics,
-        lifespan=lifespan,
-        title="deadline-serve",
-        max_body_bytes=settings.max_body_bytes,
-        max_json_bytes=settings.max_json_bytes,
-        admin_token=settings.admin_token,
-        bind_host=settings.host,
+    api = settings_api(
+        lambda: service, metrics, settings, lifespan=lifespan, title="deadline-serve"
     )
     return Prefetch(api, service, metrics)
 
