@@ -419,7 +419,7 @@ async def test_openapi_document(client):
         "/v2/repository/models/{name}/unload": {"post"},
         "/v2/devices": {"get"},
         "/v2/devices/reshare": {"post"},
-        "/v2/plan": {"get"},
+        "/v2/plan": {"get", "post"},
         "/v2/profiles": {"get"},
         "/metrics": {"get"},
     }

@@ -13,16 +13,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 MAX_FUNCTION_LINES = 80
-# Module cycles and long functions that remain, each to be taken apart (the
-# pools' and the service's mixins: executors, Ray actors and model control
-# composed behind narrow interfaces). The tests fail when one comes back
-# after it is gone, when a new one appears, or when a listed function grows.
-KNOWN_CYCLES = {
-    frozenset({"app.runtime.ray_actor", "app.runtime.ray_alone", "app.runtime.ray_faults",
-               "app.runtime.ray_pool"}),
-    frozenset({"app.server.live", "app.server.management", "app.server.model_control",
-               "app.server.reallocation"}),
-}  # fmt: skip
+# Long functions that remain, each to be taken apart. The test fails when
+# a new one appears or a listed one grows.
 KNOWN_LONG_FUNCTIONS = {
     "app/api/v2_routes.py:add_v2_routes": 151,
     "app/planning/ppipe/layout.py:build_layout": 104,
@@ -193,8 +185,7 @@ def cyclic_groups(graph: dict[str, set[str]]) -> set[frozenset[str]]:
 
 
 def test_modules_of_app_import_each_other_without_cycles():
-    assert cyclic_groups(module_graph()) <= KNOWN_CYCLES
-    assert cyclic_groups(module_graph()) == KNOWN_CYCLES, "a cycle is gone: take it off the list"
+    assert cyclic_groups(module_graph()) == set()
 
 
 def test_the_module_cycle_finder_finds_deferred_imports():

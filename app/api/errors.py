@@ -31,6 +31,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.routing import Match
 
 from app.api import models as m
 from app.api.security import short_repr
@@ -124,10 +125,30 @@ async def _http_error_handler(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, StarletteHTTPException)
     reason = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
     message = str(exc.detail)
+    headers = exc.headers
     if exc.status_code in (404, 405) and message in ("Not Found", "Method Not Allowed"):
         what = "no such route" if exc.status_code == 404 else "method not allowed"
         message = f"{what}: {request.method} {short_repr(request.url.path)}"
-    return error_response(exc.status_code, message, reason, exc.headers)
+    if exc.status_code == 405:
+        headers = {**(headers or {}), "Allow": ", ".join(allowed_methods(request))}
+    return error_response(exc.status_code, message, reason, headers)
+
+
+def allowed_methods(request: Request) -> list[str]:
+    """Every method a route of this path takes (Starlette's 405 names only
+    the first route's, where a path has one route per method)."""
+    methods: set[str] = set()
+    routes = list(request.app.router.routes)
+    while routes:
+        route = routes.pop()
+        included = getattr(route, "original_router", None)  # a router included whole
+        if included is not None:
+            routes.extend(included.routes)
+            continue
+        match, _ = route.matches(request.scope)
+        if match is not Match.NONE:
+            methods |= set(getattr(route, "methods", None) or ())
+    return sorted(methods)
 
 
 async def _unexpected_error_handler(request: Request, exc: Exception) -> Response:

@@ -79,7 +79,7 @@ def api_router(ctx: ApiContext) -> APIRouter:
     add_v2_routes(router, ctx)
     add_repository_routes(router, ctx, ctx.admin_guard or require_token(None))
     add_device_routes(router, ctx, ctx.admin_guard or require_token(None))
-    add_plan_routes(router, ctx)
+    add_plan_routes(router, ctx, ctx.admin_guard or require_token(None))
     add_metrics_route(router, ctx)
     add_unsupported_routes(router)  # shared memory, trace, logging: as Triton without them
     return router

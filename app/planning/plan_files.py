@@ -133,7 +133,7 @@ def parse_plan_file(doc: Any, source: str) -> PlanFile:
     if not isinstance(doc, dict):
         raise ValueError(f"{source}: not a plan file (a JSON object with a kind and a version)")
     kind = doc.get("kind")
-    if kind not in KINDS:
+    if not isinstance(kind, str) or kind not in KINDS:
         raise ValueError(
             f"{source}: kind {kind!r} is not a plan of this build's planners "
             f"({', '.join(map(repr, KINDS))})"

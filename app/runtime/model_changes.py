@@ -8,7 +8,9 @@ executor — or a new one after a park — loads it too. `remove_model` has
 every executor unload it (after the batches sent to it before: the caller
 sends none of a model being removed, app/server/model_control.py), waits
 for all of them to let go, and only then unlinks its arena. Neither touches
-batches.
+batches. A plan switch moves a served model onto other devices:
+`replace_config` loads it where its new config newly allows it (its arena
+stays), `trim` unloads it, later, where the config no longer does.
 """
 
 from __future__ import annotations
@@ -111,6 +113,44 @@ class ModelChanges:
             device = executor.device.name
             log.warning("executor %s: model %s failed to load: %s", device, name, error)
         return error
+
+    async def replace_config(self, config: ModelConfig) -> dict[int, str | None]:
+        """Serve model `config.name` (in the pool) by `config` from now on:
+        loaded on each serving executor that its config now allows and that
+        does not hold it yet. Per device tried, why it failed there, or None;
+        where it fails, the old config is back."""
+        host = self._host
+        name = config.name
+        if name not in host.configs:
+            raise ValueError(f"model {name!r} is not in the pool")
+        old, host.configs[name] = host.configs[name], config
+        tries = [
+            e
+            for e in host.executor_records()
+            if model_allowed_on(config, e.device) and name not in e.models and host.serves(e)
+        ]
+        arena = host.arenas[name]
+        errors = await asyncio.gather(*(self._load(e, config, arena) for e in tries))
+        results = {e.device.id: error for e, error in zip(tries, errors, strict=True)}
+        if any(error is not None for error in results.values()):
+            host.configs[name] = old
+        return results
+
+    async def trim(self, name: str) -> None:
+        """Unload model `name` from the executors its config no longer
+        allows (after the batches sent to them before)."""
+        host = self._host
+        config = host.configs.get(name)
+        if config is None:
+            return
+        holding = []
+        for executor in host.executor_records():
+            if name in executor.models and not model_allowed_on(config, executor.device):
+                executor.models.remove(name)
+                executor.load_info.pop(name, None)
+                if host.serves(executor):
+                    holding.append(executor)
+        await asyncio.gather(*(self._unload(e, name) for e in holding))
 
     async def remove_model(self, name: str) -> None:
         """Unload `name` from every executor and forget it; its arena is

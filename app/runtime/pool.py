@@ -97,10 +97,15 @@ from app.runtime.messages import (
 from app.runtime.model_changes import ModelChanges
 from app.runtime.mps import GpuSharing
 from app.runtime.parking import Parking
-from app.runtime.pool_records import DeviceRecords, ExecutorRecord
+from app.runtime.pool_records import (
+    DeviceRecords,
+    ExecutorRecord,
+    check_watchdog_rules,
+    pool_inputs,
+)
 from app.runtime.pool_reshare import Reshared, Reshares
 from app.runtime.pool_worker import Worker, attach_reader, detach_reader, drain, start_process
-from app.runtime.watchdog import check_interval, hang_of, reap
+from app.runtime.watchdog import reap, watch_for_hangs
 
 log = logging.getLogger("app.runtime.pool")
 
@@ -137,13 +142,8 @@ class ExecutorPool(DeviceRecords):
         load_timeout_s: float = 300.0,
         realtime_priority: int = 0,
     ) -> None:
-        self.devices: dict[int, ExecutorDevice] = {d.id: d for d in devices}
-        if len(self.devices) != len(devices):
-            raise ValueError("device ids must be unique")
-        if isinstance(configs, Mapping):
-            self.configs: dict[str, ModelConfig] = dict(configs)
-        else:
-            self.configs = {c.name: c for c in configs}
+        check_watchdog_rules(stuck_factor, stuck_margin_s, heartbeat_timeout_s)
+        self.devices, self.configs = pool_inputs(devices, configs)
         self.arenas: dict[str, Arena] = dict(arenas)
         self.events = events
         self.log_level = log.getEffectiveLevel() if log_level is None else log_level
@@ -165,8 +165,6 @@ class ExecutorPool(DeviceRecords):
         self.stuck_factor = stuck_factor
         self.stuck_margin_s = stuck_margin_s
         # ...and an executor silent this long is one too, idle or busy (0: off).
-        if heartbeat_timeout_s < 0:
-            raise ValueError(f"heartbeat_timeout_s must be ≥ 0, got {heartbeat_timeout_s}")
         self.heartbeat_timeout_s = heartbeat_timeout_s
         self.load_timeout_s = load_timeout_s
         self.realtime_priority = realtime_priority  # the event loop's; see app.runtime.realtime
@@ -225,7 +223,7 @@ class ExecutorPool(DeviceRecords):
             await self.stop(timeout=2.0)
             raise
         if self.stuck_factor > 0 or self.heartbeat_timeout_s > 0:
-            self._background(self._watchdog())
+            self._background(watch_for_hangs(self, self._hung))
         for w in self._workers.values():
             log.info(
                 "executor %s (pid %s): %s",
@@ -289,23 +287,17 @@ class ExecutorPool(DeviceRecords):
             self._post(DeviceUp(w.device.id, down))
             return
 
-    async def _watchdog(self) -> None:
-        """Kill an executor that stopped beating or whose oldest batch runs
-        far beyond its profile (the rules: app.runtime.watchdog)."""
-        interval = check_interval(self.stuck_factor, self.stuck_margin_s, self.heartbeat_timeout_s)
-        while not self._stopped:
-            await asyncio.sleep(interval)
-            now = time.monotonic()
-            for w in [*self._workers.values(), *self.reshares.retiring.values()]:
-                if w.dead or w.loading or w.stopping:
-                    continue
-                reason = hang_of(w, now, self)
-                if reason is None:
-                    continue
-                log.error("%s; killing it", reason)
-                with contextlib.suppress(OSError):
-                    w.process.kill()
-                self._mark_dead(w, reason)
+    def watched(self) -> list[Worker]:
+        """The executors the watchdog judges (app.runtime.watchdog): those
+        serving, a retiring one's included."""
+        workers = [*self._workers.values(), *self.reshares.retiring.values()]
+        return [w for w in workers if not (w.dead or w.loading or w.stopping)]
+
+    def _hung(self, w: Worker, reason: str) -> None:
+        log.error("%s; killing it", reason)
+        with contextlib.suppress(OSError):
+            w.process.kill()
+        self._mark_dead(w, reason)
 
     async def _load(self, w: Worker) -> None:
         names = self.placement(w.device.id)

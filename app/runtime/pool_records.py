@@ -5,11 +5,33 @@ it loaded or failed to, and how often it was restarted."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Protocol
 
 from app.repository.config import ModelConfig
 from app.runtime.devices import ExecutorDevice, model_allowed_on
+
+
+def pool_inputs(
+    devices: Sequence[ExecutorDevice], configs: Mapping[str, ModelConfig] | Iterable[ModelConfig]
+) -> tuple[dict[int, ExecutorDevice], dict[str, ModelConfig]]:
+    """A pool's devices by id (ids unique) and its model configs by name,
+    from what both pools' constructors take."""
+    by_id = {d.id: d for d in devices}
+    if len(by_id) != len(devices):
+        raise ValueError("device ids must be unique")
+    if isinstance(configs, Mapping):
+        return by_id, dict(configs)
+    return by_id, {c.name: c for c in configs}
+
+
+def check_watchdog_rules(stuck_factor: float, stuck_margin_s: float, timeout_s: float) -> None:
+    """The watchdog's settings (app.runtime.watchdog; 0 turns a rule off)."""
+    if stuck_factor < 0 or stuck_margin_s < 0 or timeout_s < 0:
+        raise ValueError(
+            "stuck_factor, stuck_margin_s and heartbeat_timeout_s must be ≥ 0, got "
+            f"{stuck_factor}, {stuck_margin_s} and {timeout_s}"
+        )
 
 
 class ExecutorRecord(Protocol):

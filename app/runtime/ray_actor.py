@@ -64,7 +64,7 @@ from app.runtime.messages import (
     config_from_dict,
 )
 from app.runtime.ray_channel import ChannelCount, dial, serve
-from app.runtime.ray_pool import inputs_end
+from app.runtime.ray_records import inputs_end
 
 log = logging.getLogger("app.runtime.ray_actor")
 

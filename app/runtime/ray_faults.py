@@ -1,4 +1,6 @@
-"""Faults and probes of Ray executors (mixed into `RayExecutorPool`).
+"""Faults and probes of Ray executors: `ActorFaults`, owned by
+`RayExecutorPool`, which it works through `FaultHost` (create, bring up,
+kill an actor; fail its batches; post; run in the background).
 
 Each actor has a `watch` call pending; it, or any call, failing means the
 actor died: DeviceDown is posted (not while the pool stops), then a
@@ -29,21 +31,17 @@ a few pings; its error is at most half that round trip).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
-import os
-import signal
 import statistics
 import time
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Coroutine, Iterable
+from typing import Any, Protocol
 
 import numpy as np
 
-from app.runtime.events import DeviceDown, DeviceUp
-from app.runtime.watchdog import beat_interval, check_interval, hang_of
-
-if TYPE_CHECKING:
-    from app.runtime.ray_pool import Actor, RayExecutorPool
+from app.runtime.events import DeviceDown, DeviceUp, ExecutorEvent
+from app.runtime.ray_records import Actor
+from app.runtime.watchdog import beat_interval, watch_for_hangs
 
 log = logging.getLogger("app.runtime.ray_pool")
 
@@ -83,22 +81,44 @@ async def measure_paths(handle: Any) -> tuple[float, float]:
     return overhead, 2 * PROBE_BYTES / moving
 
 
-class ActorBeat:
-    """When an actor last answered a ping (the watchdog's heartbeat)."""
+class FaultHost(Protocol):
+    """What the fault handling needs of the pool: its watchdog settings
+    (app.runtime.watchdog.Rules), its actors, and the Ray-side steps."""
 
-    __slots__ = ("last",)
+    respawn: bool
+    load_timeout_s: float
+    stuck_factor: float
+    stuck_margin_s: float
+    heartbeat_timeout_s: float
+    expected_latency: Callable[[str, int], float | None] | None
 
-    def __init__(self, last: float) -> None:
-        self.last = last
+    @property
+    def stopped(self) -> bool: ...
+    def watched(self) -> Iterable[Actor]: ...
+    def post(self, event: ExecutorEvent) -> None: ...
+    def background(self, coro: Coroutine[Any, Any, None]) -> None: ...
+    def create(self, a: Actor) -> None: ...
+    async def bring_up(self, a: Actor) -> None: ...
+    def kill(self, a: Actor, *, restart: bool) -> None: ...
+    def fail_inflight(self, a: Actor, reason: str) -> None: ...
 
 
 class ActorFaults:
     """An actor's death or hang noticed, reported, and the actor brought back."""
 
-    async def _beat(self: RayExecutorPool, a: Actor, generation: int) -> None:
+    def __init__(self, pool: FaultHost) -> None:
+        self.pool = pool
+
+    def watch(self, a: Actor) -> None:
+        """The actor serves: report its death and, with heartbeats on, its silence."""
+        self.pool.background(self._watch(a, a.generation))
+        if a.heartbeat is not None:
+            self.pool.background(self._beat(a, a.generation))
+
+    async def _beat(self, a: Actor, generation: int) -> None:
         """Ping the actor while this life of it serves; each answer is a beat."""
-        interval = beat_interval(self.heartbeat_timeout_s)
-        while not self._stopped and a.generation == generation and a.heartbeat is not None:
+        interval = beat_interval(self.pool.heartbeat_timeout_s)
+        while not self.pool.stopped and a.generation == generation and a.heartbeat is not None:
             try:
                 await a.handle.ping.remote()
             except asyncio.CancelledError:
@@ -109,69 +129,54 @@ class ActorFaults:
                 a.heartbeat.last = time.monotonic()
             await asyncio.sleep(interval)
 
-    async def _watchdog(self: RayExecutorPool) -> None:
+    async def watchdog(self) -> None:
         """Kill an actor that stopped answering or whose oldest batch runs
-        far beyond its profile."""
-        interval = check_interval(self.stuck_factor, self.stuck_margin_s, self.heartbeat_timeout_s)
-        while not self._stopped:
-            await asyncio.sleep(interval)
-            now = time.monotonic()
-            for a in self._actors.values():
-                if a.dead or a.loading:
-                    continue
-                reason = hang_of(a, now, self)
-                if reason is not None:
-                    self._hung(a, f"{reason} (Ray actor pid {a.pid})")
+        far beyond its profile (app.runtime.watchdog's rules and loop)."""
+        await watch_for_hangs(self.pool, self._hung)
 
-    def _hung(self: RayExecutorPool, a: Actor, reason: str) -> None:
+    def _hung(self, a: Actor, reason: str) -> None:
         """Kill the hung actor's process (Ray restarts it), then down it as a
         dead one."""
+        reason = f"{reason} (Ray actor pid {a.pid})"
         log.error("%s; killing it", reason)
-        if a.node_id == self._node and a.pid:
-            # On this node: SIGKILL at once (a stopped process gets it too);
-            # Ray sees the worker die and restarts the actor.
-            with contextlib.suppress(OSError):
-                os.kill(a.pid, signal.SIGKILL)
-        elif self._ray is not None and a.handle is not None:
-            try:
-                self._ray.kill(a.handle, no_restart=False)
-            except Exception:
-                log.debug("killing executor %s failed", a.device.name, exc_info=True)
-        self._fault(a, a.generation, reason)
+        self.pool.kill(a, restart=True)
+        self.fault(a, a.generation, reason)
 
-    async def _watch(self: RayExecutorPool, a: Actor, generation: int) -> None:
+    async def _watch(self, a: Actor, generation: int) -> None:
         try:
             await a.handle.watch.remote()
         except asyncio.CancelledError:
             raise
         except Exception as exc:
-            self._fault(a, generation, f"executor {a.device.name} (Ray actor) died: {exc}")
+            self.fault(a, generation, f"executor {a.device.name} (Ray actor) died: {exc}")
 
-    def _fault(self: RayExecutorPool, a: Actor, generation: int, reason: str) -> None:
+    def fault(self, a: Actor, generation: int, reason: str) -> None:
         """The actor died: DeviceDown first (not while stopping), then its
         batches fail, then it is brought back."""
-        if a.generation != generation or self._stopped:
+        pool = self.pool
+        if a.generation != generation or pool.stopped:
             return
         a.generation += 1
         a.dead = True
         a.down_since = time.monotonic()
         log.error("%s", reason)
-        self._post(DeviceDown(a.device.id, reason))
-        self._fail_inflight(a, reason)
+        pool.post(DeviceDown(a.device.id, reason))
+        pool.fail_inflight(a, reason)
         a.heartbeat = None
-        if self.respawn:
-            self._background(self._respawn(a))
+        if pool.respawn:
+            pool.background(self._respawn(a))
         else:
-            self._kill(a)
+            pool.kill(a, restart=False)
 
-    async def _respawn(self: RayExecutorPool, a: Actor) -> None:
+    async def _respawn(self, a: Actor) -> None:
         """Ray restarts the actor; once it answers and has loaded its models,
         DeviceUp. After three failed tries (Ray no longer restarts it), a
         new actor."""
+        pool = self.pool
         tries, backoff = 0, 0.1
-        while not self._stopped:
+        while not pool.stopped:
             try:
-                await asyncio.wait_for(self._bring_up(a), self.load_timeout_s)
+                await asyncio.wait_for(pool.bring_up(a), pool.load_timeout_s)
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
@@ -179,12 +184,12 @@ class ActorFaults:
                 log.error("bringing executor %s back failed: %s", a.device.name, exc)
                 a.dead = True
                 if tries % 3 == 0:
-                    self._kill(a)
-                    self._create(a)
+                    pool.kill(a, restart=False)
+                    pool.create(a)
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, 5.0)
                 continue
-            if self._stopped:
+            if pool.stopped:
                 return
             down = time.monotonic() - (a.down_since or time.monotonic())
             a.restarts += 1
@@ -197,14 +202,5 @@ class ActorFaults:
                 a.restarts,
                 down,
             )
-            self._post(DeviceUp(a.device.id, down))
+            pool.post(DeviceUp(a.device.id, down))
             return
-
-    def _kill(self: RayExecutorPool, a: Actor) -> None:
-        """End the actor for good (Ray does not restart it)."""
-        if a.handle is None or self._ray is None:
-            return
-        try:
-            self._ray.kill(a.handle, no_restart=True)
-        except Exception:
-            log.debug("killing executor %s failed", a.device.name, exc_info=True)

@@ -61,10 +61,12 @@ Not on Ray: reshares, which raise `NotSupportedOnRay`.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+import os
+import signal
 import time
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -84,10 +86,15 @@ from app.runtime.messages import AloneMark, Cancelled, Ran, Run, config_to_dict
 from app.runtime.model_changes import ModelChanges
 from app.runtime.parking import Parking
 from app.runtime.pool import LatencyOf
-from app.runtime.pool_records import DeviceRecords, ExecutorRecord
-from app.runtime.ray_alone import ActorAloneRuns
+from app.runtime.pool_records import (
+    DeviceRecords,
+    ExecutorRecord,
+    check_watchdog_rules,
+    pool_inputs,
+)
+from app.runtime.ray_alone import AloneReruns
 from app.runtime.ray_channel import Channel, ChannelDirectory, connect
-from app.runtime.ray_faults import ActorBeat, ActorFaults, clock_offset, measure_paths
+from app.runtime.ray_faults import ActorFaults, clock_offset, measure_paths
 from app.runtime.ray_fit import (
     ActorInfeasible,
     NodeOffer,
@@ -97,6 +104,7 @@ from app.runtime.ray_fit import (
     offers_of,
     request_of,
 )
+from app.runtime.ray_records import Actor, ActorBeat, inputs_end
 
 log = logging.getLogger("app.runtime.ray_pool")
 
@@ -118,41 +126,7 @@ def _unsupported(method: str) -> NotSupportedOnRay:
     )
 
 
-@dataclass
-class Actor:
-    """The pool's record of one device's actor."""
-
-    device: ExecutorDevice
-    handle: Any = None
-    node_id: str = ""
-    pid: int | None = None
-    remote: bool = False  # its data goes through the object store
-    channel: Channel | None = None  # its batch channel (same node; app.runtime.ray_channel)
-    request: dict[str, float] = field(default_factory=dict)  # what it asks Ray for
-    clock_offset: float = 0.0  # its monotonic clock minus ours
-    models: list[str] = field(default_factory=list)
-    load_errors: dict[str, str] = field(default_factory=dict)
-    load_info: dict[str, str] = field(default_factory=dict)
-    inflight: dict[int, str] = field(default_factory=dict)  # batch_id → model
-    dead: bool = True
-    loading: bool = False
-    generation: int = 0  # bumped at each failure: replies of an older one are stale
-    down_since: float | None = None
-    restarts: int = 0
-    last_respawn_s: float | None = None
-    overhead_s: float = 0.0  # median round trip of an empty call
-    bytes_per_s: float = float("inf")  # PROBE_BYTES there and back
-    # What the hang watchdog reads (app.runtime.watchdog.Watched):
-    heartbeat: ActorBeat | None = None  # its last answered ping (None: the rule is off)
-    serving_since: float = 0.0  # when it had loaded its models
-    progress_at: float = 0.0  # its last reply, or work given to it idle
-    sizes: dict[int, tuple[int, float]] = field(default_factory=dict)  # batch → (size, start)
-    # The asynchronous profiler (app.runtime.ray_alone):
-    samples_left: int = 0  # samples the actor keeps to re-run alone (≥ 1: some)
-    rerunning: bool = False  # a re-run loop is under way
-
-
-class RayExecutorPool(DeviceRecords, ActorFaults, ActorAloneRuns):
+class RayExecutorPool(DeviceRecords):
     """Ray actors for `devices`, serving `configs` through `arenas` (see the
     module docstring; the arguments are `ExecutorPool`'s). `nodes`: a node
     id per device id to pin its actor to; `all_remote`: every actor takes
@@ -183,20 +157,13 @@ class RayExecutorPool(DeviceRecords, ActorFaults, ActorAloneRuns):
         fit_threads: bool = True,
         channel: bool = True,
     ) -> None:
-        self.devices: dict[int, ExecutorDevice] = {d.id: d for d in devices}
-        if len(self.devices) != len(devices):
-            raise ValueError("device ids must be unique")
-        if isinstance(configs, Mapping):
-            self.configs: dict[str, ModelConfig] = dict(configs)
-        else:
-            self.configs = {c.name: c for c in configs}
+        check_watchdog_rules(stuck_factor, stuck_margin_s, heartbeat_timeout_s)
+        self.devices, self.configs = pool_inputs(devices, configs)
         self.arenas: dict[str, Arena] = dict(arenas)
         self.events = events
         self.log_level = log.getEffectiveLevel() if log_level is None else log_level
         self.respawn = respawn
         self.expected_latency = expected_latency  # the service sets it for the watchdog
-        if stuck_factor < 0 or stuck_margin_s < 0 or heartbeat_timeout_s < 0:
-            raise ValueError("stuck_factor, stuck_margin_s and heartbeat_timeout_s must be ≥ 0")
         self.stuck_factor = stuck_factor
         self.stuck_margin_s = stuck_margin_s
         self.heartbeat_timeout_s = heartbeat_timeout_s
@@ -215,6 +182,8 @@ class RayExecutorPool(DeviceRecords, ActorFaults, ActorAloneRuns):
         self._actors: dict[int, Actor] = {d.id: Actor(d) for d in devices}
         self.parking = Parking(self)  # actors stopped on purpose (app.runtime.parking)
         self.model_changes = ModelChanges(self)  # models loaded while serving
+        self.faults = ActorFaults(self)  # deaths and hangs (app.runtime.ray_faults)
+        self.reruns = AloneReruns(self)  # samples re-run alone (app.runtime.ray_alone)
         self._node = ""
         self._ray: Any = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -292,8 +261,8 @@ class RayExecutorPool(DeviceRecords, ActorFaults, ActorAloneRuns):
         try:
             self._fit(offers_of(ray.nodes()))
             for a in self._actors.values():
-                self._create(a)
-            bring_up = asyncio.gather(*(self._bring_up(a) for a in self._actors.values()))
+                self.create(a)
+            bring_up = asyncio.gather(*(self.bring_up(a) for a in self._actors.values()))
             try:
                 await asyncio.wait_for(bring_up, timeout)
             except TimeoutError:
@@ -322,7 +291,7 @@ class RayExecutorPool(DeviceRecords, ActorFaults, ActorAloneRuns):
             "%d Ray executors serving after %.1f s", len(self._actors), time.monotonic() - began
         )
         if self.stuck_factor > 0 or self.heartbeat_timeout_s > 0:
-            self._background(self._watchdog())
+            self.background(self.faults.watchdog())
 
     @staticmethod
     def _path_of(a: Actor) -> str:
@@ -367,7 +336,7 @@ class RayExecutorPool(DeviceRecords, ActorFaults, ActorAloneRuns):
             parts.append(f"executor {a.device.name} ({describe(a.request)}): {stage}")
         return f"Ray executors not up after {timeout:.0f} s: " + "; ".join(parts)
 
-    def _create(self, a: Actor) -> None:
+    def create(self, a: Actor) -> None:
         from app.runtime.ray_actor import actor_class
 
         device = a.device
@@ -392,7 +361,7 @@ class RayExecutorPool(DeviceRecords, ActorFaults, ActorAloneRuns):
             spec["index"] = 0  # Ray sets CUDA_VISIBLE_DEVICES to the GPU it gave
         a.handle = actor_class().options(**options).remote(spec, self.log_level)
 
-    async def _bring_up(self, a: Actor) -> None:
+    async def bring_up(self, a: Actor) -> None:
         """Wait for the actor to answer, have it load its models, watch it."""
         a.loading = True
         a.models, a.load_errors, a.load_info = [], {}, {}
@@ -432,10 +401,9 @@ class RayExecutorPool(DeviceRecords, ActorFaults, ActorAloneRuns):
         a.dead = a.loading = False
         a.serving_since = a.progress_at = time.monotonic()
         a.sizes.clear()
-        self._background(self._watch(a, a.generation))
         if self.heartbeat_timeout_s > 0:
             a.heartbeat = ActorBeat(a.serving_since)
-            self._background(self._beat(a, a.generation))
+        self.faults.watch(a)
 
     async def _placed(self, a: Actor, began: float) -> tuple[str, int]:
         """The actor's node and pid once Ray has placed it; while it waits,
@@ -474,7 +442,7 @@ class RayExecutorPool(DeviceRecords, ActorFaults, ActorAloneRuns):
             self._ended(a, generation, reply.batch_id, reply)
 
         def on_closed() -> None:
-            self._fault(
+            self.faults.fault(
                 a, generation, f"executor {a.device.name} (Ray actor) died: its channel closed"
             )
 
@@ -511,7 +479,7 @@ class RayExecutorPool(DeviceRecords, ActorFaults, ActorAloneRuns):
             raise ValueError(f"batch {batch_id} is already in flight on {a.device.name}")
         rows = [int(s) for s in slots]
         marks = tuple(alone)
-        self._interrupt_rerun(a)
+        self.reruns.interrupt(a)
         ref = None
         try:
             if a.remote:
@@ -531,9 +499,9 @@ class RayExecutorPool(DeviceRecords, ActorFaults, ActorAloneRuns):
         a.inflight[batch_id] = model
         a.sizes[batch_id] = (len(rows), float(start_at))
         if marks:
-            self._samples_sent(a)
+            self.reruns.sent(a)
         if ref is not None:
-            self._background(self._finish(a, a.generation, batch_id, model, rows, ref))
+            self.background(self._finish(a, a.generation, batch_id, model, rows, ref))
 
     async def _finish(
         self, a: Actor, generation: int, batch_id: int, model: str, rows: list[int], ref: Any
@@ -543,7 +511,7 @@ class RayExecutorPool(DeviceRecords, ActorFaults, ActorAloneRuns):
         except asyncio.CancelledError:
             raise
         except Exception as exc:
-            self._fault(a, generation, f"executor {a.device.name} (Ray actor) died: {exc}")
+            self.faults.fault(a, generation, f"executor {a.device.name} (Ray actor) died: {exc}")
             return
         if a.generation != generation or batch_id not in a.inflight:
             return  # failed already, with its actor
@@ -566,7 +534,7 @@ class RayExecutorPool(DeviceRecords, ActorFaults, ActorAloneRuns):
         a.sizes.pop(batch_id, None)
         a.progress_at = time.monotonic()
         if not a.inflight:
-            self._idle(a)
+            self.reruns.idle(a)
         offset = a.clock_offset
         if isinstance(reply, Cancelled):
             self._post(BatchStopped(a.device.id, batch_id, reply.stopped_at - offset))
@@ -662,7 +630,7 @@ class RayExecutorPool(DeviceRecords, ActorFaults, ActorAloneRuns):
                     )
                 )
             self._close_channel(a)
-            self._kill(a)
+            self.kill(a, restart=False)
         if self._channels is not None:
             self._channels.remove()
         for arena in self.arenas.values():
@@ -678,7 +646,7 @@ class RayExecutorPool(DeviceRecords, ActorFaults, ActorAloneRuns):
         except Exception:
             log.debug("an actor's stop failed", exc_info=True)
 
-    def _background(self, coro: Any) -> None:
+    def background(self, coro: Any) -> None:
         assert self._loop is not None
         task = self._loop.create_task(coro)
         self._tasks.add(task)
@@ -691,6 +659,10 @@ class RayExecutorPool(DeviceRecords, ActorFaults, ActorAloneRuns):
 
     def executor_records(self) -> Iterable[Actor]:
         return self._actors.values()
+
+    def watched(self) -> list[Actor]:
+        """The actors the watchdog judges (app.runtime.watchdog): those serving."""
+        return [a for a in self._actors.values() if not (a.dead or a.loading)]
 
     def serves(self, a: Actor) -> bool:
         return not (a.dead or a.loading or self._stopped)
@@ -742,8 +714,8 @@ class RayExecutorPool(DeviceRecords, ActorFaults, ActorAloneRuns):
 
     async def start_executor(self, device_id: int) -> None:
         a = self._actors[device_id]
-        self._create(a)
-        await self._bring_up(a)
+        self.create(a)
+        await self.bring_up(a)
 
     def failed_start(self, device_id: int, reason: str) -> None:
         self._retire(self._actors[device_id], reason)
@@ -761,10 +733,10 @@ class RayExecutorPool(DeviceRecords, ActorFaults, ActorAloneRuns):
         a.generation += 1
         a.heartbeat = None
         a.down_since = time.monotonic()
-        self._fail_inflight(a, reason)
-        self._kill(a)
+        self.fail_inflight(a, reason)
+        self.kill(a, restart=False)
 
-    def _fail_inflight(self, a: Actor, reason: str) -> None:
+    def fail_inflight(self, a: Actor, reason: str) -> None:
         """The actor's life ended: its batches in flight each fail with
         `reason`, and what it kept (sizes, samples) is gone with it."""
         now = time.monotonic()
@@ -773,6 +745,22 @@ class RayExecutorPool(DeviceRecords, ActorFaults, ActorAloneRuns):
             self._post(BatchFinished(a.device.id, batch_id, now, now, reason))
         a.sizes.clear()
         a.samples_left, a.rerunning = 0, False  # a new process keeps no samples
+
+    def kill(self, a: Actor, *, restart: bool) -> None:
+        """End the actor's process: for good, or (`restart`, a hung one) for
+        Ray to restart it."""
+        if restart and a.node_id == self._node and a.pid:
+            # On this node: SIGKILL at once (a stopped process gets it too);
+            # Ray sees the worker die and restarts the actor.
+            with contextlib.suppress(OSError):
+                os.kill(a.pid, signal.SIGKILL)
+            return
+        if a.handle is None or self._ray is None:
+            return
+        try:
+            self._ray.kill(a.handle, no_restart=not restart)
+        except Exception:
+            log.debug("killing executor %s failed", a.device.name, exc_info=True)
 
     def _actor_for(self, device_id: int) -> Actor:
         if device_id not in self._actors:
@@ -786,10 +774,3 @@ class RayExecutorPool(DeviceRecords, ActorFaults, ActorAloneRuns):
             self.events(event)
         except Exception:
             log.exception("handling %s failed", event)
-
-
-def inputs_end(layout: Mapping[str, Any]) -> int:
-    """Where a slot's outputs begin: its bytes before are the inputs (and
-    their shapes), after it the outputs (app.runtime.arena's layout)."""
-    offsets = [int(t["offset"]) for t in layout["outputs"].values()]
-    return min(offsets) if offsets else int(layout["slot_nbytes"])

@@ -1,8 +1,8 @@
 """How the executor pool tells a hung executor from a busy one.
 
-The pool's watchdog (`ExecutorPool._watchdog`, on the event loop, every
-`check_interval` seconds) asks `hang_of` about each serving executor, which
-applies two rules:
+Each pool's watchdog (`watch_for_hangs`, on the event loop, every
+`check_interval` seconds; the same loop for executor processes and Ray
+actors) asks `hang_of` about each serving executor, which applies two rules:
 
 * **Silence.** Each executor process runs a thread that writes
   `time.monotonic()` into a shared 8-byte `Heartbeat` every
@@ -27,11 +27,12 @@ not judge an executor while it starts or loads.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import threading
 import time
-from collections.abc import Callable
-from typing import Any, Protocol
+from collections.abc import Callable, Iterable
+from typing import Any, Protocol, TypeVar
 
 # Beats per timeout: a few late beats (a busy box) are not yet a hang.
 BEATS_PER_TIMEOUT = 5
@@ -179,3 +180,32 @@ def reap(process: Any) -> None:
         if process.is_alive():
             process.kill()
         process.join(1.0)
+
+
+W = TypeVar("W", bound=Watched, covariant=True)
+
+
+class HangWatch(Rules, Protocol[W]):
+    """A pool as its watchdog sees it: its rules, whether it has stopped,
+    and its executors to judge (those starting, loading or stopping left out)."""
+
+    @property
+    def stopped(self) -> bool: ...
+    def watched(self) -> Iterable[W]: ...
+
+
+E = TypeVar("E", bound=Watched)
+
+
+async def watch_for_hangs(pool: HangWatch[E], on_hung: Callable[[E, str], None]) -> None:
+    """Until the pool stops: every `check_interval`, `on_hung(executor,
+    reason)` for each executor `hang_of` finds hung (the pool kills it and
+    takes it down as a dead one)."""
+    interval = check_interval(pool.stuck_factor, pool.stuck_margin_s, pool.heartbeat_timeout_s)
+    while not pool.stopped:
+        await asyncio.sleep(interval)
+        now = time.monotonic()
+        for executor in list(pool.watched()):
+            reason = hang_of(executor, now, pool)
+            if reason is not None:
+                on_hung(executor, reason)

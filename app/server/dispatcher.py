@@ -25,6 +25,15 @@ requests it admitted.
 Symphony partitions models into sub-clusters of devices that load the same
 models (symphony.txt §4.1); likewise one core runs per *device group*: the
 devices that host exactly the same set of models.
+
+A new plan swaps the cores at one instant (`switch_groups`, POST /v2/plan):
+each old core gives up its models, and the requests it still queues —
+dropped by it as `unloaded` — are handed to the new core of their model,
+with their arrival and deadline, rather than answered. The old cores'
+batches in flight run to their end and are answered by them; until the last
+of them on a device ends, the device's new core sees it down. A request of
+an old batch that is stopped or whose device fails is handed over the same
+way. So every request is answered exactly once, by one core or the next.
 """
 
 from __future__ import annotations
@@ -35,7 +44,7 @@ import itertools
 import logging
 import random
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -60,6 +69,7 @@ from app.scheduling.types import (
     Decision,
     Dispatch,
     Drop,
+    DropReason,
     Preempt,
     Request,
 )
@@ -156,6 +166,16 @@ class Dispatcher(EventDriver):
         self._sampler = AloneSampler(alone_sample_rate, rng)
         self._ids = itertools.count()
         self.pending: dict[int, Pending] = {}
+        # The core of each batch in flight, by (device, batch id): events
+        # of a batch go to the core that sent it, across a plan switch.
+        self._running: dict[tuple[int, int], CoreGroup] = {}
+        # Cores a switch retired, while batches of theirs run; the devices
+        # the current cores see down until those end (those whose executor
+        # failed meanwhile stay down until it is back).
+        self.retiring: list[CoreGroup] = []
+        self._held: set[int] = set()
+        self._held_down: set[int] = set()
+        self._handing: list[Request] | None = None  # a switch collecting requests
 
     @property
     def timer(self) -> Timer | None:
@@ -196,48 +216,68 @@ class Dispatcher(EventDriver):
         request = Request(next(self._ids), model, arrival, arrival + slo_s, len(rows), app)
         pending = Pending(request, rows, asyncio.get_running_loop().create_future())
         self.pending[request.id] = pending
-        self._run(lambda: self._apply(group.scheduler.add_request(request, now)))
+        self._run(lambda: self._apply(group, group.scheduler.add_request(request, now)))
         return pending
 
     # ---------------------------------------------------------------- driving
 
     def _handle(self, event: ExecutorEvent) -> None:
+        if isinstance(event, BatchFinished | BatchStopped):
+            self._batch_ended(event)
+            return
+        if event.device in self._held and self._held_event(event):
+            return
         group = self._by_device.get(event.device)
         if group is None:
             log.warning("event for device %d, which no core owns: %s", event.device, event)
             return
         core = group.scheduler
         now = self._clock()
-        if isinstance(event, BatchFinished):
-            # Its Complete answers the requests with this report.
-            self._apply(core.batch_finished(event.device, event.batch_id, now), event)
-        elif isinstance(event, BatchStopped):
-            self._apply(core.batch_stopped(event.device, event.batch_id, now))
-        elif isinstance(event, DeviceDown):
-            self._apply(core.device_down(event.device, now))
+        if isinstance(event, DeviceDown | DeviceParked):
+            self._apply(group, core.device_down(event.device, now))
         elif isinstance(event, DeviceUp | DeviceUnparked):
-            self._apply(core.device_up(event.device, now))
-        elif isinstance(event, DeviceParked):
-            self._apply(core.device_down(event.device, now))
+            self._apply(group, core.device_up(event.device, now))
         elif isinstance(event, DeviceReshared):
             speed = core.devices[event.device].speed * event.speed_ratio
-            self._apply(core.set_device_speed(event.device, speed, now))
+            self._apply(group, core.set_device_speed(event.device, speed, now))
         elif isinstance(event, AloneTimed):
             info = core.models.get(event.model)
             seconds = alone_time_per_request(event.seconds, event.items, info)
-            self._apply(core.record_alone_time(event.model, event.app, seconds, now))
+            self._apply(group, core.record_alone_time(event.model, event.app, seconds, now))
 
-    def _apply(self, decisions: list[Decision], report: BatchFinished | None = None) -> None:
-        """Carry out a core's decisions; `report` is the executor's report of
-        the batch whose end they answer."""
+    def _batch_ended(self, event: BatchFinished | BatchStopped) -> None:
+        """A batch's end goes to the core that sent it."""
+        key = (event.device, event.batch_id)
+        group = self._running.pop(key, None) or self._by_device.get(event.device)
+        if group is None:
+            log.warning("event for device %d, which no core owns: %s", event.device, event)
+            return
+        now = self._clock()
+        if isinstance(event, BatchFinished):
+            # Its Complete answers the requests with this report.
+            self._apply(
+                group, group.scheduler.batch_finished(event.device, event.batch_id, now), event
+            )
+        else:
+            self._apply(group, group.scheduler.batch_stopped(event.device, event.batch_id, now))
+        if self.retiring:
+            self._release(event.device)
+
+    def _apply(
+        self, group: CoreGroup, decisions: list[Decision], report: BatchFinished | None = None
+    ) -> None:
+        """Carry out the decisions of `group`'s core; `report` is the
+        executor's report of the batch whose end they answer."""
         for decision in decisions:
             if isinstance(decision, Dispatch):
-                self._dispatch(decision.batch)
+                self._dispatch(group, decision.batch)
             elif isinstance(decision, Complete):
                 self._complete(decision.batch, decision.requests, report)
             elif isinstance(decision, Drop):
-                error = dropped(decision.reason.value)
-                self._fail(decision.requests, error)
+                if decision.reason is DropReason.UNLOADED and self.retiring:
+                    self._hand_over(decision.requests)
+                else:
+                    self._fail(decision.requests, dropped(decision.reason.value))
             elif isinstance(decision, Preempt):
                 if self._on_preempt is not None:
                     self._on_preempt(decision)
@@ -251,7 +291,7 @@ class Dispatcher(EventDriver):
                         exc,
                     )
 
-    def _dispatch(self, batch: Batch) -> None:
+    def _dispatch(self, group: CoreGroup, batch: Batch) -> None:
         if log.isEnabledFor(logging.DEBUG):
             log.debug(
                 "dispatch batch %d: %s ×%d on device %d at %+.1f ms",
@@ -263,9 +303,9 @@ class Dispatcher(EventDriver):
             )
         # The batch's rows: each request's items, in the batch's order.
         slots = [s for r in batch.requests for s in self.pending[r.id].slots]
-        core = self._by_device.get(batch.device)
-        info = None if core is None else core.scheduler.models.get(batch.model)
+        info = group.scheduler.models.get(batch.model)
         alone = self._sampler.marks(batch, info)
+        self._running[(batch.device, batch.id)] = group
         try:
             if alone:
                 self._executors.submit(
@@ -304,7 +344,8 @@ class Dispatcher(EventDriver):
     # ------------------------------------------------------------------ timer
 
     def _rearm(self) -> None:
-        wakeups = [w for g in self.groups if (w := g.scheduler.next_wakeup()) is not None]
+        cores = [*self.groups, *self.retiring]
+        wakeups = [w for g in cores if (w := g.scheduler.next_wakeup()) is not None]
         wake_at = min(wakeups) if wakeups else None
         if not self.closing:
             self._wakeup.arm(wake_at)
@@ -313,10 +354,10 @@ class Dispatcher(EventDriver):
         now = self._wakeup.fired(self._clock())
 
         def advance_due_cores() -> None:
-            for group in self.groups:
+            for group in [*self.groups, *self.retiring]:
                 wake = group.scheduler.next_wakeup()
                 if wake is not None and wake <= now:
-                    self._apply(group.scheduler.advance(now))
+                    self._apply(group, group.scheduler.advance(now))
 
         self._run(advance_due_cores)
 
@@ -330,7 +371,7 @@ class Dispatcher(EventDriver):
             return False
         group = self.groups[index]
         self._replace(index, dataclasses.replace(group, models=group.models | {model.name}))
-        self._run(lambda: self._apply(group.scheduler.add_model(model, self._clock())))
+        self._run(lambda: self._apply(group, group.scheduler.add_model(model, self._clock())))
         return True
 
     def add_group(self, group: CoreGroup) -> None:
@@ -347,11 +388,95 @@ class Dispatcher(EventDriver):
         index = next(i for i, g in enumerate(self.groups) if model in g.models)
         group = self.groups[index]
         self._replace(index, dataclasses.replace(group, models=group.models - {model}))
-        self._run(lambda: self._apply(group.scheduler.remove_model(model, self._clock())))
+        self._run(lambda: self._apply(group, group.scheduler.remove_model(model, self._clock())))
+
+    # ------------------------------------------------------------ plan switch
+
+    def switch_groups(self, groups: Sequence[CoreGroup], down: Iterable[int] = ()) -> int:
+        """Serve from `groups`' cores from now on (the module docstring):
+        the old cores give up their models, their queued requests go to the
+        new cores, their batches in flight end on them. `down`: devices
+        whose executor is not serving now (the new cores hear when they
+        are). Returns how many requests were handed over."""
+        if self.closing:
+            raise ShuttingDown("server is shutting down")
+        handed: list[Request] = []
+        now = self._clock()
+
+        def switch() -> None:
+            old = self.groups
+            self.retiring.extend(old)
+            self._handing = handed
+            try:
+                for group in old:
+                    for model in sorted(group.models):
+                        self._apply(group, group.scheduler.remove_model(model, now))
+            finally:
+                self._handing = None
+            self.groups = list(groups)
+            self._replace_all()
+            busy = {device for device, _ in self._running if device in self._by_device}
+            self._held |= busy
+            for device in sorted(busy | (set(down) & set(self._by_device))):
+                owner = self._by_device[device]
+                self._apply(owner, owner.scheduler.device_down(device, now))
+            self._hand_over(handed)
+            for device in sorted(busy):
+                self._release(device)
+
+        self._run(switch)
+        return len(handed)
+
+    def _hand_over(self, requests: list[Request]) -> None:
+        """Requests an old core gave up: to their model's core now (while a
+        switch is collecting them, into its list)."""
+        if self._handing is not None:
+            self._handing.extend(requests)
+            return
+        now = self._clock()
+        for request in sorted(requests, key=lambda r: (r.arrival, r.id)):
+            group = self._by_model.get(request.model)
+            if group is None:
+                self._fail([request], dropped(DropReason.NOT_SERVED.value))
+            else:
+                self._apply(group, group.scheduler.add_request(request, now))
+
+    def _held_event(self, event: ExecutorEvent) -> bool:
+        """An event of a device held down for a retired core's batches:
+        whether it is taken care of here (the current core already sees
+        the device down)."""
+        device = event.device
+        if isinstance(event, DeviceDown | DeviceParked):
+            self._held_down.add(device)
+            return True
+        if isinstance(event, DeviceUp | DeviceUnparked):
+            self._held_down.discard(device)
+            self._release(device)
+            return True
+        return False
+
+    def _release(self, device: int) -> None:
+        """Once no retired core has a batch on `device`, its current core
+        sees it up (unless its executor is down), and a retired core with
+        nothing left in flight is let go."""
+        if device in self._held:
+            retired = {id(g.scheduler) for g in self.retiring}
+            running = self._running.items()
+            if not any(d == device and id(g.scheduler) in retired for (d, _), g in running):
+                self._held.discard(device)
+                owner = self._by_device.get(device)
+                if owner is not None and device not in self._held_down:
+                    self._apply(owner, owner.scheduler.device_up(device, self._clock()))
+                self._held_down.discard(device)
+        busy = {id(g.scheduler) for g in self._running.values()}
+        self.retiring = [g for g in self.retiring if id(g.scheduler) in busy]
+
+    def _replace_all(self) -> None:
+        self._by_model = {m: g for g in self.groups for m in g.models}
+        self._by_device = {d: g for g in self.groups for d in g.devices}
 
     def _replace(self, index: int, group: CoreGroup) -> None:
         self.groups[index] = group
-        self._by_model = {m: g for g in self.groups for m in g.models}
-        self._by_device = {d: g for g in self.groups for d in g.devices}
+        self._replace_all()
 
     # -------------------------------------------------------------- shutdown

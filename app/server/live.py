@@ -21,8 +21,9 @@ Two hooks feed Triton's statistics (app/server/statistics.py): `infer`
 counts a request answered with an error, `_serve` one answered with
 outputs, `_on_batch` each batch once. Models are loaded and unloaded while
 serving by app/server/model_control.py and a device's share reallocated by
-app/server/reallocation.py (app/server/management.py: `load_model`,
-`unload_model`, `reshare_device`); a model in `control_state` takes no requests.
+app/server/reallocation.py, through the service's `management`
+(app/server/management.py; `load_model`, `unload_model` and `reshare_device`
+hand over to it); a model in `control_state` takes no requests.
 
 Every version a model serves is a served model of its own here (its own
 arena, executor load and scheduling-core entry), keyed as
@@ -42,6 +43,7 @@ import os
 import signal
 import time
 from datetime import datetime, timezone
+from typing import Any
 
 import numpy as np
 
@@ -96,7 +98,7 @@ log = logging.getLogger("app.server")
 _EXECUTOR_STOP_S = 1.0
 
 
-class LiveService(Management):
+class LiveService:
     """Implements app.server.service.InferenceService over real executors."""
 
     def __init__(self, settings: Settings, metrics: Metrics) -> None:
@@ -132,7 +134,38 @@ class LiveService(Management):
         self.control_state: dict[str, str] = {}
         # Each served model's version, kept for the index once it is unloaded.
         self.versions: dict[str, str] = {}
-        self._control_lock = asyncio.Lock()
+        # Each model's devices as its config gives them, before a plan
+        # placed it (a plan taken up while serving places it afresh).
+        self.own_devices: dict[str, tuple[str, ...] | None] = {}
+        # Model control and reallocation (app/server/management.py).
+        self.management = Management(self)
+
+    # ------------------------------------------------------------- management
+    # The routes' entry points, handed to `management` (app/server/management.py).
+
+    async def load_model(self, name: str, config_override: str | None = None) -> None:
+        await self.management.load_model(name, config_override)
+
+    async def unload_model(self, name: str) -> None:
+        await self.management.unload_model(name)
+
+    async def reshare_device(self, name: str, share: float) -> dict[str, Any]:
+        return await self.management.reshare_device(name, share)
+
+    async def apply_plan(self, body: bytes) -> dict[str, Any]:
+        return await self.management.apply_plan(body)
+
+    def device_index(self) -> list[dict[str, Any]]:
+        return self.management.device_index()
+
+    def profile_index(self) -> list[dict[str, Any]]:
+        return self.management.profile_index()
+
+    def repository_index(self) -> list[dict[str, str]]:
+        return self.management.repository_index()
+
+    def public_reason(self, reason: str) -> str:
+        return self.management.public_reason(reason)
 
     # ------------------------------------------------------------- lifecycle
 
@@ -141,6 +174,7 @@ class LiveService(Management):
         index = await startup.load_models(settings)
         self.unavailable.update(index.errors)
         self.optional = set(index.optional)
+        self.own_devices = {key: c.devices for key, c in index.models.items()}
         settings = self._take_plan(index)
         self.pipelines = await start_pipelines(settings, index, self.metrics, self.statistics)
         piped = self.pipelines.configs if self.pipelines is not None else {}
@@ -221,10 +255,8 @@ class LiveService(Management):
         InSS plan's models placed on their shares (app/server/plans.py)."""
         settings, self.plan = prepare_plan(self.settings, index)
         self.settings = settings
-        self._plan_loaded_at = time.time()
         if self.plan is not None:
-            file = self.plan.file
-            self.metrics.record_plan(file.kind, str(file.version), self._plan_loaded_at)
+            self.plan_applied(self.plan)
         if self.plan is not None and self.plan.inss is not None and index.models:
             index.models = place_inss(self.plan, index.models, whole_devices(settings))
         return settings
@@ -248,6 +280,11 @@ class LiveService(Management):
     def _device_states(self) -> dict[str, str]:
         """Each device's state for `device_state` (app.runtime.pool_records)."""
         return {d["name"]: d["state"] for d in self.device_index()}
+
+    def plan_applied(self, plan: PlanInForce) -> None:
+        """`plan` is in force from now on: GET /v2/plan and the plan metrics."""
+        self.plan, self._plan_loaded_at = plan, time.time()
+        self.metrics.record_plan(plan.file.kind, str(plan.file.version), self._plan_loaded_at)
 
     def plan_in_force(self) -> dict[str, object] | None:
         """The plan served (`GET /v2/plan`), None without one."""
@@ -456,7 +493,7 @@ class LiveService(Management):
             ),
         }
 
-    def _relative(self, reason: str) -> str:
+    def relative_to_repository(self, reason: str) -> str:
         """A load error names its files: relative to the repository in an answer."""
         repository = self.settings.repository
         roots = {str(repository.resolve()).rstrip("/") + "/", str(repository).rstrip("/") + "/"}

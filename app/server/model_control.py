@@ -37,7 +37,7 @@ import math
 import os
 import re
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from app.errors import ControlBusy, InvalidInput, LoadFailed, ModelNotFound
 from app.repository.config import VERSION_KEY_SEP, ModelConfig, shown_model
@@ -48,11 +48,9 @@ from app.scheduling.model import ModelInfo
 from app.scheduling.registry import make_scheduler
 from app.scheduling.types import DeviceInfo
 from app.server import startup
+from app.server.control_host import ControlHost
 from app.server.dispatcher import CoreGroup
 from app.server.startup import ModelState
-
-if TYPE_CHECKING:
-    from app.server.live import LiveService
 
 log = logging.getLogger("app.server")
 
@@ -271,7 +269,7 @@ def _version_keys(keys: Any, name: str) -> list[str]:
     return [k for k in keys if k.partition(VERSION_KEY_SEP)[0] == name]
 
 
-def _refuse_pipeline(service: LiveService, name: str) -> None:
+def _refuse_pipeline(service: ControlHost, name: str) -> None:
     """A model served as a pipeline of PPIPE_PLAN is not under model control."""
     if service.pipelines is not None and name in service.pipelines.configs:
         raise InvalidInput(
@@ -280,7 +278,7 @@ def _refuse_pipeline(service: LiveService, name: str) -> None:
         )
 
 
-async def unload(service: LiveService, name: str) -> None:
+async def unload(service: ControlHost, name: str) -> None:
     """Unload every version of `name` (see the module docstring); returns
     once they are gone."""
     _refuse_pipeline(service, name)
@@ -300,7 +298,7 @@ async def unload(service: LiveService, name: str) -> None:
             service.control_state.pop(key, None)
 
 
-async def _unload(service: LiveService, name: str) -> None:
+async def _unload(service: ControlHost, name: str) -> None:
     """Unload the served model `name` (a version key)."""
     state = service.models[name]
     service.control_state[name] = "unloading"
@@ -349,7 +347,7 @@ async def _wait(done: Any, seconds: float) -> bool:
 # ------------------------------------------------------------------ load
 
 
-async def load(service: LiveService, name: str, override: str | None = None) -> None:
+async def load(service: ControlHost, name: str, override: str | None = None) -> None:
     """(Re)load every version of `name` from the repository (see the module
     docstring): everything that can be checked is checked before the
     version served is touched; a failure after that leaves the model
@@ -397,7 +395,7 @@ def _reason(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
 
 
-async def _preflight(service: LiveService, config: ModelConfig) -> tuple[int, ...]:
+async def _preflight(service: ControlHost, config: ModelConfig) -> tuple[int, ...]:
     """The devices `config` will load on, once everything that can refuse
     the load before anything changes has been checked: its arena fits, a
     device of this server may run it, those devices' executors are up
@@ -436,7 +434,7 @@ async def _preflight(service: LiveService, config: ModelConfig) -> tuple[int, ..
     return hosts
 
 
-async def _load(service: LiveService, config: ModelConfig, planned: tuple[int, ...]) -> None:
+async def _load(service: ControlHost, config: ModelConfig, planned: tuple[int, ...]) -> None:
     """Load `config` on the devices `_preflight` planned (those of them where it loads)."""
     settings, pool, dispatcher = service.settings, service.pool, service.dispatcher
     assert pool is not None and dispatcher is not None
@@ -480,10 +478,11 @@ async def _load(service: LiveService, config: ModelConfig, planned: tuple[int, .
     service.unavailable.pop(name, None)
     service.statistics.add_model(name, config.version, config.model_name)
     service.versions[name] = config.version
+    service.own_devices[name] = config.devices
     log.info("loaded model %s on devices %s", name, list(hosts))
 
 
-def _new_core(service: LiveService, info: ModelInfo, hosts: tuple[int, ...]) -> CoreGroup:
+def _new_core(service: ControlHost, info: ModelInfo, hosts: tuple[int, ...]) -> CoreGroup:
     settings = service.settings
     devices = [service.device(d) for d in hosts]
     infos = [DeviceInfo(d.id, name=d.name, kind=d.kind) for d in devices]

@@ -33,13 +33,11 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from app.errors import InvalidInput, ServingError
 from app.runtime.pool_reshare import ReshareFailed, ReshareRefused
-
-if TYPE_CHECKING:
-    from app.server.live import LiveService
+from app.server.control_host import ControlHost
 
 log = logging.getLogger("app.server")
 
@@ -63,7 +61,7 @@ class ReshareUnavailable(ServingError):
     reason = "reshare_failed"
 
 
-def device_index(service: LiveService) -> list[dict[str, Any]]:
+def device_index(service: ControlHost) -> list[dict[str, Any]]:
     """Every executor device: its name, kind, share, cores (a CPU share's),
     threads, whether it is serving (`alive`), its `state` (serving, parked,
     resharing, loading or down: app.runtime.pool_records) and the models it
@@ -89,7 +87,7 @@ def device_index(service: LiveService) -> list[dict[str, Any]]:
     return out
 
 
-async def reshare(service: LiveService, name: str, share: float) -> dict[str, Any]:
+async def reshare(service: ControlHost, name: str, share: float) -> dict[str, Any]:
     """Give device `name` the share `share` (module docstring)."""
     pool, dispatcher = service.pool, service.dispatcher
     assert pool is not None and dispatcher is not None

@@ -1,0 +1,213 @@
+"""A plan applied while serving (`POST /v2/plan`): the groups of a HERD or
+partition plan take over from the cores in force at one instant.
+
+The plan is checked as at start-up (app/server/plan_checks.py: every
+mismatch with this server's models and devices named) and its groups
+placed as `CORE_GROUPS` places them (app/server/core_groups.py). Before
+anything changes:
+
+* each model the plan moves onto a device that does not hold it is loaded
+  there (app/runtime/model_changes.py, `replace_config`; it keeps its arena);
+* a model may not move onto a kind of device it has no profile of (its
+  profile was measured on one kind at start-up);
+* a plan that fails any of this is refused (409) and nothing changes.
+
+Then the dispatcher swaps the cores (app/server/dispatcher.py,
+`switch_groups`): the requests the old cores queue go to the new ones with
+their deadlines, the old cores' batches in flight end on them, and each
+device is the new core's once they have. Last, in the background, each
+model is unloaded from the devices the plan took it off.
+
+Only the plans that regroup the devices are applied while serving; an
+InSS plan (new shares: POST /v2/devices/reshare does one device) or a
+PPipe plan (its pipelines' executors) answers 501 naming the restart that
+serves it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import logging
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from app.errors import InvalidInput, ServingError
+from app.planning.plan_files import parse_plan_file
+from app.repository.config import ModelConfig
+from app.repository.loader import RepositoryIndex
+from app.runtime.devices import model_allowed_on
+from app.server.control_host import ControlHost
+from app.server.core_groups import CoreGroupsError, apply_core_groups
+from app.server.plan_checks import check_plan
+from app.server.plans import WHAT, PlanInForce, PlanMismatch
+from app.server.startup import ModelState, build_groups
+
+log = logging.getLogger("app.server")
+
+SWITCHED_KINDS = ("herd-plan", "symphony-partition")
+SETTING = "POST /v2/plan"
+
+
+class PlanRefused(ServingError):
+    """The plan does not fit this server, or cannot be taken up now."""
+
+    status = 409
+    reason = "plan_refused"
+
+
+class NotAPlan(ServingError):
+    """Well-formed JSON that is not a plan file."""
+
+    status = 422
+    reason = "invalid_request"
+
+
+class PlanNotSwitchable(ServingError):
+    """A plan of a kind that is taken up only at start-up."""
+
+    status = 501
+    reason = "not_supported"
+
+
+def read_posted_plan(body: bytes, directory: Path) -> PlanInForce:
+    """The posted plan file, kept under `directory` (the plan in force
+    names its file, as at start-up); 400 when it is not JSON, 422 when it
+    is not a plan file."""
+    try:
+        doc = json.loads(body)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise InvalidInput(f"the posted plan is not valid JSON: {exc}") from None
+    try:
+        file = parse_plan_file(doc, "the posted plan")
+    except (ValueError, TypeError, KeyError) as exc:
+        raise NotAPlan(str(exc)) from None
+    if file.kind not in SWITCHED_KINDS:
+        raise PlanNotSwitchable(
+            f"{WHAT[file.kind]} is taken up at start-up only; serve it with PLAN=FILE "
+            f"(while serving: {' or '.join(WHAT[k] for k in SWITCHED_KINDS)})"
+        )
+    directory.mkdir(parents=True, exist_ok=True)
+    with tempfile.NamedTemporaryFile(
+        "w", dir=directory, prefix=f"{file.kind}-", suffix=".json", delete=False
+    ) as out:
+        json.dump(doc, out)
+    return PlanInForce(SETTING, Path(out.name), file)
+
+
+async def switch_plan(service: ControlHost, plan: PlanInForce) -> dict[str, Any]:
+    """Take up `plan` while serving (module docstring); what changed."""
+    pool, dispatcher = service.pool, service.dispatcher
+    assert pool is not None and dispatcher is not None
+    began = time.monotonic()
+    states = _placed(service, plan)
+    loaded = await _load_where_moved(service, states)
+    groups = await asyncio.to_thread(build_groups, service.settings, states, service.devices, pool)
+    down = [d.id for d in service.devices if not pool.alive(d.id)]
+    switch_began = time.monotonic()
+    handed = dispatcher.switch_groups(groups, down)
+    switch_s = time.monotonic() - switch_began
+    service.models.update(states)
+    service.plan_applied(plan)
+    names = {d.id: d.name for d in service.devices}
+    shown = [{"models": sorted(g.models), "devices": [names[d] for d in g.devices]} for g in groups]
+    for group in shown:
+        log.info("plan: core of %s on %s", ", ".join(group["models"]), ", ".join(group["devices"]))
+    log.info(
+        "plan %s in force: %d cores, %d queued requests handed over, switch %.3f ms",
+        plan.file.kind,
+        len(groups),
+        handed,
+        switch_s * 1e3,
+    )
+    trims = [pool.model_changes.trim(name) for name in states]
+    background = asyncio.ensure_future(asyncio.gather(*trims))
+    background.add_done_callback(_log_failure)
+    return {
+        "kind": plan.file.kind,
+        "version": plan.file.version,
+        "groups": shown,
+        "loaded": loaded,
+        "handed_over": handed,
+        "switch_ms": round(switch_s * 1e3, 3),
+        "total_ms": round((time.monotonic() - began) * 1e3, 3),
+    }
+
+
+def _placed(service: ControlHost, plan: PlanInForce) -> dict[str, ModelState]:
+    """Each served model's state under `plan`: its config's devices the
+    group's, its devices their ids. PlanRefused naming every mismatch."""
+    configs = {
+        key: dataclasses.replace(
+            state.config, devices=service.own_devices.get(key, state.config.devices)
+        )
+        for key, state in service.models.items()
+    }
+    index = RepositoryIndex(service.settings.repository, dict(configs))
+    try:
+        check_plan(plan, service.settings, index)
+        placed = apply_core_groups(plan.path, configs, service.devices)
+    except (PlanMismatch, CoreGroupsError) as exc:
+        raise PlanRefused(str(exc)) from None
+    by_name = {d.name: d for d in service.devices}
+    states: dict[str, ModelState] = {}
+    problems: list[str] = []
+    for key, config in placed.items():
+        state = service.models[key]
+        hosts = [by_name[n] for n in config.devices or () if n in by_name]
+        hosts = [d for d in hosts if model_allowed_on(config, d)]
+        kinds = {service.device(d).kind for d in state.devices}
+        foreign = sorted({d.kind for d in hosts} - kinds)
+        if not hosts:
+            problems.append(f"model {config.model_name!r}: the plan leaves it no device")
+        elif foreign:
+            problems.append(
+                f"model {config.model_name!r} would move onto {', '.join(foreign)} devices; its "
+                f"profile is of {', '.join(sorted(kinds))} (restart with PLAN=FILE to profile it)"
+            )
+        devices = tuple(sorted(d.id for d in hosts))
+        states[key] = dataclasses.replace(state, config=config, devices=devices)
+    if problems:
+        raise PlanRefused(f"{WHAT[plan.file.kind]} cannot be taken up: " + "; ".join(problems))
+    return states
+
+
+async def _load_where_moved(
+    service: ControlHost, states: dict[str, ModelState]
+) -> dict[str, list[str]]:
+    """Each model loaded on the devices the plan newly gives it (before the
+    switch, so that the switch itself waits for nothing); PlanRefused, the
+    configs as they were, when a load fails."""
+    pool = service.pool
+    assert pool is not None
+    names = {d.id: d.name for d in service.devices}
+    loaded: dict[str, list[str]] = {}
+    changed: list[ModelConfig] = []
+    for key, state in states.items():
+        down = [names[d] for d in state.devices if not pool.alive(d)]
+        if down:
+            raise PlanRefused(
+                f"model {state.config.model_name!r}: the executors of {', '.join(down)} are not "
+                "serving (restarting or parked); retry once they are"
+            )
+        old = service.models[key].config
+        results = await pool.model_changes.replace_config(state.config)
+        changed.append(old)
+        failed = {names[d]: e for d, e in results.items() if e is not None}
+        if failed:
+            for config in changed:  # back to the configs in force
+                await pool.model_changes.replace_config(config)
+                await pool.model_changes.trim(config.name)
+            reasons = "; ".join(f"{n}: {e}" for n, e in failed.items())
+            raise PlanRefused(f"model {state.config.model_name!r} did not load: {reasons}")
+        if results:
+            loaded[state.config.model_name] = sorted(names[d] for d in results)
+    return loaded
+
+
+def _log_failure(task: asyncio.Future) -> None:
+    if not task.cancelled() and task.exception() is not None:
+        log.error("unloading models the plan moved failed: %s", task.exception())
