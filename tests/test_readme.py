@@ -201,6 +201,8 @@ NOT_RUN = {
     "(tests/test_inss_learned.py runs --learned on a tiny case)",
     "python -m bench.herd": "HERD's solve time at 1,000 workers and simulated goodput of "
     "seven groupings, minutes (tests/test_herd.py runs its pieces)",
+    "python -m bench.plan_switch": "30 s of load on a daemon of 8 emulated devices "
+    "(tests/test_plan_switch.py switches plans under load)",
     "python -m bench.inss_sim": "capacity searches of four systems × two arrival processes, "
     "2 min (tests/test_bench_inss_sim.py runs its --quick form)",
     "python -m bench.inss_sim --config bench/workloads/inss/paper-setting-saturating.yaml "
