@@ -194,9 +194,9 @@ async def test_a_live_service_switches_between_one_core_and_herd_groups_under_lo
     assert len(herd_phase) > 20
     late = herd_phase[len(herd_phase) // 2 :]
     assert {(m, d) for m, d in late} <= {("a", 0), ("b", 1)}, Counter(late)
-    assert {d["name"]: d["models"] for d in devices} == {
-        "emulated:0": ["a", "b"],
-        "emulated:1": ["a", "b"],
+    assert {d["name"]: (d["models"], d["state"], d["node"]) for d in devices} == {
+        "emulated:0": (["a", "b"], "serving", None),
+        "emulated:1": (["a", "b"], "serving", None),
     }
 
 

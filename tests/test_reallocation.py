@@ -9,11 +9,15 @@ import asyncio
 import logging
 from collections import Counter
 from pathlib import Path
+from types import SimpleNamespace
 
 import httpx
 import pytest
 
 from app.api import create_api
+from app.api.models import DeviceIndex
+from app.runtime.devices import ExecutorDevice
+from app.server import reallocation
 from app.server.live import LiveService
 from app.server.metrics import Metrics
 from tests.fakes import FakeService
@@ -195,3 +199,32 @@ async def test_the_fake_service_reshares_its_one_device():
     assert ok.status_code == 200 and ok.json()["new_share"] == 0.5
     assert missing.status_code == 404 and missing.json()["reason"] == "device_not_found"
     assert [d["name"] for d in listed] == ["emulated:0"]
+
+
+def test_the_device_index_names_each_devices_state_and_ray_node():
+    """GET /v2/devices' entries (what `plan … --from URL` reads): the state,
+    and on Ray the node of each device's actor."""
+
+    class RayLikePool:
+        def __init__(self) -> None:
+            self.devices: dict = {}
+
+        def alive(self, device_id: int) -> bool:
+            return device_id == 0
+
+        def state(self, device_id: int) -> str:
+            return "serving" if device_id == 0 else "parked"
+
+        def node_of(self, device_id: int) -> str:
+            return f"node-{device_id}"
+
+    emulated = [ExecutorDevice(i, "emulated", f"emulated:{i}") for i in range(2)]
+    service = SimpleNamespace(pool=RayLikePool(), devices=emulated, models={})
+    index = reallocation.device_index(service)
+    assert [(d["name"], d["alive"], d["state"], d["node"]) for d in index] == [
+        ("emulated:0", True, "serving", "node-0"),
+        ("emulated:1", False, "parked", "node-1"),
+    ]
+    assert DeviceIndex.model_validate({"devices": index}).model_dump()["devices"][1]["node"] == (
+        "node-1"
+    )

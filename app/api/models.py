@@ -412,6 +412,14 @@ class DeviceEntry(BaseModel):
     cpus: list[int] | None = Field(description="A CPU executor's cores; null for other kinds.")
     threads: int
     alive: bool = Field(description="Serving now (false while its executor restarts).")
+    state: str = Field(
+        "serving",
+        description="serving, parked (stopped on purpose: AUTOSCALE), resharing, loading "
+        "(starting or loading models) or down (failed; restarting).",
+    )
+    node: str | None = Field(
+        None, description="The Ray node its actor runs on (RAY_ADDRESS); null otherwise."
+    )
     models: list[str]
 
 

@@ -38,6 +38,7 @@ class ControlHost(Protocol):
     pipelines: PipelineService | None
     ready: bool
     closing: bool
+    plan: PlanInForce | None  # the plan in force (PLAN or POST /v2/plan)
 
     def device(self, device_id: int) -> ExecutorDevice: ...
     def outstanding(self, model: str) -> int: ...

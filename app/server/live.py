@@ -85,6 +85,7 @@ from app.server.pipeline_service import PipelineService, start_pipelines
 from app.server.plan_checks import prepare_plan
 from app.server.plans import PlanInForce, place_inss, whole_devices
 from app.server.preemption_log import PreemptionLog
+from app.server.replanning import Replanner
 from app.server.service import InferResult, placed_items, request_items
 from app.server.serving_routes import DispatcherRoute, PlacedRoute, Route, Served
 from app.server.settings import Settings
@@ -121,6 +122,7 @@ class LiveService:
         self.ready = False
         self.closing = False
         self._signals_task: asyncio.Task | None = None
+        self._replanning: asyncio.Task | None = None  # REPLAN_S (app/server/replanning.py)
         self.scaling: DeviceScaling | None = None  # AUTOSCALE (app/server/autoscaling.py)
         self._drain: asyncio.Task | None = None  # the shutdown's grace period
         self._hurried = False
@@ -225,16 +227,7 @@ class LiveService:
         )
         # The watchdog judges a batch by the profile the core plans with.
         self.pool.expected_latency = self._expected_latency
-        self.scaling = DeviceScaling(self.dispatcher.groups, self.pool, settings)
-        await self.scaling.start()
-        self._signals_task = asyncio.create_task(
-            publish_signals(
-                self.dispatcher,
-                self.metrics,
-                lambda d: self._device(d).name,
-                autoscaled=self.scaling.drives,
-            )
-        )
+        await self._start_control_loops(self.dispatcher, self.pool, settings)
         frozen = freeze_startup_heap()
         log.info("%d start-up objects exempted from garbage collection", frozen)
         self.ready = True
@@ -249,6 +242,44 @@ class LiveService:
             log.info(
                 "serving %d models as pipelines with policy ppipe: %s", len(piped), ", ".join(piped)
             )
+
+    async def _start_control_loops(
+        self, dispatcher: Dispatcher, pool: ExecutorPool, settings: Settings
+    ) -> None:
+        """AUTOSCALE's autoscalers, the autoscaling signals' metrics, REPLAN_S."""
+        self.scaling = DeviceScaling(dispatcher.groups, pool, settings)
+        await self.scaling.start()
+        self._signals_task = asyncio.create_task(
+            publish_signals(
+                dispatcher,
+                self.metrics,
+                lambda d: self._device(d).name,
+                autoscaled=self.scaling.drives,
+            )
+        )
+        self._replanning = self._start_replanning(settings)
+
+    def _start_replanning(self, settings: Settings) -> asyncio.Task | None:
+        """REPLAN_S's loop, with a partition plan in force (else a warning)."""
+        if not settings.replan_s:
+            return None
+        if self.plan is None or self.plan.file.kind != "symphony-partition":
+            log.warning(
+                "REPLAN_S=%g is not acted on: it re-plans a partition plan in force (PLAN=FILE "
+                "from `python -m app plan partition`), and this server serves %s",
+                settings.replan_s,
+                "none" if self.plan is None else f"a {self.plan.file.kind}",
+            )
+            return None
+        replanner = Replanner(
+            self, self.apply_plan, settings.replan_s, settings.replan_gain, self.profile_index
+        )
+        log.info(
+            "re-planning the partition every %g s (taken up when %g better)",
+            settings.replan_s,
+            settings.replan_gain,
+        )
+        return asyncio.create_task(replanner.run())
 
     def _take_plan(self, index: RepositoryIndex) -> Settings:
         """PLAN (or its older names): checked, the settings it sets, and an
@@ -361,10 +392,11 @@ class LiveService:
             await self._drain
         if self.scaling is not None:
             await self.scaling.stop()
-        if self._signals_task is not None:
-            self._signals_task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._signals_task
+        for task in (self._signals_task, self._replanning):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
         if self.pool is not None:
             self._cancel_batches(self.pool)
             await self.pool.stop(timeout=_EXECUTOR_STOP_S)

@@ -18,10 +18,11 @@ their deadlines, the old cores' batches in flight end on them, and each
 device is the new core's once they have. Last, in the background, each
 model is unloaded from the devices the plan took it off.
 
-Only the plans that regroup the devices are applied while serving; an
-InSS plan (new shares: POST /v2/devices/reshare does one device) or a
-PPipe plan (its pipelines' executors) answers 501 naming the restart that
-serves it.
+Only the plans that regroup the devices are applied while serving, and not
+under AUTOSCALE (each core's autoscaler owns its devices: 501); an InSS
+plan (new shares: POST /v2/devices/reshare does one device) or a PPipe
+plan (its pipelines' executors) answers 501 naming the restart that serves
+it.
 """
 
 from __future__ import annotations
@@ -102,6 +103,11 @@ async def switch_plan(service: ControlHost, plan: PlanInForce) -> dict[str, Any]
     """Take up `plan` while serving (module docstring); what changed."""
     pool, dispatcher = service.pool, service.dispatcher
     assert pool is not None and dispatcher is not None
+    if service.settings.autoscale is not None:
+        raise PlanNotSwitchable(
+            "with AUTOSCALE each core's autoscaler keeps its devices; a plan is taken up at "
+            "start-up only (restart with PLAN=FILE)"
+        )
     began = time.monotonic()
     states = _placed(service, plan)
     loaded = await _load_where_moved(service, states)

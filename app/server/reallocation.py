@@ -64,8 +64,8 @@ class ReshareUnavailable(ServingError):
 def device_index(service: ControlHost) -> list[dict[str, Any]]:
     """Every executor device: its name, kind, share, cores (a CPU share's),
     threads, whether it is serving (`alive`), its `state` (serving, parked,
-    resharing, loading or down: app.runtime.pool_records) and the models it
-    serves."""
+    resharing, loading or down: app.runtime.pool_records), its Ray node
+    (executors on Ray) and the models it serves."""
     pool = service.pool
     out = []
     for device in service.devices:
@@ -79,6 +79,7 @@ def device_index(service: ControlHost) -> list[dict[str, Any]]:
                 "threads": current.threads,
                 "alive": pool is not None and pool.alive(device.id),
                 "state": pool.state(device.id) if pool is not None else "down",
+                **({"node": pool.node_of(device.id)} if hasattr(pool, "node_of") else {}),
                 "models": sorted(
                     name for name, state in service.models.items() if device.id in state.devices
                 ),

@@ -1,0 +1,228 @@
+"""Re-planning on a rate shift, simulated: Symphony's partitioning into
+sub-clusters (symphony.txt §4.7) made again each epoch from the rates just
+measured, against the plan made once and against a plan made with
+hindsight for each phase.
+
+    python -m bench.replanning            # 3 phases of 30 s, epochs of 5 s (~1 min)
+    python -m bench.replanning --quick    # 3 phases of 10 s, epochs of 2.5 s
+
+The Table 5 zoo (bench/workloads/symphony-table5-zoo.yaml: 35 models, 64
+emulated devices, Γ(0.5) arrivals, 4,800 r/s × `--rate-scale`, 1.25 by
+default: 6,000 r/s) with skewed popularity — the
+i-th model of a phase's order gets a share ∝ 0.9^i of the total — and the
+order drawn afresh at each phase (seeded): the rates are permuted every
+phase. Policy `symphony`, 4 sub-clusters of 16 devices, weights from
+bench/workloads/herd/zoo-memory.yaml; the partition MILP (HiGHS, 2 s) as
+`python -m app plan partition` runs it, R_max 5,000 r/s, S_max 11 GB.
+
+* **fixed** — the plan of phase 1's rates, kept throughout;
+* **re-planned** — at the end of each epoch, the rates measured over it
+  (its arrivals counted) → the planner, from the plan in force (its moves
+  cost 1 each, at most `--c-max`) → taken up when its objective (the
+  largest sub-cluster's deviation from the average rate, as a fraction of
+  it, plus the same for memory) is at least `--gain` (0.2) below the plan
+  in force's under the same rates — above the noise of an epoch's measured
+  rates, so the plan does not flap — as REPLAN_GAIN does in the daemon;
+* **hindsight** — each phase served by the plan of that phase's rates.
+
+Each epoch is simulated on its own (`simulate_partitioned`, the same core
+the daemon runs, on virtual time), with the same arrivals for the three.
+Deviation: the queues are not carried across an epoch's end (the daemon's
+switch hands them over, app/server/plan_switch.py); what they hold is
+under an SLO (≤ 0.1 s) of work against epochs of seconds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import yaml
+
+from app.planning.partition.config import problem_from_dict
+from app.planning.partition.milp import solve
+from app.planning.partition.problem import PartitionProblem, measure
+from app.simulation.partitioned import simulate_partitioned
+from app.workloads.arrivals import generate_arrivals
+from app.workloads.spec import Workload, load_workload
+from bench.progress import say
+
+ROOT = Path(__file__).resolve().parents[1]
+ZOO = ROOT / "bench" / "workloads" / "symphony-table5-zoo.yaml"
+MEMORY = ROOT / "bench" / "workloads" / "herd" / "zoo-memory.yaml"
+SUB_CLUSTERS = 4
+SKEW = 0.9
+STRATEGIES = ("fixed", "re-planned", "hindsight")
+
+
+@dataclasses.dataclass
+class Setup:
+    workload: Workload
+    memory_mb: dict[str, float]
+    phase_rates: list[np.ndarray]  # per phase, per model (the workload's order)
+    rate_scale: float
+    phase_s: float
+    epoch_s: float
+    gain: float
+    c_max: float | None
+    time_limit_s: float
+
+
+def phase_rates(workload: Workload, phases: int, seed: int) -> list[np.ndarray]:
+    """Per phase, each model's rate: shares ∝ SKEW^i in an order drawn per phase."""
+    total = sum(workload.model_rates())
+    shares = SKEW ** np.arange(len(workload.models))
+    shares /= shares.sum()
+    rng = np.random.default_rng(seed)
+    return [total * shares[np.argsort(rng.permutation(len(shares)))] for _ in range(phases)]
+
+
+def problem(setup: Setup, rates: np.ndarray, current: dict[str, int] | None) -> PartitionProblem:
+    models = [
+        {"name": m.name, "rate": float(r), "static_mb": setup.memory_mb[m.name]}
+        for m, r in zip(setup.workload.models, rates, strict=True)
+    ]
+    body: dict[str, Any] = {
+        "sub_clusters": SUB_CLUSTERS,
+        "r_max": 5000,
+        "s_max_mb": 11000,
+        "models": models,
+    }
+    if current is not None and setup.c_max is not None:
+        body["c_max"] = setup.c_max
+    return problem_from_dict(body, "re-plan", current=current or {})
+
+
+def plan(setup: Setup, rates: np.ndarray, current: dict[str, int] | None) -> dict[str, int]:
+    return solve(problem(setup, rates, current), time_limit_s=setup.time_limit_s).assignment()
+
+
+def assignment_array(setup: Setup, assignment: dict[str, int]) -> np.ndarray:
+    return np.array([assignment[m.name] for m in setup.workload.models])
+
+
+def run(setup: Setup, phases: int) -> dict[str, Any]:
+    per_phase = round(setup.phase_s / setup.epoch_s)
+    epochs = phases * per_phase
+    hindsight = [plan(setup, rates, None) for rates in setup.phase_rates]
+    in_force = {"fixed": hindsight[0], "re-planned": hindsight[0], "hindsight": hindsight[0]}
+    good = dict.fromkeys(STRATEGIES, 0)
+    sent = 0
+    switches: list[dict[str, Any]] = []
+    began = time.monotonic()
+    for epoch in range(epochs):
+        phase = epoch // per_phase
+        rates = setup.phase_rates[phase]
+        in_force["hindsight"] = hindsight[phase]
+        models = [
+            dataclasses.replace(m, rate=float(r))
+            for m, r in zip(setup.workload.models, rates, strict=True)
+        ]
+        workload = dataclasses.replace(
+            setup.workload, models=models, duration_s=setup.epoch_s, seed=1000 + epoch
+        )
+        arrivals = generate_arrivals(workload, setup.rate_scale)
+        sent += len(arrivals)
+        for strategy in STRATEGIES:
+            result = simulate_partitioned(
+                workload, in_force[strategy], "symphony", arrivals=arrivals
+            ).result
+            overall = result.summary["overall"]
+            good[strategy] += round(overall["slo_attainment"] * overall["requests"])
+        measured = np.bincount(arrivals.model_index, minlength=len(models)) / setup.epoch_s
+        current = in_force["re-planned"]
+        now = measure(problem(setup, measured, None), assignment_array(setup, current)).objective
+        proposed = plan(setup, measured, current)
+        new = measure(problem(setup, measured, None), assignment_array(setup, proposed)).objective
+        if now - new >= setup.gain:
+            moved = sum(proposed[m] != current[m] for m in current)
+            switches.append(
+                {
+                    "after_epoch": epoch + 1,
+                    "objective": [round(now, 4), round(new, 4)],
+                    "moves": moved,
+                }
+            )
+            in_force["re-planned"] = proposed
+        say(
+            f"epoch {epoch + 1}/{epochs} (phase {phase + 1}): within SLO "
+            + ", ".join(f"{s} {good[s] / sent:.1%}" for s in STRATEGIES)
+            + f" · elapsed {time.monotonic() - began:.0f} s"
+        )
+    duration = epochs * setup.epoch_s
+    goodput = {s: good[s] / duration for s in STRATEGIES}
+    return {
+        "sent": sent,
+        "duration_s": duration,
+        "goodput_rps": goodput,
+        "within_slo": {s: good[s] / sent for s in STRATEGIES},
+        "re-planned_of_hindsight": goodput["re-planned"] / goodput["hindsight"],
+        "fixed_of_hindsight": goodput["fixed"] / goodput["hindsight"],
+        "switches": switches,
+    }
+
+
+def _table(report: dict[str, Any]) -> str:
+    lines = ["| plan | goodput r/s | within SLO | of hindsight |", "|---|---:|---:|---:|"]
+    hindsight = report["goodput_rps"]["hindsight"]
+    for s in STRATEGIES:
+        g = report["goodput_rps"][s]
+        lines.append(f"| {s} | {g:,.0f} | {report['within_slo'][s]:.1%} | {g / hindsight:.3f} |")
+    moves = [s["moves"] for s in report["switches"]]
+    lines.append("")
+    lines.append(
+        f"{report['sent']:,} requests over {report['duration_s']:g} s; the re-planned run took "
+        f"up {len(moves)} plans (moves each: {moves})"
+    )
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.replanning", description=__doc__)
+    parser.add_argument("--phases", type=int, default=3)
+    parser.add_argument("--phase-s", type=float, default=30.0)
+    parser.add_argument("--epoch-s", type=float, default=5.0)
+    parser.add_argument("--gain", type=float, default=0.2, help="hysteresis (default 0.2)")
+    parser.add_argument("--rate-scale", type=float, default=1.25)
+    parser.add_argument("--c-max", type=float, default=None, help="moves per re-plan at most")
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--quick", action="store_true", help="phases of 10 s, epochs of 2.5 s")
+    parser.add_argument("--json", type=Path, help="write the report here too")
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.phase_s, args.epoch_s = 10.0, 2.5
+    if args.phase_s < args.epoch_s or args.phases < 1:
+        parser.error("a phase holds at least one epoch, and there is at least one phase")
+    workload = load_workload(ZOO)
+    memory = {str(k): float(v) for k, v in yaml.safe_load(MEMORY.read_text()).items()}
+    setup = Setup(
+        workload,
+        memory,
+        phase_rates(workload, args.phases, args.seed),
+        args.rate_scale,
+        args.phase_s,
+        args.epoch_s,
+        args.gain,
+        args.c_max,
+        2.0,
+    )
+    say(
+        f"{args.phases} phases of {args.phase_s:g} s, epochs of {args.epoch_s:g} s, "
+        f"{len(workload.models)} models on {len(workload.devices)} devices"
+    )
+    report = run(setup, args.phases)
+    report["date"] = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+    print(_table(report))
+    if args.json is not None:
+        args.json.write_text(json.dumps(report, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,71 @@
+"""Re-planning while serving (REPLAN_S, app/server/replanning.py): the
+partition made again from measured rates is taken up only when it is
+better enough, and REPLAN_S without a partition plan says it is not acted on."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from app.server.live import LiveService
+from app.server.metrics import Metrics
+from app.server.replanning import Replanner
+from app.server.settings import Settings
+from tests.test_core_groups import partition_plan
+from tests.test_statistics import emulated_repository
+
+
+def _settings(repository: Path, **overrides) -> Settings:
+    return Settings(repository=repository, cpu_slices=0, emulated_devices=2, **overrides)
+
+
+@pytest.mark.slow
+@pytest.mark.anyio
+async def test_a_re_plan_is_taken_up_when_the_rates_unbalance_the_plan_and_kept_otherwise(
+    tmp_path: Path,
+):
+    repository = emulated_repository(tmp_path / "models", dict.fromkeys("abcd", 1.0))
+    plan = partition_plan(tmp_path / "partition.json", [("a", "b"), ("c", "d")])
+    service = LiveService(_settings(repository, plan=plan), Metrics())
+    await service.start()
+    try:
+        replanner = Replanner(service, service.apply_plan, 1.0, 0.2, service.profile_index)
+        x = np.ones((1, 4), dtype=np.float32)
+        for model in "abcd":
+            await service.infer(model, {"x": x})
+        assert replanner.counts() == dict.fromkeys("abcd", 1)
+        # a and b busy, c and d idle: both busy models on one sub-cluster
+        switched = await replanner.replan({"a": 100.0, "b": 90.0, "c": 1.0, "d": 2.0})
+        assert switched is not None and switched["kind"] == "symphony-partition"
+        groups = sorted(tuple(g["models"]) for g in switched["groups"])
+        # the best balance: 100 r/s against 93 (a alone, the rest together)
+        assert groups == [("a",), ("b", "c", "d")], groups
+        in_force = service.plan_in_force()
+        assert in_force is not None and in_force["setting"] == "POST /v2/plan"
+        assert in_force["made_from"]["command"] == "REPLAN_S=1 REPLAN_GAIN=0.2"
+        assert in_force["made_from"]["rates"] == {"a": 100.0, "b": 90.0, "c": 1.0, "d": 2.0}
+        # the same rates again: the plan in force is as good, so it is kept
+        assert await replanner.replan({"a": 100.0, "b": 90.0, "c": 1.0, "d": 2.0}) is None
+        assert replanner.taken_up == 1
+        answers = [await service.infer(model, {"x": x}) for model in "abcd"]
+        assert all(a.device.startswith("emulated:") for a in answers)
+    finally:
+        await service.stop()
+
+
+@pytest.mark.slow
+@pytest.mark.anyio
+async def test_replan_s_without_a_partition_plan_is_said_not_acted_on(tmp_path: Path, caplog):
+    repository = emulated_repository(tmp_path / "models", {"a": 1.0})
+    service = LiveService(_settings(repository, replan_s=5.0), Metrics())
+    with caplog.at_level(logging.WARNING, logger="app.server"):
+        await service.start()
+    try:
+        assert service._replanning is None
+        assert "REPLAN_S=5 is not acted on" in caplog.text
+        assert "this server serves none" in caplog.text
+    finally:
+        await service.stop()
