@@ -170,7 +170,7 @@ def test_quick_run_end_to_end(tmp_path: Path, capsys) -> None:
         assert run[side]["goodput_rps"] >= 0.0
         assert run[side]["summary"]["overall"]["requests"] == workload["requests"]
     assert run["live"]["alone_times"] >= 0.0
-    assert run["simulated"]["params"] == {"deadline_margin": 0.003, "timer_lead": 0.002}
+    assert run["simulated"]["params"] == {"deadline_margin": 0.002, "timer_lead": 0.001}
     summary = (out / "summary.md").read_text()
     assert "| orloj | 0.2 |" in summary
 

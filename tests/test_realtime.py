@@ -58,8 +58,8 @@ def test_realtime_priority_tightens_the_default_slack(monkeypatch):
         settings = Settings.from_env(env)
         return settings.deadline_margin_ms, settings.timer_lead_ms
 
-    assert slack({}) == (3.0, 2.0) == (Settings().deadline_margin_ms, Settings().timer_lead_ms)
-    assert slack({"REALTIME_PRIORITY": "0"}) == (3.0, 2.0)
+    assert slack({}) == (2.0, 1.0) == (Settings().deadline_margin_ms, Settings().timer_lead_ms)
+    assert slack({"REALTIME_PRIORITY": "0"}) == (2.0, 1.0)
     assert slack({"REALTIME_PRIORITY": "10"}) == (1.5, 0.5)
     both = {"DEADLINE_MARGIN_MS": "2", "TIMER_LEAD_MS": "1"}
     assert slack({"REALTIME_PRIORITY": "10", **both}) == (2.0, 1.0)
@@ -75,7 +75,7 @@ def test_realtime_priority_tightens_the_default_slack(monkeypatch):
     assert (fifo.realtime_priority, fifo.deadline_margin_ms, fifo.timer_lead_ms) == (10, 1.5, 0.5)
     told = service_settings(Path("models"), 2, realtime_priority=10, deadline_margin_ms=1.0)
     assert (told.deadline_margin_ms, told.timer_lead_ms) == (1.0, 0.5)
-    assert service_settings(Path("models"), 2).deadline_margin_ms == 3.0
+    assert service_settings(Path("models"), 2).deadline_margin_ms == 2.0
 
 
 @linux

@@ -277,10 +277,10 @@ def test_realtime_priority_brings_smaller_slack_unless_it_is_set():
         settings = serve(*argv, env=env)
         return settings.deadline_margin_ms, settings.timer_lead_ms
 
-    assert slack() == NORMAL_SLACK_MS == (3.0, 2.0)
+    assert slack() == NORMAL_SLACK_MS == (2.0, 1.0)
     assert slack("--realtime-priority", "10") == REALTIME_SLACK_MS == (1.5, 0.5)
     assert slack(env={"REALTIME_PRIORITY": "10"}) == (1.5, 0.5)
-    assert slack("--realtime-priority", "0", env={"REALTIME_PRIORITY": "10"}) == (3.0, 2.0)
+    assert slack("--realtime-priority", "0", env={"REALTIME_PRIORITY": "10"}) == (2.0, 1.0)
     assert slack("--realtime-priority", "10", "--timer-lead-ms", "1") == (1.5, 1.0)
     assert slack("--deadline-margin-ms", "2", env={"REALTIME_PRIORITY": "10"}) == (2.0, 0.5)
     assert slack(env={"REALTIME_PRIORITY": "10", "DEADLINE_MARGIN_MS": "0"}) == (0.0, 0.5)
@@ -390,7 +390,7 @@ def test_table_has_a_row_per_setting_with_its_default():
             setting.shown(),
         ]
     assert "| `MAX_QUEUE` | `--max-queue` | 0 |" in markdown_table()
-    assert "| `DEADLINE_MARGIN_MS` | `--deadline-margin-ms` | 3 (1.5 with" in markdown_table()
+    assert "| `DEADLINE_MARGIN_MS` | `--deadline-margin-ms` | 2 (1.5 with" in markdown_table()
 
 
 def test_with_table_rewrites_only_between_the_markers():

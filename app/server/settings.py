@@ -41,9 +41,10 @@ from app.server.setting_parsers import (
 
 # Default (DEADLINE_MARGIN_MS, TIMER_LEAD_MS) at normal and at real-time
 # priority: the slack the answer path needs. Under SCHED_FIFO its p99 over
-# HTTP is ~1.2–1.5 ms, at normal priority ~2.1–2.6 ms on a busy 2-core box
-# (BENCHMARKS.md, "Live (a): in-process, HTTP and the simulator").
-NORMAL_SLACK_MS = (3.0, 2.0)
+# HTTP is ~1.2–1.5 ms; at normal priority 2 / 1 ms gave the highest
+# capacity on (a) of 3 / 2, 2 / 1 and 1 / 0.5 (BENCHMARKS.md, "Serving
+# slack at normal priority").
+NORMAL_SLACK_MS = (2.0, 1.0)
 REALTIME_SLACK_MS = (1.5, 0.5)
 # Metric names start with it, so ours do not collide with other exporters'.
 DEFAULT_METRICS_PREFIX = "deadline_serve_"
