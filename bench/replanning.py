@@ -3,12 +3,12 @@ sub-clusters (symphony.txt §4.7) made again each epoch from the rates just
 measured, against the plan made once and against a plan made with
 hindsight for each phase.
 
-    python -m bench.replanning            # 3 phases of 30 s, epochs of 5 s (~1 min)
+    python -m bench.replanning            # 3 phases of 30 s, epochs of 5 s (~2 min)
     python -m bench.replanning --quick    # 3 phases of 10 s, epochs of 2.5 s
 
 The Table 5 zoo (bench/workloads/symphony-table5-zoo.yaml: 35 models, 64
-emulated devices, Γ(0.5) arrivals, 4,800 r/s × `--rate-scale`, 1.25 by
-default: 6,000 r/s) with skewed popularity — the
+emulated devices, Γ(0.5) arrivals, 4,800 r/s × `--rate-scale`, 1.4 by
+default: 6,720 r/s) with skewed popularity — the
 i-th model of a phase's order gets a share ∝ 0.9^i of the total — and the
 order drawn afresh at each phase (seeded): the rates are permuted every
 phase. Policy `symphony`, 4 sub-clusters of 16 devices, weights from
@@ -189,7 +189,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--phase-s", type=float, default=30.0)
     parser.add_argument("--epoch-s", type=float, default=5.0)
     parser.add_argument("--gain", type=float, default=0.2, help="hysteresis (default 0.2)")
-    parser.add_argument("--rate-scale", type=float, default=1.25)
+    parser.add_argument("--rate-scale", type=float, default=1.4)
     parser.add_argument("--c-max", type=float, default=None, help="moves per re-plan at most")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--quick", action="store_true", help="phases of 10 s, epochs of 2.5 s")
