@@ -143,6 +143,43 @@ def test_expressions_select_only_series_the_metrics_export():
     _check_references(_every_family_in_use(Metrics()))
 
 
+GROUPING = re.compile(r"\b(?:by|without|on|ignoring|group_left|group_right)\s*\(([^)]*)\)")
+MATCHER = re.compile(r"(\w+)\s*(?:=~|!~|!=|=)\s*\"")
+# Labels Prometheus adds to every scraped series.
+TARGET_LABELS = {"instance", "job"}
+
+
+def _labels_of(text: str) -> dict[str, set[str]]:
+    """{series name: every label its samples carry} of a /metrics text."""
+    out: dict[str, set[str]] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            out.setdefault(sample.name, set()).update(sample.labels)
+    return out
+
+
+def _check_labels(text: str) -> None:
+    labels = _labels_of(text)
+    for where, expr in expressions():
+        names = parse(expr).metric_names
+        if not names & set(labels):
+            continue  # no samples yet to tell
+        carried = set().union(*(labels.get(name, set()) for name in names)) | TARGET_LABELS
+        used = {m for group in GROUPING.findall(expr) for m in re.findall(r"\w+", group)}
+        used |= set(MATCHER.findall(expr)) - {"__name__"}
+        missing = used - carried
+        assert not missing, f"{where} uses labels {sorted(missing)} that {sorted(names)} lack"
+
+
+def test_expressions_group_and_match_only_labels_the_series_carry():
+    """Every label an expression groups by or matches on is one that a
+    series it selects carries (or Prometheus's target labels), for the
+    series that have samples: a renamed label is caught."""
+    _check_labels(_every_family_in_use(Metrics()))
+    with pytest.raises(AssertionError, match=r"uses labels \['state'\]"):
+        _check_labels(_every_family_in_use(Metrics()).replace('state="', 'status="'))
+
+
 def test_a_renamed_or_missing_series_is_caught():
     text = _every_family_in_use(Metrics())
     renamed = text.replace("deadline_serve_goodput_total", "deadline_serve_good_total")

@@ -79,6 +79,15 @@ async def test_a_reshare_under_load_answers_every_request_once(tmp_path: Path, c
             await asyncio.sleep(0.4)
             before = (await client.get("/v2/devices")).json()["devices"]
             core = service.dispatcher.group_of("alpha").scheduler  # type: ignore[union-attr]
+            states: set[tuple[str, str]] = set()  # (device, state) seen during the reshares
+            watching = asyncio.Event()
+
+            async def watch_states() -> None:
+                while not watching.is_set():
+                    states.update((d["name"], d["state"]) for d in service.device_index())
+                    await asyncio.sleep(0.005)
+
+            watcher = asyncio.create_task(watch_states())
             with caplog.at_level(logging.INFO, logger="app.server"):
                 # Shrink beta's share first, then grow alpha's: ≤ 1 at every step.
                 shrunk = await client.post(
@@ -87,6 +96,8 @@ async def test_a_reshare_under_load_answers_every_request_once(tmp_path: Path, c
                 grown = await client.post(
                     "/v2/devices/reshare", json={"device": "emulated:0/0", "share": 0.75}
                 )
+            watching.set()
+            await watcher
             await asyncio.sleep(0.4)
             stop.set()
             await load
@@ -106,10 +117,16 @@ async def test_a_reshare_under_load_answers_every_request_once(tmp_path: Path, c
         ("emulated:0/0", 0.5, ["alpha"]),
         ("emulated:0/1", 0.5, ["beta"]),
     ]
-    assert [(d["name"], d["share"], d["alive"]) for d in after] == [
-        ("emulated:0/0", 0.75, True),
-        ("emulated:0/1", 0.25, True),
+    assert [(d["name"], d["share"], d["alive"], d["state"]) for d in after] == [
+        ("emulated:0/0", 0.75, True, "serving"),
+        ("emulated:0/1", 0.25, True, "serving"),
     ]
+    # each device was seen resharing while its shadow took over, never down
+    assert states == {
+        (device, state)
+        for device in ("emulated:0/0", "emulated:0/1")
+        for state in ("serving", "resharing")
+    }, states
     # The core plans alpha's batches 1.5× as fast as before (0.75 / 0.5).
     assert speeds[0] == pytest.approx(1.5)
     alpha, beta = Counter(replies["alpha"]), Counter(replies["beta"])
