@@ -25,7 +25,7 @@ from tests.fakes import segments_of
 
 pytest.importorskip("ray")  # the `ray` extra; CI installs it (pyproject's test extra)
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.serial]
 
 LIMIT_S = 240  # a quick run takes under a minute on 2 cores
 TEARDOWN_S = 30

@@ -21,7 +21,7 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 from bench.ray_cluster import HEAD, HEAD_RESOURCE, LocalRayCluster, RayClusterError, is_live
 from tests.conftest import time_limit
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.serial]
 
 TEST_LIMIT_S = 90
 GET_TIMEOUT_S = 30

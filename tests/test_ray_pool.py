@@ -43,7 +43,11 @@ from app.server.startup import StartupFailed
 from tests.fakes import PoolEvents, emulated_config, mlp_onnx, onnx_config
 from tests.test_statistics import emulated_repository
 
-pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("ray_local", "no_leftover_segments")]
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.serial,
+    pytest.mark.usefixtures("ray_local", "no_leftover_segments"),
+]
 
 CPU = ExecutorDevice(0, "cpu", "cpu:0", threads=1)
 EMU = ExecutorDevice(1, "emulated", "emu:0")

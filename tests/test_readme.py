@@ -608,6 +608,7 @@ def test_cluster_planning_commands(cli_env) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.serial
 def test_ray_cluster_command(cli_env) -> None:
     """The local Ray cluster's README command: a head and one worker raylet
     up, listed with their resources, held, and every process of theirs gone
