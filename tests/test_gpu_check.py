@@ -14,6 +14,9 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 POLICIES = ("symphony", "triton", "clockwork", "flex")
+# The dry run times real batches and fits ℓ(b) = α·b + β to them: another
+# test worker on the other core makes the times noisy enough to fit α < 0.
+pytestmark = pytest.mark.serial
 
 
 @pytest.fixture(scope="module")

@@ -84,7 +84,10 @@ PLAN_CLUSTER_PARTITION = (
     "bench/repositories/live --out /tmp/partition-live.json"
 )
 RAY_CLUSTER = "python -m bench.ray_cluster --workers 1 --hold 5"
-CI_LINE = "pip install -e '.[test]' && ruff check . && python -m pytest -q"
+CI_LINE = (
+    "pip install -e '.[test]' && ruff check . && "
+    'python -m pytest -q -n auto -m "not serial" && python -m pytest -q -m serial'
+)
 
 _POLICY_FORMS = (
     "one policy written five ways; tests/test_policy_spec.py reads each form to the same "
@@ -154,7 +157,10 @@ NOT_RUN = {
     "python -m app.build_fast --clean": "removes a build from this checkout "
     "(tests/test_build_fast.py cleans its copy)",
     "ruff check .": "CI's own line: .ci/run runs it verbatim (checked here)",
-    "python -m pytest -q": "CI's own line: .ci/run runs it verbatim (checked here); this suite",
+    'python -m pytest -q -n auto -m "not serial"': "CI's own line: .ci/run runs it verbatim "
+    "(checked here); this suite, on every core",
+    "python -m pytest -q -m serial": "CI's own line: .ci/run runs it verbatim (checked here); "
+    "the tests that run alone",
     "python -m bench.simulate --workload FILE [--policy P ...] [--rate-scale X] [--capacity] "
     "[--json] [--plot out.png]": "a usage synopsis with placeholders",
     "python -m app plan herd --from http://127.0.0.1:8000 --window 30 --out /tmp/herd-live.json": (
