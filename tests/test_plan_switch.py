@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 
 from app.api import create_api
+from app.errors import Dropped
 from app.planning.herd.plan import HerdPlan, ServingGroup
 from app.runtime.events import BatchFinished, BatchStopped, DeviceDown, DeviceUp
 from app.scheduling import DeviceInfo, make_scheduler
@@ -116,6 +117,24 @@ def test_a_retired_batch_that_is_stopped_has_its_requests_run_by_the_new_core():
         clock.now = 0.030
         dispatcher.post(BatchFinished(0, executors.submits[1][1], 0.002, 0.023))
         assert stopped.future.result().batch.device == 0 and dispatcher.retiring == []
+
+    asyncio.run(scenario())
+
+
+def test_after_a_switch_with_nothing_running_the_old_cores_are_let_go_and_unload_says_so():
+    async def scenario() -> None:
+        dispatcher, executors, clock = _dispatcher(_group("clockwork", [SLOW], [0]))
+        assert dispatcher.switch_groups([_group("clockwork", [SLOW], [0])]) == 0
+        assert dispatcher.retiring == []
+        first = dispatcher.submit_request("slow", 0, SLOW.slo)  # runs on device 0
+        waiting = dispatcher.submit_request("slow", 1, SLOW.slo)
+        dispatcher.remove_model("slow")
+        with pytest.raises(Dropped) as caught:
+            waiting.future.result()
+        assert caught.value.reason == "unloaded"
+        clock.now = 0.021
+        dispatcher.post(BatchFinished(0, executors.submits[0][1], 0.0, 0.021))
+        assert first.future.result().batch.device == 0
 
     asyncio.run(scenario())
 

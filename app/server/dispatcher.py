@@ -423,6 +423,7 @@ class Dispatcher(EventDriver):
             self._hand_over(handed)
             for device in sorted(busy):
                 self._release(device)
+            self._let_go_of_idle_cores()
 
         self._run(switch)
         return len(handed)
@@ -436,8 +437,8 @@ class Dispatcher(EventDriver):
         now = self._clock()
         for request in sorted(requests, key=lambda r: (r.arrival, r.id)):
             group = self._by_model.get(request.model)
-            if group is None:
-                self._fail([request], dropped(DropReason.NOT_SERVED.value))
+            if group is None:  # unloaded meanwhile
+                self._fail([request], dropped(DropReason.UNLOADED.value))
             else:
                 self._apply(group, group.scheduler.add_request(request, now))
 
@@ -468,6 +469,10 @@ class Dispatcher(EventDriver):
                 if owner is not None and device not in self._held_down:
                     self._apply(owner, owner.scheduler.device_up(device, self._clock()))
                 self._held_down.discard(device)
+        self._let_go_of_idle_cores()
+
+    def _let_go_of_idle_cores(self) -> None:
+        """Retired cores with no batch left in flight are done."""
         busy = {id(g.scheduler) for g in self._running.values()}
         self.retiring = [g for g in self.retiring if id(g.scheduler) in busy]
 
