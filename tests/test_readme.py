@@ -120,6 +120,10 @@ SERVE_HERD_LIVE = (
 SERVE_PARTITION_LIVE = (
     "PLAN=/tmp/partition-live.json python -m app serve --repository bench/repositories/live"
 )
+SERVE_REPLANNING = (
+    "PLAN=/tmp/partition-live.json REPLAN_S=10 python -m app serve "
+    "--repository bench/repositories/live"
+)
 
 NOT_RUN = {
     'python -m bench.gpu_check --wheels .whl --out "$OUT"': "needs a machine with a CUDA GPU "
@@ -298,6 +302,7 @@ def run_set(commands: list[str]) -> set[str]:
         SERVE_HERD,
         SERVE_HERD_LIVE,
         SERVE_PARTITION_LIVE,
+        SERVE_REPLANNING,
         *client_commands(commands),
     }
 
@@ -713,6 +718,17 @@ def test_serving_the_documented_plans(serve_readme, cli_env) -> None:
     for k, cluster in enumerate(clusters):
         for model in cluster.models:
             assert _infer(url, model)["device"] == f"emulated:{k}", (model, k)
+    # Re-planning on: the plan serves as before, and another one is taken up
+    # while serving (POST /v2/plan): here the HERD plan of the same server.
+    url = serve_readme(SERVE_REPLANNING)
+    assert httpx.get(f"{url}/v2/plan").json()["kind"] == "symphony-partition"
+    herd = Path("/tmp/herd-live.json").read_bytes()
+    switched = httpx.post(f"{url}/v2/plan", content=herd, timeout=60.0)
+    assert switched.status_code == 200, switched.text
+    in_force = httpx.get(f"{url}/v2/plan").json()
+    assert (in_force["kind"], in_force["setting"]) == ("herd-plan", "POST /v2/plan")
+    for model in groups[0].models:
+        assert _infer(url, model)["device"] in {"emulated:0", "emulated:1"}
 
 
 def test_the_scheduling_core_example_runs() -> None:
