@@ -235,6 +235,8 @@ async def test_a_posted_plan_that_does_not_fit_is_refused_and_changes_nothing(tm
             error = r.json()["error"]
             assert "model 'ghost' is not in the repository" in error
             assert "the groups name devices [7], but this server has 2" in error
+            assert error.startswith("the posted plan (a HERD plan) does not fit this server")
+            assert str(tmp_path) not in error  # no path of the server's
             r = await client.post("/v2/plan", content=b"{not json")
             assert r.status_code == 400 and "JSON" in r.json()["error"]
             inss = {"kind": "inss-plan", "version": 2, "plan": {}}

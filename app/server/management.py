@@ -1,7 +1,8 @@
 """What the management routes ask of the live service, one request at a
-time: the repository index, model load and unload (app/server/model_control.py) and a device's
-share reallocated (app/server/reallocation.py). `LiveService` owns one
-`Management`, which works through app/server/control_host.py's `ControlHost`."""
+time: the repository index, model load and unload (app/server/model_control.py), a device's
+share reallocated (app/server/reallocation.py) and a plan taken up while serving
+(app/server/plan_switch.py). `LiveService` owns one `Management`, which works
+through app/server/control_host.py's `ControlHost`."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ from app.server.control_host import ControlHost
 
 
 class Management:
-    """Model control and reallocation, one at a time (under `_lock`)."""
+    """Model control, reallocation and plans, one at a time (under `_lock`)."""
 
     def __init__(self, service: ControlHost) -> None:
         self.service = service
@@ -63,7 +64,12 @@ class Management:
             if self._posted_plans is None:  # kept while the server runs: GET /v2/plan names it
                 self._posted_plans = tempfile.TemporaryDirectory(prefix="deadline-serve-plans-")
             plan = plan_switch.read_posted_plan(body, Path(self._posted_plans.name))
-            return await plan_switch.switch_plan(self.service, plan)
+            try:
+                return await plan_switch.switch_plan(self.service, plan)
+            except ServingError as exc:  # its text names no file of the server
+                exc.message = self.public_reason(exc.message)
+                exc.args = (exc.message,)
+                raise
 
     def device_index(self) -> list[dict[str, Any]]:
         """The executor devices, their shares and models."""

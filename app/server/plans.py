@@ -77,6 +77,9 @@ class PlanInForce:
     inss: InssPlacement | None = None
 
     def label(self) -> str:
+        """How messages name it: the setting and its file, or "the posted plan"."""
+        if self.setting.startswith("POST"):
+            return "the posted plan"
         return f"{self.setting}={self.path}"
 
     def describe(self) -> dict[str, Any]:
