@@ -671,6 +671,16 @@ def test_ppipe_serving_commands(serve_readme, cli_env) -> None:
     assert reply.status_code == 200, reply.text
     assert len(reply.json()["outputs"][0]["data"]) == 10
     assert ">" in reply.json()["parameters"]["device"]
+    # The pipelines' devices are listed with their PPipe class, which `plan
+    # ppipe --from URL` reads: 1 fast and 2 slow instances (PPIPE_CLASSES).
+    listed = httpx.get(f"{url}/v2/devices").json()["devices"]
+    classes = sorted(d["class"] for d in listed if d.get("class"))
+    assert classes == ["fast", "slow", "slow"], listed
+    assert all(d["models"] == ["chain"] and d["state"] == "serving" for d in listed if d["class"])
+    from app.cluster_sources.daemon import cluster_from_daemon
+
+    cluster = cluster_from_daemon(url, 0.0)
+    assert sorted(d.device_class for d in cluster.devices if d.device_class) == classes
 
 
 def _infer(url: str, model: str) -> dict:

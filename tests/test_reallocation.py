@@ -236,7 +236,7 @@ def test_the_device_index_names_each_devices_state_and_ray_node():
             return f"node-{device_id}"
 
     emulated = [ExecutorDevice(i, "emulated", f"emulated:{i}") for i in range(2)]
-    service = SimpleNamespace(pool=RayLikePool(), devices=emulated, models={})
+    service = SimpleNamespace(pool=RayLikePool(), devices=emulated, models={}, pipelines=None)
     index = reallocation.device_index(service)
     assert [(d["name"], d["alive"], d["state"], d["node"]) for d in index] == [
         ("emulated:0", True, "serving", "node-0"),

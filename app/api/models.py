@@ -420,6 +420,12 @@ class DeviceEntry(BaseModel):
     node: str | None = Field(
         None, description="The Ray node its actor runs on (RAY_ADDRESS); null otherwise."
     )
+    device_class: str | None = Field(
+        None,
+        alias="class",
+        description="A PPipe pipeline's device: its device class (PPIPE_CLASSES); "
+        "null otherwise.",
+    )
     models: list[str]
 
 

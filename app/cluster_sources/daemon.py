@@ -96,7 +96,11 @@ def _text(http: httpx.Client, url: str) -> str:
 
 def _device(raw: dict[str, Any]) -> ClusterDevice:
     return ClusterDevice(
-        str(raw["name"]), str(raw["kind"]), float(raw.get("share", 1.0)), node=raw.get("node")
+        str(raw["name"]),
+        str(raw["kind"]),
+        float(raw.get("share", 1.0)),
+        device_class=raw.get("class"),
+        node=raw.get("node"),
     )
 
 

@@ -106,6 +106,39 @@ class PipelineService:
         alive = self.live.driver.core.alive
         return sum(alive), len(alive)
 
+    def device_index(self) -> list[dict[str, object]]:
+        """The pipelines' executor devices, as `GET /v2/devices` lists them:
+        each with its PPipe device `class` (what `plan ppipe --from` reads)
+        and the models whose pipelines run on it."""
+        core = self.live.driver.core
+        layout = core.layout
+        by_id = {d.id: d for d in self.live.devices}
+        out: list[dict[str, object]] = []
+        for instance in layout.devices:
+            device = by_id[instance.id]
+            models = sorted(
+                {
+                    p.model
+                    for p in layout.pipelines
+                    if any(instance.id in stage.devices for stage in p.stages)
+                }
+            )
+            alive = bool(core.alive[instance.id])
+            out.append(
+                {
+                    "name": device.name,
+                    "kind": device.kind,
+                    "share": 1.0 / instance.share,
+                    "cpus": None,
+                    "threads": device.threads,
+                    "alive": alive,
+                    "state": "serving" if alive else "down",
+                    "class": instance.device_class,
+                    "models": models,
+                }
+            )
+        return out
+
     def on_event(self, event: ExecutorEvent) -> None:
         """The pipelines' executor events, logged and counted as LiveService
         does its own (the driver carries them out)."""

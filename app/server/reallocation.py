@@ -65,7 +65,8 @@ def device_index(service: ControlHost) -> list[dict[str, Any]]:
     """Every executor device: its name, kind, share, cores (a CPU share's),
     threads, whether it is serving (`alive`), its `state` (serving, parked,
     resharing, loading or down: app.runtime.pool_records), its Ray node
-    (executors on Ray) and the models it serves."""
+    (executors on Ray) and the models it serves; then the PPipe pipelines'
+    devices, each with its device class."""
     pool = service.pool
     out = []
     for device in service.devices:
@@ -85,6 +86,8 @@ def device_index(service: ControlHost) -> list[dict[str, Any]]:
                 ),
             }
         )
+    if service.pipelines is not None:
+        out += service.pipelines.device_index()
     return out
 
 
