@@ -423,8 +423,7 @@ class DeviceEntry(BaseModel):
     device_class: str | None = Field(
         None,
         alias="class",
-        description="A PPipe pipeline's device: its device class (PPIPE_CLASSES); "
-        "null otherwise.",
+        description="A PPipe pipeline's device: its device class (PPIPE_CLASSES); null otherwise.",
     )
     models: list[str]
 
