@@ -7,6 +7,7 @@ every request answered exactly once."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 from collections import Counter
 from pathlib import Path
@@ -249,5 +250,36 @@ async def test_a_posted_plan_that_does_not_fit_is_refused_and_changes_nothing(tm
             assert (await client.get("/v2/plan")).json() == {"in_force": False}
             result = await service.infer("a", {"x": np.ones((1, 4), dtype=np.float32)})
             assert result.device.startswith("emulated:")
+    finally:
+        await service.stop()
+
+
+@pytest.mark.slow
+@pytest.mark.anyio
+async def test_under_autoscale_each_new_group_gets_an_autoscaler_from_its_serving_devices(
+    tmp_path: Path,
+):
+    """AUTOSCALE=1:2 on 4 devices: one core serves a and b on one device
+    (its MIN), the others parked. HERD's groups a → 0, 1 and b → 2, 3: the
+    first group keeps its serving device, the second starts one of its own."""
+    repository = emulated_repository(tmp_path / "models", {"a": 1.0, "b": 1.0}, slo_ms=5000)
+    settings = _settings(repository, policy="flex", autoscale=(1, 2))
+    settings = dataclasses.replace(settings, emulated_devices=4)
+    service = LiveService(settings, Metrics())
+    await service.start()
+    try:
+        parking = service.pool.parking
+        assert [parking.parked(d) for d in range(4)] == [False, True, True, True]
+        x = np.ones((1, 4), dtype=np.float32)
+        switched = await service.apply_plan(_herd([([0, 1], ["a"]), ([2, 3], ["b"])]))
+        assert [g["devices"] for g in switched["groups"]] == [
+            ["emulated:0", "emulated:1"],
+            ["emulated:2", "emulated:3"],
+        ]
+        assert [parking.parked(d) for d in range(4)] == [False, True, False, True]
+        scalers = sorted(sorted(s.serving) for _, s in service.scaling.scalers.values())
+        assert scalers == [[0], [2]]
+        assert (await service.infer("a", {"x": x})).device == "emulated:0"
+        assert (await service.infer("b", {"x": x})).device == "emulated:2"
     finally:
         await service.stop()

@@ -14,6 +14,11 @@ takes the device out of its core) and stops the executor. Every
   into its core, and the autoscaler counts it as serving from then on;
 * **scale down** → the idle devices chosen are parked.
 
+A plan taken up while serving (app/server/plan_switch.py) regroups the
+devices: `regroup` gives each new group an autoscaler from the devices of it
+that serve then (parking what is above its MAX, starting what it lacks for
+its MIN), and the loop goes on.
+
 The decisions are the same as in the simulator (`run_simulation(...,
 autoscaler=...)`); the daemon's start-up delay is the executor's real start.
 Local executor processes only (the devices the daemon was started with are
@@ -36,13 +41,18 @@ if TYPE_CHECKING:
 log = logging.getLogger("app.server")
 
 
-def group_autoscaler(group: CoreGroup, settings: Settings) -> Autoscaler | None:
+def group_autoscaler(
+    group: CoreGroup, settings: Settings, serving: set[int] | None = None
+) -> Autoscaler | None:
     """The autoscaler of one core group under AUTOSCALE (None when unset or
-    the group has one device)."""
+    the group has one device). `serving`: the group's devices in service
+    now (a regroup; they come first, within the group's MIN and MAX);
+    None: its first MIN devices (start-up)."""
     if settings.autoscale is None or len(group.devices) < 2:
         return None
     low, high = settings.autoscale
-    devices = tuple(sorted(group.devices))
+    now = set() if serving is None else serving & set(group.devices)
+    devices = tuple(sorted(group.devices, key=lambda d: (d not in now, d)))
     high = min(high, len(devices))
     low = min(low, high)
     bounds = ScalingBounds(
@@ -51,7 +61,9 @@ def group_autoscaler(group: CoreGroup, settings: Settings) -> Autoscaler | None:
         window_s=settings.autoscale_window_s,
         cooldown_s=settings.autoscale_cooldown_s,
     )
-    return Autoscaler(devices[:high], set(devices[:low]), bounds)
+    kept = [d for d in devices[:high] if d in now]
+    starting = list(devices[len(kept) : low]) if len(kept) < low else []
+    return Autoscaler(devices[:high], set(kept + starting) or set(devices[:low]), bounds)
 
 
 class DeviceScaling:
@@ -59,6 +71,7 @@ class DeviceScaling:
 
     def __init__(self, groups: list[CoreGroup], pool: ExecutorPool, settings: Settings) -> None:
         self.pool = pool
+        self.settings = settings
         self.window_s = settings.autoscale_window_s
         self.scalers: dict[int, tuple[CoreGroup, Autoscaler]] = {}
         for index, group in enumerate(groups):
@@ -80,6 +93,37 @@ class DeviceScaling:
                 ", ".join(sorted(group.models)),
                 len(scaler.serving),
                 len(group.devices),
+                scaler.bounds.min_devices,
+                scaler.bounds.max_devices,
+            )
+        if self.scalers:
+            self._task = asyncio.create_task(self._loop())
+
+    async def regroup(self, groups: list[CoreGroup]) -> None:
+        """The groups of a plan taken up while serving (module docstring):
+        each one's autoscaler from its devices serving now; what is above
+        its MAX is parked, what it lacks for its MIN started."""
+        await self.stop()
+        self._task, self._busy = None, set()
+        parking = self.pool.parking
+        self.scalers = {}
+        for index, group in enumerate(groups):
+            serving = {d for d in group.devices if not parking.parked(d)}
+            scaler = group_autoscaler(group, self.settings, serving)
+            if scaler is None:
+                for device in sorted(d for d in group.devices if parking.parked(d)):
+                    await parking.unpark(device)  # no autoscaler: every device serves
+                continue
+            self.scalers[index] = (group, scaler)
+            group.scheduler.reset_signals(asyncio.get_running_loop().time())
+            for device in sorted(serving - scaler.serving):
+                await parking.park(device)
+            for device in sorted(scaler.serving - serving):
+                await parking.unpark(device)
+            log.info(
+                "autoscaling %s after the plan switch: devices %s serving (bounds %d..%d)",
+                ", ".join(sorted(group.models)),
+                sorted(scaler.serving),
                 scaler.bounds.min_devices,
                 scaler.bounds.max_devices,
             )

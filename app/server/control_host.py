@@ -11,6 +11,7 @@ from typing import Protocol
 
 from app.runtime.devices import ExecutorDevice
 from app.runtime.pool import ExecutorPool
+from app.server.autoscaling import DeviceScaling
 from app.server.dispatcher import Dispatcher
 from app.server.pipeline_service import PipelineService
 from app.server.plans import PlanInForce
@@ -39,6 +40,7 @@ class ControlHost(Protocol):
     ready: bool
     closing: bool
     plan: PlanInForce | None  # the plan in force (PLAN or POST /v2/plan)
+    scaling: DeviceScaling | None  # AUTOSCALE's autoscalers, once started
 
     def device(self, device_id: int) -> ExecutorDevice: ...
     def outstanding(self, model: str) -> int: ...

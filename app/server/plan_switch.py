@@ -18,11 +18,11 @@ their deadlines, the old cores' batches in flight end on them, and each
 device is the new core's once they have. Last, in the background, each
 model is unloaded from the devices the plan took it off.
 
-Only the plans that regroup the devices are applied while serving, and not
-under AUTOSCALE (each core's autoscaler owns its devices: 501); an InSS
-plan (new shares: POST /v2/devices/reshare does one device) or a PPipe
-plan (its pipelines' executors) answers 501 naming the restart that serves
-it.
+Under AUTOSCALE each new group gets an autoscaler from its devices serving
+at the switch (app/server/autoscaling.py, `regroup`). Only the plans that
+regroup the devices are applied while serving; an InSS plan (new shares:
+POST /v2/devices/reshare does one device) or a PPipe plan (its pipelines'
+executors) answers 501 naming the restart that serves it.
 """
 
 from __future__ import annotations
@@ -103,11 +103,6 @@ async def switch_plan(service: ControlHost, plan: PlanInForce) -> dict[str, Any]
     """Take up `plan` while serving (module docstring); what changed."""
     pool, dispatcher = service.pool, service.dispatcher
     assert pool is not None and dispatcher is not None
-    if service.settings.autoscale is not None:
-        raise PlanNotSwitchable(
-            "with AUTOSCALE each core's autoscaler keeps its devices; a plan is taken up at "
-            "start-up only (restart with PLAN=FILE)"
-        )
     began = time.monotonic()
     states = _placed(service, plan)
     loaded = await _load_where_moved(service, states)
@@ -116,6 +111,8 @@ async def switch_plan(service: ControlHost, plan: PlanInForce) -> dict[str, Any]
     switch_began = time.monotonic()
     handed = dispatcher.switch_groups(groups, down)
     switch_s = time.monotonic() - switch_began
+    if service.scaling is not None:  # AUTOSCALE: an autoscaler per new group
+        await service.scaling.regroup(groups)
     service.models.update(states)
     service.plan_applied(plan)
     names = {d.id: d.name for d in service.devices}
@@ -193,11 +190,13 @@ async def _load_where_moved(
     loaded: dict[str, list[str]] = {}
     changed: list[ModelConfig] = []
     for key, state in states.items():
-        down = [names[d] for d in state.devices if not pool.alive(d)]
+        # A parked executor loads the model when it is started (the pool's
+        # configs); one restarting might come back without it.
+        down = [names[d] for d in state.devices if not pool.alive(d) and not pool.parking.parked(d)]
         if down:
             raise PlanRefused(
-                f"model {state.config.model_name!r}: the executors of {', '.join(down)} are not "
-                "serving (restarting or parked); retry once they are"
+                f"model {state.config.model_name!r}: the executors of {', '.join(down)} are "
+                "restarting; retry once they serve"
             )
         old = service.models[key].config
         results = await pool.model_changes.replace_config(state.config)
