@@ -22,6 +22,7 @@ import pytest
 from app.errors import Dropped, ModelUnloaded, ServingError
 from app.frontdoor.messages import ErrorDescriptor, ServiceView, dump, load
 from app.frontdoor.remote import RemoteService
+from app.planning.herd.plan import HerdPlan, ServingGroup
 from app.repository.config import version_key
 from app.server.settings import Settings
 from app.server.startup import arena_capacity, create_arena, worker_slots
@@ -474,6 +475,16 @@ def test_model_control_through_a_worker_reaches_every_worker(start):
     assert statuses() == {(503, "unloaded")}
     load = httpx.post(f"{daemon.url}/v2/repository/models/echo/load", timeout=30)
     assert load.status_code == 200, load.text
+    assert statuses() == {(200, "")}
+    # A plan taken up through a worker: every worker then shows it in force.
+    assert httpx.get(f"{daemon.url}/v2/plan").json() == {"in_force": False}
+    group = ServingGroup((0,), ("echo",), (), 1.0)
+    plan = json.dumps(HerdPlan("ilp", "paper", (group,)).to_dict()).encode()
+    switched = httpx.post(f"{daemon.url}/v2/plan", content=plan, timeout=30)
+    assert switched.status_code == 200, switched.text
+    for _ in range(6):  # connections to both workers
+        in_force = httpx.get(f"{daemon.url}/v2/plan").json()
+        assert (in_force["in_force"], in_force["kind"]) == (True, "herd-plan"), in_force
     assert statuses() == {(200, "")}
     assert _metric(daemon.url, "pending_requests") == 0
 

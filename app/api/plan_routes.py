@@ -73,8 +73,8 @@ def add_plan_routes(
             409: {"model": ErrorResponse, "description": "The plan does not fit this server."},
             501: {
                 "model": ErrorResponse,
-                "description": "A plan taken up only at start-up (InSS, PPipe), or a server "
-                "without executors of its own (API workers forward no plan).",
+                "description": "A plan taken up only at start-up (InSS, PPipe), or a "
+                "service that cannot take up plans.",
             },
         },
         dependencies=[Depends(guard)],

@@ -86,6 +86,7 @@ class ServiceView:
     capacity: dict[str, Any] = field(default_factory=dict)
     repository_index: list[dict[str, str]] = field(default_factory=list)
     device_index: list[dict[str, Any]] = field(default_factory=list)
+    plan: dict[str, Any] | None = None  # GET /v2/plan's (None: no plan in force)
     arenas: dict[str, dict[str, Any]] = field(default_factory=dict)  # key → arena layout
     shares: dict[str, int] = field(default_factory=dict)  # key → slots per worker
     closing: bool = False

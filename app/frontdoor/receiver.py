@@ -40,7 +40,9 @@ from app.server.statistics import epoch_ms
 log = logging.getLogger("app.frontdoor")
 
 # The service calls a worker may make (`("call", …)`), beside "metrics".
-CALLS = frozenset({"model_statistics", "load_model", "unload_model", "reshare_device"})
+CALLS = frozenset(
+    {"model_statistics", "load_model", "unload_model", "reshare_device", "apply_plan"}
+)
 # What a worker counts itself, counted here too (`("metric", name, args)`).
 WORKER_METRICS = frozenset({"parameter_ignored", "grpc_call_refused"})
 
@@ -62,6 +64,7 @@ def view_of(service: LiveService) -> ServiceView:
         view.capacity = service.capacity()
         view.repository_index = service.repository_index()
         view.device_index = service.device_index()
+        view.plan = service.plan_in_force()
     for key, state in service.models.items():
         if not state.arena.closed:
             view.arenas[key] = state.arena.layout

@@ -145,6 +145,9 @@ class RemoteService:
     def device_index(self) -> list[dict[str, Any]]:
         return [dict(entry) for entry in self.view.device_index]
 
+    def plan_in_force(self) -> dict[str, Any] | None:
+        return None if self.view.plan is None else dict(self.view.plan)
+
     def model_statistics(
         self, name: str | None = None, version: str | None = None
     ) -> dict[str, Any]:
@@ -188,6 +191,9 @@ class RemoteService:
 
     async def reshare_device(self, name: str, share: float) -> dict[str, Any]:
         return await self.call("reshare_device", name, share)
+
+    async def apply_plan(self, body: bytes) -> dict[str, Any]:
+        return await self.call("apply_plan", body)
 
     # ------------------------------------------------------------------ infer
 
