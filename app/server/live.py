@@ -85,6 +85,7 @@ from app.server.pipeline_service import PipelineService, start_pipelines
 from app.server.plan_checks import prepare_plan
 from app.server.plans import PlanInForce, place_inss, whole_devices
 from app.server.preemption_log import PreemptionLog
+from app.server.replanning import KIND as REPLANNED_KIND
 from app.server.replanning import Replanner
 from app.server.service import InferResult, placed_items, request_items
 from app.server.serving_routes import DispatcherRoute, PlacedRoute, Route, Served
@@ -263,7 +264,7 @@ class LiveService:
         """REPLAN_S's loop, with a partition plan in force (else a warning)."""
         if not settings.replan_s:
             return None
-        if self.plan is None or self.plan.file.kind != "symphony-partition":
+        if self.plan is None or self.plan.file.kind != REPLANNED_KIND:
             log.warning(
                 "REPLAN_S=%g is not acted on: it re-plans a partition plan in force (PLAN=FILE "
                 "from `python -m app plan partition`), and this server serves %s",

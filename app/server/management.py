@@ -56,11 +56,6 @@ class Management:
         """Take up the posted plan while serving (app/server/plan_switch.py)."""
         async with self._lock:
             self._check_serving()
-            if self.service.pipelines is not None:
-                raise plan_switch.PlanNotSwitchable(
-                    "the server serves a PPipe plan, whose pipelines are taken down only by a "
-                    "restart (with PLAN=FILE)"
-                )
             if self._posted_plans is None:  # kept while the server runs: GET /v2/plan names it
                 self._posted_plans = tempfile.TemporaryDirectory(prefix="deadline-serve-plans-")
             plan = plan_switch.read_posted_plan(body, Path(self._posted_plans.name))

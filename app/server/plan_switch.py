@@ -103,6 +103,11 @@ async def switch_plan(service: ControlHost, plan: PlanInForce) -> dict[str, Any]
     """Take up `plan` while serving (module docstring); what changed."""
     pool, dispatcher = service.pool, service.dispatcher
     assert pool is not None and dispatcher is not None
+    if service.pipelines is not None:
+        raise PlanNotSwitchable(
+            "the server serves a PPipe plan, whose pipelines are taken down only by a "
+            "restart (with PLAN=FILE)"
+        )
     began = time.monotonic()
     states = _placed(service, plan)
     loaded = await _load_where_moved(service, states)
