@@ -157,6 +157,10 @@ class LocalRayCluster:
     object_store_bytes: int = DEFAULT_OBJECT_STORE_BYTES
     start_timeout_s: float = 60.0
     stop_timeout_s: float = 10.0
+    # `ray start` of a worker gives up when its raylet is not registered in
+    # the GCS within Ray's fixed 30 s; on a loaded 2-core box that happens
+    # now and then, and a second start succeeds.
+    worker_start_attempts: int = 2
     temp_root: Path | None = None
     # A head advertised at `head_ip` (e.g. a veth's address) rather than the
     # machine's; workers started under `worker_prefix` (e.g. `ip netns exec
@@ -176,6 +180,8 @@ class LocalRayCluster:
                 raise ValueError(f"{name} must be ≥ 0, got {getattr(self, name)}")
         if self.start_timeout_s <= 0 or self.stop_timeout_s <= 0:
             raise ValueError("start_timeout_s and stop_timeout_s must be > 0")
+        if self.worker_start_attempts < 1:
+            raise ValueError(f"worker_start_attempts must be ≥ 1, got {self.worker_start_attempts}")
 
     @property
     def address(self) -> str:
@@ -230,25 +236,53 @@ class LocalRayCluster:
                 ],
             )
             self._wait_alive([head])
-            workers = [
-                self._launch(
-                    ray_cli,
-                    worker_resource(i),
-                    worker_resource(i),
-                    [
-                        f"--address={self.address}",
-                        f"--num-cpus={self.worker_cpus}",
-                        *([f"--node-ip-address={self.worker_ip}"] if self.worker_ip else []),
-                    ],
-                    prefix=self.worker_prefix,
-                )
-                for i in range(self.workers)
-            ]
-            self._wait_alive(workers)
+            for attempt in range(1, self.worker_start_attempts + 1):
+                workers = [self._launch_worker(ray_cli, i, attempt) for i in range(self.workers)]
+                try:
+                    self._wait_alive(workers)
+                    break
+                except RayClusterError as exc:
+                    if attempt == self.worker_start_attempts:
+                        raise
+                    print(
+                        f"Ray worker start-up failed (attempt {attempt} of "
+                        f"{self.worker_start_attempts}), starting the workers again: {exc}",
+                        file=sys.stderr,
+                    )
+                    self._discard(workers)
         except BaseException:
             self.stop()
             raise
         return self
+
+    def _launch_worker(self, ray_cli: Path, index: int, attempt: int) -> RayNode:
+        return self._launch(
+            ray_cli,
+            worker_resource(index),
+            worker_resource(index),
+            [
+                f"--address={self.address}",
+                f"--num-cpus={self.worker_cpus}",
+                *([f"--node-ip-address={self.worker_ip}"] if self.worker_ip else []),
+            ],
+            prefix=self.worker_prefix,
+            attempt=attempt,
+        )
+
+    def _discard(self, nodes: list[RayNode]) -> None:
+        """Kill the processes of `nodes` (a failed start) and forget them."""
+        for node in nodes:
+            self._kill_node(node)
+            self.nodes.remove(node)
+
+    def _kill_node(self, node: RayNode) -> None:
+        processes = node.processes()
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(node.pgid, signal.SIGKILL)
+        for process in processes:  # any that left the process group
+            _kill(process)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            node.process.wait(timeout=self.stop_timeout_s)
 
     def _launch(
         self,
@@ -257,11 +291,13 @@ class LocalRayCluster:
         resource: str,
         args: list[str],
         prefix: tuple[str, ...] = (),
+        attempt: int = 1,
     ) -> RayNode:
         assert self.temp_dir is not None
-        node_dir = self.temp_dir / name
+        label = name if attempt == 1 else f"{name}.{attempt}"
+        node_dir = self.temp_dir / label
         node_dir.mkdir()
-        output_path = self.temp_dir / f"{name}.out"
+        output_path = self.temp_dir / f"{label}.out"
         command = [
             *prefix,  # `ip netns exec NS` execs the command: the same process
             str(ray_cli),
@@ -335,13 +371,7 @@ class LocalRayCluster:
         """Kill every process of every node (workers first), then remove the
         temporary directory. Raises if a process outlives `stop_timeout_s`."""
         for node in reversed(self.nodes):
-            processes = node.processes()
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(node.pgid, signal.SIGKILL)
-            for process in processes:  # any that left the process group
-                _kill(process)
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                node.process.wait(timeout=self.stop_timeout_s)
+            self._kill_node(node)
         deadline = time.monotonic() + self.stop_timeout_s
         while True:
             survivors = sorted(p.pid for node in self.nodes for p in node.processes() if _kill(p))

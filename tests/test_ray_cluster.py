@@ -18,7 +18,14 @@ import pytest
 import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-from bench.ray_cluster import HEAD, HEAD_RESOURCE, LocalRayCluster, RayClusterError, is_live
+from bench.ray_cluster import (
+    HEAD,
+    HEAD_RESOURCE,
+    LocalRayCluster,
+    RayClusterError,
+    is_live,
+    worker_resource,
+)
 from tests.conftest import time_limit
 
 pytestmark = [pytest.mark.slow, pytest.mark.serial]
@@ -142,8 +149,38 @@ def test_a_node_that_does_not_come_up_in_time_is_named_and_everything_is_stopped
     assert not processes_naming(str(cluster.temp_dir))
 
 
+def test_a_worker_whose_first_start_fails_is_started_again(tmp_path, capsys) -> None:
+    # The first `ray start` of the worker exits at once, as one whose raylet
+    # missed Ray's 30-s registration window does; the second runs.
+    mark = tmp_path / "failed-once"
+    fail_once = (
+        "bash",
+        "-c",
+        f'if [ ! -e {mark} ]; then touch {mark}; echo "timed out during startup"; exit 1; fi; '
+        'exec "$@"',
+        "bash",
+    )
+    with LocalRayCluster(workers=1, worker_prefix=fail_once) as cluster:
+        assert [node.name for node in cluster.nodes] == [HEAD, worker_resource(0)]
+        assert set(cluster.node_resources()) == {HEAD_RESOURCE, worker_resource(0)}
+        temp_dir = cluster.temp_dir
+    assert mark.exists()
+    err = capsys.readouterr().err
+    assert "Ray worker start-up failed (attempt 1 of 2)" in err
+    assert "timed out during startup" in err
+    assert temp_dir is not None and not processes_naming(str(temp_dir))
+
+    mark.unlink()
+    once = LocalRayCluster(workers=1, worker_prefix=fail_once, worker_start_attempts=1)
+    with pytest.raises(RayClusterError, match="`ray start` of node worker-0 exited with 1"):
+        once.start()
+    assert once.nodes == [] and not processes_naming(str(once.temp_dir))
+
+
 def test_bad_sizes_are_named() -> None:
     with pytest.raises(ValueError, match="workers must be ≥ 0, got -1"):
         LocalRayCluster(workers=-1)
     with pytest.raises(ValueError, match="worker_cpus must be ≥ 0, got -2"):
         LocalRayCluster(worker_cpus=-2)
+    with pytest.raises(ValueError, match="worker_start_attempts must be ≥ 1, got 0"):
+        LocalRayCluster(worker_start_attempts=0)
