@@ -84,9 +84,9 @@ def before(t: float) -> float:
 
 
 # ------------------------------------------------------- model files and configs
-def save_onnx(graph: onnx.GraphProto, path: Path) -> Path:
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    model.ir_version = 8
+def save_onnx(graph: onnx.GraphProto, path: Path, opset: int = 17) -> Path:
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+    model.ir_version = 8 if opset <= 17 else 9
     onnx.checker.check_model(model)
     onnx.save(model, str(path))
     return path
@@ -121,6 +121,53 @@ def mlp_onnx(
         inits,
     )
     return save_onnx(graph, path)
+
+
+def shout_double_onnx(path: Path) -> Path:
+    """text STRING [N, 1] → loud = text + "!"; x FLOAT [N, L] → y = 2x."""
+    graph = helper.make_graph(
+        [
+            helper.make_node("StringConcat", ["text", "bang"], ["loud"]),
+            helper.make_node("Mul", ["x", "two"], ["y"]),
+        ],
+        "shout_double",
+        [
+            helper.make_tensor_value_info("text", TensorProto.STRING, ["N", 1]),
+            helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", "L"]),
+        ],
+        [
+            helper.make_tensor_value_info("loud", TensorProto.STRING, ["N", 1]),
+            helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", "L"]),
+        ],
+        [
+            helper.make_tensor("bang", TensorProto.STRING, [1], [b"!"]),
+            helper.make_tensor("two", TensorProto.FLOAT, [], [2.0]),
+        ],
+    )
+    return save_onnx(graph, path, opset=20)  # StringConcat is opset 20
+
+
+def elastic_config(name: str, path: Path) -> ModelConfig:
+    """`shout_double_onnx` with elastic tensors: slots of 8 bytes a string
+    and 4 a sequence, anything longer spilled (app/runtime/spill.py)."""
+    return ModelConfig(
+        name=name,
+        backend="onnx",
+        directory=path.parent,
+        inputs=(
+            TensorSpec("text", "BYTES", (-1, 1), max_bytes=8, elastic=True),
+            TensorSpec("x", "FP32", (-1, -1), max_shape=(-1, 4), elastic=True),
+        ),
+        outputs=(
+            TensorSpec("loud", "BYTES", (-1, 1), max_bytes=9, elastic=True),
+            TensorSpec(
+                "y", "FP32", (-1, -1), max_shape=(-1, 4), follows=(None, ("x", 1)), elastic=True
+            ),
+        ),
+        max_batch_size=8,
+        slo_ms=1000.0,
+        model_file=path,
+    )
 
 
 def picky_onnx(path: Path) -> Path:

@@ -40,7 +40,14 @@ from app.server.live import LiveService
 from app.server.metrics import Metrics
 from app.server.settings import Settings
 from app.server.startup import StartupFailed
-from tests.fakes import PoolEvents, emulated_config, mlp_onnx, onnx_config
+from tests.fakes import (
+    PoolEvents,
+    elastic_config,
+    emulated_config,
+    mlp_onnx,
+    onnx_config,
+    shout_double_onnx,
+)
 from tests.test_statistics import emulated_repository
 
 pytestmark = [
@@ -117,6 +124,44 @@ def test_outputs_equal_local_executors_through_the_arena_and_the_object_store(tm
     np.testing.assert_array_equal(on_ray, local)
     np.testing.assert_array_equal(by_calls, local)
     np.testing.assert_array_equal(remote, local)
+
+
+def test_items_beyond_their_slots_cross_to_an_actor_on_another_node_and_back(tmp_path):
+    """An actor that cannot open the daemon's segments (all_remote) gets the
+    spilled items beside the slot bytes and returns its spilled answers
+    the same way: every answer whole, no segment left on either side."""
+    config = elastic_config("elastic", shout_double_onnx(tmp_path / "shout.onnx"))
+
+    async def scenario() -> None:
+        arena = Arena.create(config, capacity=8)
+        events = PoolEvents()
+        pool = RayExecutorPool([CPU], [config], {"elastic": arena}, events, all_remote=True)
+        try:
+            await pool.start()
+            assert pool.remote(CPU.id)
+            texts = [b"short", "ü".encode() * 40]  # 5 and 80 bytes: slots hold 8
+            requests = [arena.acquire_rows(1) for _ in texts]
+            for slots, text, length in zip(requests, texts, [3, 50], strict=True):
+                x = np.arange(length, dtype=np.float32).reshape(1, length)
+                arena.write_rows(slots, {"text": np.array([[text]], object), "x": x})
+            assert arena.spills.spilled(requests[1]) == ["input 'text'", "input 'x'"]
+            done = events.expect(1)
+            pool.submit(CPU.id, 1, "elastic", requests[0] + requests[1], time.monotonic())
+            finished = await done
+            assert isinstance(finished, BatchFinished) and finished.error is None
+            assert sorted(arena.spills.spilled(requests[1])) == [
+                "input 'text'", "input 'x'", "output 'loud'", "output 'y'"
+            ]  # fmt: skip
+            for slots, text, length in zip(requests, texts, [3, 50], strict=True):
+                out = arena.read_rows(slots)
+                assert out["loud"].tolist() == [[text + b"!"]]
+                np.testing.assert_array_equal(out["y"], 2 * np.arange(length)[np.newaxis])
+                arena.release_rows(slots)
+        finally:
+            await pool.stop()
+            arena.close_and_unlink()
+
+    run(scenario())
 
 
 def test_a_cpu_slice_is_fitted_to_the_node_and_an_infeasible_one_is_named_at_once(tmp_path):

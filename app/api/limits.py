@@ -26,8 +26,9 @@ what its largest well-formed request can take, generously counted:
   shapes, datatypes, parameters, the request id, requested outputs;
 - an input with a variable dimension (-1 beyond the batch one) counts at
   its bound (`max_shape`); one without a bound (a config read before
-  bounds were required) falls back to `max_body_bytes` (MAX_BODY_BYTES),
-  which is also the ceiling of every model's limit.
+  bounds were required), or an `elastic` one (a Triton config's, which
+  takes items beyond its bounds), falls back to `max_body_bytes`
+  (MAX_BODY_BYTES), which is also the ceiling of every model's limit.
 
 The limit applies to the body as sent and, for a gzip/deflate body, to its
 decoded size as well (app.api.bodies). The v2 routes know the model from the
@@ -104,8 +105,9 @@ def element_bytes(spec: TensorSpec) -> int:
 
 def tensor_bytes(spec: TensorSpec) -> int | None:
     """The most bytes one item of a tensor of `spec` takes (batch dimension
-    1), variable dimensions at their bound; None when one has no bound."""
-    if any(d < 0 for d in spec.slot_shape):
+    1), variable dimensions at their bound; None when one has no bound, or
+    the tensor is elastic (its bounds size shared memory only)."""
+    if spec.elastic or any(d < 0 for d in spec.slot_shape):
         return None
     return math.prod(spec.slot_shape) * element_bytes(spec)
 

@@ -14,7 +14,10 @@ is at most its tensor's `max_bytes` and UTF-8 text (ONNX string tensors
 hold text); BYTES outputs are answered as strings in JSON, or binary.
 
 A variable dimension (-1 in the config) takes any length up to its bound
-(`max_shape`); a longer one is a 400 naming the tensor and the bound.
+(`max_shape`); a longer one is a 400 naming the tensor and the bound —
+except in an `elastic` tensor (a Triton config's, whose bounds the server
+chose), which takes any length the body limit allows, as does its BYTES
+elements' `max_bytes`.
 
 JSON numbers must fit the input's datatype: an integer out of the integer
 type's range, or a finite number beyond FP16's or FP32's largest finite value
@@ -117,7 +120,7 @@ def check_shape(
                 f"got {_fmt_shape(shape)}"
             )
     for i, (got, bound) in enumerate(zip(shape[1:], spec.slot_shape, strict=True), start=1):
-        if 0 <= bound < got:
+        if 0 <= bound < got and not spec.elastic:
             raise InvalidInput(
                 f"input '{name}': dimension {i} is {got}, more than its bound {bound} "
                 f"(max_shape {_fmt_shape(spec.max_shape or spec.shape)} in the model config), "
@@ -231,7 +234,7 @@ def _as_bytes_array(name: str, spec: TensorSpec, data: Any) -> np.ndarray:
 
 def check_bytes(name: str, spec: TensorSpec, values: np.ndarray) -> None:
     """Each element of a BYTES tensor: at most `max_bytes`, UTF-8 text."""
-    limit = spec.max_bytes
+    limit = None if spec.elastic else spec.max_bytes
     for i, value in enumerate(values.reshape(-1)):
         if limit is not None and len(value) > limit:
             raise InvalidInput(

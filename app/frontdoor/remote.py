@@ -77,6 +77,7 @@ class _Share:
 
     def give(self, slots: list[int]) -> None:
         """Free `slots` (this worker's only; one already free stays once)."""
+        self.arena.spills.drop([slot for slot in slots if slot in self.owned])
         free = set(self.free)
         self.free.extend(slot for slot in slots if slot in self.owned and slot not in free)
 

@@ -9,7 +9,9 @@ when `max_shape` bounds it.
 Shared memory holds every tensor at its bound (`TensorSpec.slot_shape`):
 variable dimensions at their `max_shape`, a BYTES element as a 4-byte
 length and `max_bytes` bytes (`BYTES_HEADER` + max_bytes). A request's own
-shape travels with it in its slot (app/runtime/arena.py).
+shape travels with it in its slot (app/runtime/arena.py). An `elastic`
+tensor's bounds size the slot only: a larger item is spilled to a segment
+of its own (app/runtime/spill.py).
 """
 
 from __future__ import annotations
@@ -57,6 +59,10 @@ class TensorSpec:
     # request this dimension has (a padded answer is cut back to it); ().
     follows: tuple[tuple[str, int] | None, ...] = ()
     max_bytes: int | None = None  # BYTES: the longest element, in bytes
+    # An item beyond its bounds (max_shape, max_bytes) is taken all the same
+    # and travels in a shared-memory segment of its own (app/runtime/spill.py):
+    # bounds the server chose (a Triton config declares none), not the model's.
+    elastic: bool = False
 
     @property
     def dtype(self) -> np.dtype:

@@ -20,6 +20,11 @@
                dimension that follows nothing is answered as the model
                computed it (a padded length stays padded).          [all null]
     max_bytes: BYTES tensors: the longest element, in bytes (> 0)  (BYTES: required)
+    elastic:   true: max_shape and max_bytes size shared memory only; a
+               request beyond them is taken all the same, its item in a
+               shared-memory segment of its own (a copy more), as Triton
+               takes any length. A Triton config's tensor without declared
+               bounds is elastic.                                    [false]
 
 Every error names the file and the field, and a missing bound says what
 to add.
@@ -32,7 +37,9 @@ from typing import Any
 from app.config_fields import FieldReader
 from app.repository.config import DATATYPES, TensorSpec
 
-TENSOR_KEYS = frozenset({"name", "datatype", "shape", "max_shape", "pad", "follows", "max_bytes"})
+TENSOR_KEYS = frozenset(
+    {"name", "datatype", "shape", "max_shape", "pad", "follows", "max_bytes", "elastic"}
+)
 # Backends that serve variable dimensions and BYTES tensors.
 VARIABLE_BACKENDS = ("onnx",)
 
@@ -74,7 +81,10 @@ def parse_tensors(ctx: FieldReader, raw: Any, where: str) -> tuple[TensorSpec, .
                 ctx.fail(f"{w}.follows", "only outputs follow an input's dimension")
             follows = _parse_follows(ctx, entry["follows"], shape, w)
         max_bytes = _parse_max_bytes(ctx, entry.get("max_bytes"), datatype, w)
-        specs.append(TensorSpec(name, datatype, shape, max_shape, pad, follows, max_bytes))
+        elastic = _parse_elastic(ctx, entry.get("elastic"), datatype, shape, w)
+        specs.append(
+            TensorSpec(name, datatype, shape, max_shape, pad, follows, max_bytes, elastic)
+        )
     return tuple(specs)
 
 
@@ -212,6 +222,23 @@ def check_backend(ctx: FieldReader, backend: str, specs: tuple[TensorSpec, ...])
                 f"{spec.name}",
                 f"{what}: served by the {', '.join(VARIABLE_BACKENDS)} backend only, not {backend}",
             )
+
+
+def _parse_elastic(
+    ctx: FieldReader, raw: Any, datatype: str, shape: tuple[int, ...], where: str
+) -> bool:
+    field = f"{where}.elastic"
+    if raw is None:
+        return False
+    if not isinstance(raw, bool):
+        ctx.fail(field, f"must be true or false, got {raw!r}")
+    if raw and datatype != "BYTES" and not any(d < 0 for d in shape[1:]):
+        ctx.fail(
+            field,
+            f"only a tensor with a variable dimension or BYTES has bounds to exceed; "
+            f"this one is {datatype} {list(shape)}",
+        )
+    return raw
 
 
 def _parse_max_bytes(ctx: FieldReader, raw: Any, datatype: str, where: str) -> int | None:

@@ -31,10 +31,13 @@ the same checks (app/repository/loader.py). What maps:
 * A tensor's keys beyond `dims` (app/repository/tensor_fields.py) through
   `parameters` too, each a YAML mapping of tensor name → value written as
   in config.yaml, the batch dimension left out as in `dims`: `max_shape`
-  bounds dims -1 (required for them), `pad` lets requests of different
-  lengths share a padded batch, `follows` cuts an output back to each
-  request's length, `max_bytes` bounds a TYPE_STRING (BYTES) element
-  (required for it)::
+  bounds dims -1, `pad` lets requests of different lengths share a padded
+  batch, `follows` cuts an output back to each request's length,
+  `max_bytes` bounds a TYPE_STRING (BYTES) element. A tensor that declares
+  neither bound gets slots of DEFAULT_MAX_ELEMENTS elements and
+  DEFAULT_MAX_BYTES bytes per string and is `elastic`: a longer request is
+  served all the same, its item in a segment of its own, as Triton takes
+  any length; a declared bound is the model's and is enforced (400)::
 
       input [{ name: "tokens" data_type: TYPE_FP32 dims: [ -1 ] }]
       output [{ name: "scores" data_type: TYPE_FP32 dims: [ -1 ] }]
@@ -387,6 +390,14 @@ def _parameters(
     if backend_options:
         doc["parameters"] = backend_options
     for tensor in [*doc["inputs"], *doc["outputs"]]:
+        # Bounds this server picks for the slot, not the model's: beyond them
+        # an item is taken all the same (spilled), as Triton takes it.
+        declared = "max_shape" in tensor or "max_bytes" in tensor
+        chosen = (-1 in tensor["shape"][1:] and "max_shape" not in tensor) or (
+            tensor["datatype"] == "BYTES" and "max_bytes" not in tensor
+        )
+        if chosen and not declared:
+            tensor["elastic"] = True
         if -1 in tensor["shape"][1:] and "max_shape" not in tensor:
             tensor["max_shape"] = default_max_shape(tensor["shape"][1:])
             log.info(

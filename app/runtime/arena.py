@@ -46,21 +46,21 @@ thread-safe: call it from the event loop thread.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import re
 import secrets
-import sys
 import weakref
 from collections.abc import Mapping
-from multiprocessing import resource_tracker, shared_memory
+from multiprocessing import shared_memory
 from typing import Any
 
 import numpy as np
 
 from app.errors import InvalidInput
 from app.repository.config import ModelConfig, TensorSpec
-from app.runtime.tensor_rows import pack_bytes, region, unpack_bytes
+from app.runtime import spill
+from app.runtime.shm import open_untracked, release_segment
+from app.runtime.tensor_rows import as_bytes, pack_bytes, region, unpack_bytes
 
 ALIGN = 64
 # Prefix of every segment we create (tests and operators can find ours in /dev/shm).
@@ -108,6 +108,10 @@ def compute_layout(config: ModelConfig, capacity: int, name: str) -> dict[str, A
             if spec.variable:
                 entry["dims_offset"] = offset
                 offset += _align(4 * len(spec.item_shape))
+            entry["spill_offset"] = None  # an elastic tensor's spill field
+            if spec.elastic:
+                entry["spill_offset"] = offset
+                offset += _align(spill.NAME_BYTES)
             tensors[role][spec.name] = entry
     slot_nbytes = max(_align(offset), ALIGN)
     return {
@@ -121,34 +125,18 @@ def compute_layout(config: ModelConfig, capacity: int, name: str) -> dict[str, A
     }
 
 
-def _attach_untracked(name: str) -> shared_memory.SharedMemory:
-    if sys.version_info >= (3, 13):
-        return shared_memory.SharedMemory(name=name, track=False)  # type: ignore[call-arg]
-    # 3.10–3.12 always register an attached segment with the resource tracker.
-    # Suppress that for the duration of the call (executor processes attach
-    # from their main thread before anything else touches the tracker).
-    original = resource_tracker.register
-
-    def _register(res_name: str, rtype: str) -> None:
-        if rtype != "shared_memory":
-            original(res_name, rtype)
-
-    resource_tracker.register = _register  # type: ignore[assignment]
-    try:
-        return shared_memory.SharedMemory(name=name)
-    finally:
-        resource_tracker.register = original  # type: ignore[assignment]
-
-
-def _release_segment(shm: shared_memory.SharedMemory, unlink: bool) -> None:
-    """Close the mapping (tolerating live numpy views) and unlink if owner."""
-    # BufferError: someone still holds a view into the buffer; the mapping
-    # goes away with the process. Unlinking below still removes the name.
-    with contextlib.suppress(BufferError):
-        shm.close()
-    if unlink:
-        with contextlib.suppress(FileNotFoundError):
-            shm.unlink()
+def _beyond(array: np.ndarray, bound: tuple[int, ...], max_bytes: int | None) -> bool:
+    """Whether rows `array` (batch dimension first) exceed a slot: a
+    dimension beyond `bound`, or a BYTES element beyond `max_bytes`."""
+    if any(d > b for d, b in zip(array.shape[1:], bound, strict=False)):
+        return True
+    if not max_bytes:
+        return False
+    return any(
+        len(v.encode() if isinstance(v, str) else v) > max_bytes
+        for v in array.reshape(-1)
+        if isinstance(v, (bytes, str))
+    )
 
 
 class Arena:
@@ -166,6 +154,8 @@ class Arena:
         # Variable tensors: (capacity, ndim) int32 views of each item's shape.
         self._dims: dict[str, dict[str, np.ndarray]] = {"inputs": {}, "outputs": {}}
         self._max_bytes: dict[str, int] = {}  # BYTES tensors (names unique per role)
+        # Elastic tensors' spill fields (app/runtime/spill.py).
+        self.spills = spill.SpillFields(SEGMENT_PREFIX)
         stride = int(layout["slot_nbytes"])
         for role in ("inputs", "outputs"):
             for tname, t in layout[role].items():
@@ -190,9 +180,17 @@ class Arena:
                         offset=int(t["dims_offset"]),
                         strides=(stride, 4),
                     )
+                if t.get("spill_offset") is not None:
+                    self.spills.fields[role][tname] = np.ndarray(
+                        (self.capacity, spill.NAME_BYTES),
+                        dtype=np.uint8,
+                        buffer=shm.buf,
+                        offset=int(t["spill_offset"]),
+                        strides=(stride, 1),
+                    )
         self._free: list[int] = list(range(self.capacity - 1, -1, -1))
         self._in_use: set[int] = set()
-        self._finalizer = weakref.finalize(self, _release_segment, shm, owner)
+        self._finalizer = weakref.finalize(self, release_segment, shm, owner)
 
     # ----------------------------------------------------------------- create
     @classmethod
@@ -204,14 +202,14 @@ class Arena:
         try:
             return cls(shm, layout, owner=True)
         except BaseException:
-            _release_segment(shm, unlink=True)
+            release_segment(shm, unlink=True)
             raise
 
     @classmethod
     def attach(cls, layout: Mapping[str, Any]) -> Arena:
         """Attach (executor side) to an existing segment described by `layout`."""
         layout = dict(layout)
-        shm = _attach_untracked(layout["name"])
+        shm = open_untracked(layout["name"])
         try:
             if shm.size < int(layout["size"]):
                 raise ValueError(
@@ -219,7 +217,7 @@ class Arena:
                 )
             return cls(shm, layout, owner=False)
         except BaseException:
-            _release_segment(shm, unlink=False)
+            release_segment(shm, unlink=False)
             raise
 
     @property
@@ -263,6 +261,7 @@ class Arena:
         return taken
 
     def release_rows(self, slots: list[int]) -> None:
+        self.spills.drop(slots)
         for slot in slots:
             self.release(slot)
 
@@ -309,6 +308,20 @@ class Arena:
                     f"but the model expects {[rows, *bound]}"
                     + (" (at most, per dimension)" if dims is not None else "")
                 )
+            elastic = self.spills.elastic("inputs", name)
+            if elastic and _beyond(array, bound, max_bytes):
+                if max_bytes:
+                    try:
+                        array = as_bytes(array, f"model {self.model!r} input {name!r}")
+                    except ValueError as exc:
+                        raise InvalidInput(str(exc)) from None
+                self.spills.write_inputs(name, slots, array)
+                if dims is not None:
+                    for slot in slots:
+                        dims[slot] = item
+                continue
+            if elastic:
+                self.spills.clear("inputs", name, slots)
             over = [i for i, (d, b) in enumerate(zip(item, bound, strict=True)) if d > b]
             if over:
                 i = over[0]
@@ -341,6 +354,9 @@ class Arena:
         out = {}
         for name, view in self._views["outputs"].items():
             dims = self._dims["outputs"].get(name)
+            if self.spills.any_at("outputs", name, slots):
+                out[name] = np.stack([self._output_row(name, slot) for slot in slots])
+                continue
             if dims is not None:
                 corner = region(dims[slots[0]])  # a request's rows share one shape
                 data = np.stack([view[slot][corner] for slot in slots])
@@ -350,6 +366,23 @@ class Arena:
                 data = view[index]
             out[name] = unpack_bytes(data) if f"outputs:{name}" in self._max_bytes else data
         return out
+
+    def _output_row(self, name: str, slot: int) -> np.ndarray:
+        """One slot's item of output `name`: from its segment (then unlinked),
+        or from the slot."""
+        if self.spills.at("outputs", name, slot) is not None:
+            return self.spills.take("outputs", name, slot)
+        return self._slot_item("outputs", name, slot)
+
+    def _slot_item(self, role: str, name: str, slot: int) -> np.ndarray:
+        """One slot's item of a tensor as its writer wrote it (a variable one
+        cut to its shape, BYTES unpacked): a copy."""
+        data = self._views[role][name][slot]
+        dims = self._dims[role].get(name)
+        if dims is not None:
+            data = data[region(dims[slot])]
+        data = np.array(data)
+        return unpack_bytes(data) if f"{role}:{name}" in self._max_bytes else data
 
     @property
     def free_slots(self) -> int:
@@ -422,6 +455,8 @@ class Arena:
         `shape` (a variable input): each row's own corner, the rest 0 (a
         BYTES element: empty), for rows of that shape or padded to it."""
         view = self._views["inputs"][input_name]
+        if self.spills.any_at("inputs", input_name, slots):
+            return self._gather_spilled(input_name, slots, shape)
         index = np.asarray(slots, dtype=np.intp)
         if shape is None:
             data = np.ascontiguousarray(view[index])
@@ -432,6 +467,31 @@ class Arena:
                 corner = region(dims[slot])
                 data[i][corner] = view[slot][corner]
         return unpack_bytes(data) if f"inputs:{input_name}" in self._max_bytes else data
+
+    def _gather_spilled(
+        self,
+        input_name: str,
+        slots: list[int],
+        shape: tuple[int, ...] | None,
+    ) -> np.ndarray:
+        """`gather` for a batch with spilled items: row by row."""
+        rows = []
+        for slot in slots:
+            segment = self.spills.at("inputs", input_name, slot)
+            if segment is None:
+                rows.append(self._slot_item("inputs", input_name, slot))
+            else:
+                rows.append(spill.read_item(segment))
+        if shape is None:
+            return np.stack(rows)
+        is_bytes = f"inputs:{input_name}" in self._max_bytes
+        dtype = np.dtype(object) if is_bytes else self._views["inputs"][input_name].dtype
+        data = np.zeros((len(slots), *shape), dtype)
+        if is_bytes:
+            data.fill(b"")
+        for i, row in enumerate(rows):
+            data[i][region(row.shape)] = row
+        return data
 
     def scatter(
         self,
@@ -462,14 +522,19 @@ class Arena:
                 f"{what}: backend returned shape {list(batch_output.shape)}, expected "
                 f"{[len(slots), *bound]} at most"
             )
-        if max_bytes:
-            batch_output = pack_bytes(batch_output, max_bytes, what)
-        elif batch_output.dtype != view.dtype and not np.can_cast(
-            batch_output.dtype, view.dtype, casting="same_kind"
+        if not max_bytes and (
+            batch_output.dtype != view.dtype
+            and not np.can_cast(batch_output.dtype, view.dtype, casting="same_kind")
         ):
             raise ValueError(
                 f"{what}: backend returned dtype {batch_output.dtype}, expected {view.dtype}"
             )
+        if self.spills.elastic("outputs", output_name):
+            rows = shapes or [tuple(batch_output.shape[1 : 1 + len(bound)])] * len(slots)
+            self._scatter_elastic(output_name, slots, batch_output, rows)
+            return
+        if max_bytes:
+            batch_output = pack_bytes(batch_output, max_bytes, what)
         if dims is None:
             view[np.asarray(slots, dtype=np.intp)] = batch_output
             return
@@ -481,6 +546,34 @@ class Arena:
             corner = region(item)
             view[slot][corner] = batch_output[i][corner]
             dims[slot] = item
+
+    def _scatter_elastic(
+        self,
+        output_name: str,
+        slots: list[int],
+        batch_output: np.ndarray,
+        rows: list[tuple[int, ...]],
+    ) -> None:
+        """`scatter` for an elastic output: a row within the bound into its
+        slot, a longer one into a segment of its own (app/runtime/spill.py)."""
+        view = self._views["outputs"][output_name]
+        max_bytes = self._max_bytes.get(f"outputs:{output_name}")
+        dims = self._dims["outputs"].get(output_name)
+        bound = view.shape[1:-1] if max_bytes else view.shape[1:]
+        what = f"model {self.model!r} output {output_name!r}"
+        for i, slot in enumerate(slots):
+            item = rows[i]
+            row = np.asarray(batch_output[i][region(item)])
+            if _beyond(row[np.newaxis], bound, max_bytes):
+                spilled = as_bytes(row, what) if max_bytes else row
+                self.spills.write_output(output_name, slot, spilled)
+            else:
+                self.spills.clear("outputs", output_name, [slot])
+                if max_bytes:
+                    row = pack_bytes(row, max_bytes, what)
+                view[slot][region(item)] = row
+            if dims is not None:
+                dims[slot] = item
 
     def slot_bytes(self) -> np.ndarray:
         """The segment as a (capacity, slot_nbytes) uint8 view, row k = slot k,
@@ -504,9 +597,12 @@ class Arena:
         """Unmap (both sides); the owner also unlinks — prefer close_and_unlink."""
         if self._shm is None:
             return
+        if self.owner and self.spills:
+            self.spills.drop(range(self.capacity))
         self._views = {"inputs": {}, "outputs": {}}
+        self.spills.fields = {"inputs": {}, "outputs": {}}
         self._shm = None
-        self._finalizer()  # runs _release_segment once
+        self._finalizer()  # runs release_segment once
 
     def close_and_unlink(self) -> None:
         """Parent side: unmap and remove the segment name from /dev/shm."""

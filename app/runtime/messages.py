@@ -170,6 +170,7 @@ def config_to_dict(config: ModelConfig) -> dict[str, Any]:
             "pad": list(s.pad),
             "follows": [None if f is None else list(f) for f in s.follows],
             "max_bytes": s.max_bytes,
+            "elastic": s.elastic,
         }
 
     p = config.profile
@@ -218,6 +219,7 @@ def config_from_dict(d: dict[str, Any] | ModelConfig) -> ModelConfig:
                 None if f is None else (str(f[0]), int(f[1])) for f in t.get("follows") or ()
             ),
             max_bytes=t.get("max_bytes"),
+            elastic=bool(t.get("elastic", False)),
         )
 
     p = d.get("profile")

@@ -27,8 +27,10 @@ one uint8 array (`run_rows`; through Ray's object
 store, a zero-copy read on its side), runs the batch on its scratch rows
 and returns the slots' output bytes, which the pool copies into the
 daemon's arena. Whole slots travel, so variable shapes and BYTES tensors
-need nothing more. Times in replies are the actor's `time.monotonic()`; the
-pool converts them for an actor on another node (`RayExecutorPool`).
+need nothing more; an item beyond its slot (an elastic tensor's,
+app/runtime/spill.py) travels beside them as an array. Times in replies
+are the actor's `time.monotonic()`; the pool converts them for an actor
+on another node (`RayExecutorPool`).
 
 Samples re-run alone (the asynchronous profiler, app/runtime/alone_profiler.py).
 A batch's `alone` marks are kept as a local executor keeps them. A local
@@ -51,6 +53,7 @@ from typing import Any
 import numpy as np
 import ray
 
+from app.runtime import spill
 from app.runtime.arena import Arena
 from app.runtime.executor import Executor, tighten_timer_slack
 from app.runtime.messages import (
@@ -236,30 +239,38 @@ class ExecutorActor:
         inputs: np.ndarray,
         start_at: float,
         alone: tuple[AloneMark, ...] = (),
-    ) -> tuple[Ran | Cancelled, np.ndarray | None]:
+        spilled: dict[int, dict[str, np.ndarray]] | None = None,
+    ) -> tuple[Ran | Cancelled, np.ndarray | None, dict[int, dict[str, np.ndarray]]]:
         """Run a batch whose slots' input bytes are `inputs` (one row per
-        item) on the scratch arena; the reply and the slots' output bytes
-        (None when the batch did not run to its end)."""
+        item) on the scratch arena, with the items that did not fit a slot
+        (`spilled`, app/runtime/spill.py); the reply, the slots' output
+        bytes (None when the batch did not run to its end) and the outputs
+        that did not fit."""
         arena = self.scratch_arenas.get(model)
         if arena is None:
             error = f"model {model!r} is not loaded on {self.executor.name}"
             now = time.monotonic()
-            return Ran(int(batch_id), now, now, error), None
+            return Ran(int(batch_id), now, now, error), None, {}
         rows = len(inputs)
         if rows > arena.capacity:
             now = time.monotonic()
             error = f"batch of {rows} items exceeds max_batch_size {arena.capacity}"
-            return Ran(int(batch_id), now, now, error), None
+            return Ran(int(batch_id), now, now, error), None, {}
         cut = inputs_end(arena.layout)
+        scratch = list(range(rows))
         with self.lock:
             arena.slot_bytes()[:rows, :cut] = inputs
-            self.executor.run(
-                int(batch_id), model, list(range(rows)), float(start_at), tuple(alone)
-            )
-            reply = self.replies.take()
+            made = arena.spills.place("inputs", scratch, spilled or {})
+            try:
+                self.executor.run(int(batch_id), model, scratch, float(start_at), tuple(alone))
+                reply = self.replies.take()
+                outputs = arena.spills.items("outputs", scratch, take=True)
+            finally:
+                for name in made:
+                    spill.unlink(name)
         if not isinstance(reply, Ran) or reply.error is not None:
-            return reply, None
-        return reply, arena.slot_bytes()[:rows, cut:].copy()
+            return reply, None, {}
+        return reply, arena.slot_bytes()[:rows, cut:].copy(), outputs
 
     def profile(
         self,

@@ -486,8 +486,9 @@ class RayExecutorPool(DeviceRecords):
                 arena = self.arenas[model]
                 cut = inputs_end(arena.layout)
                 inputs = arena.slot_bytes()[np.asarray(rows, dtype=np.intp), :cut]
+                spilled = arena.spills.items("inputs", rows)
                 at = float(start_at) + a.clock_offset
-                ref = a.handle.run_rows.remote(int(batch_id), model, inputs, at, marks)
+                ref = a.handle.run_rows.remote(int(batch_id), model, inputs, at, marks, spilled)
             elif a.channel is not None:
                 a.channel.run(Run(int(batch_id), model, rows, float(start_at), marks))
             else:
@@ -516,12 +517,13 @@ class RayExecutorPool(DeviceRecords):
         if a.generation != generation or batch_id not in a.inflight:
             return  # failed already, with its actor
         if a.remote:
-            reply, outputs = result
+            reply, outputs, spilled = result
             if outputs is not None:
                 arena = self.arenas[model]
                 arena.slot_bytes()[np.asarray(rows, dtype=np.intp), inputs_end(arena.layout) :] = (
                     outputs
                 )
+                arena.spills.place("outputs", rows, spilled)
         else:
             reply = result
         self._ended(a, generation, batch_id, reply)

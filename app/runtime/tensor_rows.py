@@ -33,6 +33,28 @@ def region(shape: Sequence[int]) -> tuple[slice, ...]:
     return tuple(slice(0, int(d)) for d in shape)
 
 
+def bytes_of(value: object, what: str) -> bytes:
+    """A BYTES element as bytes (a str as its UTF-8); ValueError naming
+    `what` for anything else."""
+    if isinstance(value, str):
+        return value.encode()
+    if isinstance(value, np.bytes_):
+        return bytes(value)
+    if not isinstance(value, bytes):
+        raise ValueError(f"{what}: a BYTES element is {type(value).__name__}, not bytes")
+    return value
+
+
+def as_bytes(values: np.ndarray, what: str) -> np.ndarray:
+    """An object array of bytes (or str) with every element bytes."""
+    values = np.asarray(values, dtype=object)
+    out = np.empty(values.shape, dtype=object)
+    flat = out.reshape(-1)
+    for i, value in enumerate(values.reshape(-1)):
+        flat[i] = bytes_of(value, what)
+    return out
+
+
 def pack_bytes(values: np.ndarray, max_bytes: int, what: str) -> np.ndarray:
     """An object array of bytes (or str) → uint8 (*shape, 4 + max_bytes):
     length prefix, then the value. ValueError naming `what` when an element
@@ -41,12 +63,7 @@ def pack_bytes(values: np.ndarray, max_bytes: int, what: str) -> np.ndarray:
     out = np.zeros((*values.shape, BYTES_HEADER + max_bytes), dtype=np.uint8)
     flat = out.reshape(-1, BYTES_HEADER + max_bytes)
     for i, value in enumerate(values.reshape(-1)):
-        if isinstance(value, str):
-            value = value.encode()
-        elif isinstance(value, np.bytes_):
-            value = bytes(value)
-        if not isinstance(value, bytes):
-            raise ValueError(f"{what}: a BYTES element is {type(value).__name__}, not bytes")
+        value = bytes_of(value, what)
         n = len(value)
         if n > max_bytes:
             raise ValueError(
