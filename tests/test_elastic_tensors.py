@@ -21,6 +21,7 @@ from app.errors import InvalidInput
 from app.repository.config import ModelConfig, TensorSpec
 from app.runtime.arena import Arena
 from app.runtime.executor import run_shape_groups
+from bench.elastic import write_repository
 from tests.fakes import our_segments
 
 
@@ -186,51 +187,6 @@ def test_elastic_in_config_yaml_is_checked(tmp_path):
 # ------------------------------------------------------------------ the daemon
 
 
-def _triton_repository(repo: Path) -> None:
-    """Two Triton-layout models, config.pbtxt without any bound:
-    shout (STRING [1] → text + "!") and double (FP32 [-1] → 2x)."""
-    import onnx
-    from onnx import TensorProto as T
-    from onnx import helper
-
-    def save(name: str, nodes: list, inputs: list, outputs: list, inits: list) -> None:
-        graph = helper.make_graph(nodes, name, inputs, outputs, initializer=inits)
-        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 20)])
-        model.ir_version = 9
-        (repo / name / "1").mkdir(parents=True)
-        onnx.save(model, str(repo / name / "1" / "model.onnx"))
-
-    value = helper.make_tensor_value_info
-    save(
-        "shout",
-        [helper.make_node("StringConcat", ["text", "bang"], ["loud"])],
-        [value("text", T.STRING, ["n", 1])],
-        [value("loud", T.STRING, ["n", 1])],
-        [helper.make_tensor("bang", T.STRING, [1], [b"!"])],
-    )
-    save(
-        "double",
-        [helper.make_node("Mul", ["x", "two"], ["y"])],
-        [value("x", T.FLOAT, ["n", "L"])],
-        [value("y", T.FLOAT, ["n", "L"])],
-        [helper.make_tensor("two", T.FLOAT, [], [2.0])],
-    )
-    common = 'platform: "onnxruntime_onnx"\nmax_batch_size: 8\n'
-    slo = 'parameters { key: "slo_ms" value { string_value: "20000" } }\n'
-    (repo / "shout" / "config.pbtxt").write_text(
-        common
-        + 'input [{ name: "text" data_type: TYPE_STRING dims: [ 1 ] }]\n'
-        + 'output [{ name: "loud" data_type: TYPE_STRING dims: [ 1 ] }]\n'
-        + slo
-    )
-    (repo / "double" / "config.pbtxt").write_text(
-        common
-        + 'input [{ name: "x" data_type: TYPE_FP32 dims: [ -1 ] }]\n'
-        + 'output [{ name: "y" data_type: TYPE_FP32 dims: [ -1 ] }]\n'
-        + slo
-    )
-
-
 def _spill_segments() -> set[str]:
     return {n for n in os.listdir("/dev/shm") if re.fullmatch(r"dsrv_\d+_s[0-9a-f]{12}", n)}
 
@@ -250,7 +206,7 @@ def test_a_triton_repository_serves_strings_and_lengths_beyond_the_default_slot(
     from bench.daemon_launcher import free_port
 
     repo = tmp_path / "repo"
-    _triton_repository(repo)
+    write_repository(repo)
     port = free_port()
     daemon = launch_daemon(
         repo,
@@ -313,3 +269,22 @@ def _spill_segments_of(root: int) -> set[str]:
         tree.add(pid)
         todo.extend(children.get(pid, []))
     return {name for name in _spill_segments() if int(name.split("_")[1]) in tree}
+
+
+def test_allow_ragged_batch_pads_requests_of_different_lengths_into_one_batch(tmp_path):
+    from app.repository.loader import load_model_config
+
+    model = tmp_path / "m"
+    (model / "1").mkdir(parents=True)
+    (model / "1" / "model.onnx").write_bytes(b"")
+    (model / "config.pbtxt").write_text(
+        'platform: "onnxruntime_onnx"\nmax_batch_size: 8\n'
+        'input [{ name: "x" data_type: TYPE_FP32 dims: [ -1, 3 ] allow_ragged_batch: true },\n'
+        '       { name: "k" data_type: TYPE_INT64 dims: [ 2 ] allow_ragged_batch: true }]\n'
+        'output [{ name: "y" data_type: TYPE_FP32 dims: [ -1 ] }]\n'
+    )
+    config = load_model_config(model)
+    x, k = config.inputs
+    assert x.pad == (False, True, False) and x.padded == (True, False)
+    assert k.pad == ()  # nothing varies: nothing to pad
+    assert x.elastic and x.max_shape == (-1, 1365, 3)

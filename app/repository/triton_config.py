@@ -132,7 +132,7 @@ _REFUSED = {
     "sequence_batching": "sequence batching (stateful models) is not supported",
     "ensemble_scheduling": "ensembles are not supported",
 }
-_INPUT_SUPPORTED = frozenset({"name", "data_type", "dims"})
+_INPUT_SUPPORTED = frozenset({"name", "data_type", "dims", "allow_ragged_batch"})
 _OUTPUT_SUPPORTED = frozenset({"name", "data_type", "dims"})
 _OUR_PARAMETERS = ("slo_ms", "allow_slo_loosening", "profile", "description", "dynamic")
 _BACKEND_PARAMETERS = ("exit_points", "preemption_delay_ms")
@@ -315,7 +315,14 @@ def _tensor(
         ctx.fail(f"{where}.data_type", "missing")
     datatype = "BYTES" if type_name == "TYPE_STRING" else type_name.removeprefix("TYPE_")
     # The batch dimension is implicit in Triton's dims; ours is written first.
-    return {"name": tensor.name, "datatype": datatype, "shape": [-1, *tensor.dims]}
+    doc = {"name": tensor.name, "datatype": datatype, "shape": [-1, *tensor.dims]}
+    if getattr(tensor, "allow_ragged_batch", False) and any(d < 0 for d in tensor.dims):
+        # Requests of different lengths share a batch: here padded with 0 to
+        # the batch's longest along the variable dimensions (Triton hands the
+        # model the items end to end instead; a model written for that form
+        # needs its own `pad`/`follows` parameters).
+        doc["pad"] = [False, *(d < 0 for d in tensor.dims)]
+    return doc
 
 
 def _autocomplete(
