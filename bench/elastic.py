@@ -6,11 +6,14 @@
 A Triton-layout repository whose config.pbtxt declares no bound (as Triton's
 own examples): `shout` (TYPE_STRING [1] → the string and "!") and `double`
 (TYPE_FP32 [-1] → 2x), both ONNX, built here. The daemon's slots hold 256
-bytes a string and 4,096 elements an item; longer items are spilled. One
-client (tritonclient HTTP, binary tensors) sends the requests of each case
-one after the other, on one CPU slice; reported per case: whether the item
-was spilled, the median and 99th-percentile latency as the client saw it,
-and every answer checked against the input.
+bytes a string and 4,096 elements an item; longer items are spilled.
+Beside each, the same model with its bound declared as large as the
+largest case (`shout_bounded`, `double_bounded`): every item in its slot,
+the comparison. One client (tritonclient HTTP, binary tensors) sends the
+requests of each case one after the other, on one CPU slice (ARENA_SLOTS
+64); reported per case and model: the median and 99th-percentile latency
+as the client saw it, and which of the request's item and its answer was
+spilled (`shout`'s answer is one byte longer); every answer is checked.
 """
 
 from __future__ import annotations
@@ -29,10 +32,15 @@ from bench.progress import say
 
 STRING_CASES = [16, 256, 257, 4096, 65536]  # bytes (the slot holds 256)
 LENGTH_CASES = [1000, 4096, 4097, 16384, 262144]  # FP32 elements (the slot holds 4,096)
+BOUNDS = (max(STRING_CASES), max(LENGTH_CASES))  # the bounded models' declared bounds
+# Slots per model: the bounded `double`'s arena is 2 MiB a slot.
+ARENA_SLOTS = 64
 
 
-def write_repository(repo: Path) -> None:
-    """`shout` and `double` in Triton's layout, config.pbtxt without bounds."""
+def write_repository(repo: Path, bounded: bool = False) -> None:
+    """`shout` and `double` in Triton's layout, config.pbtxt without bounds;
+    with `bounded`, also `shout_bounded` and `double_bounded`, whose bounds
+    are declared as large as the largest case."""
     import onnx
     from onnx import TensorProto as T
     from onnx import helper
@@ -72,13 +80,29 @@ def write_repository(repo: Path) -> None:
             + f'output [{{ name: "{answer}" data_type: {datatype} dims: {dims} }}]\n'
             + slo
         )
+    if bounded:
+        # The same models with bounds declared as large as the largest case:
+        # every item in its slot (and an arena that large).
+        for name, bound in (("shout", f"{{text: {BOUNDS[0]}, loud: {BOUNDS[0] + 1}}}"),
+                            ("double", f"{{x: [{BOUNDS[1]}], y: [{BOUNDS[1]}]}}")):  # fmt: skip
+            key = "max_bytes" if name == "shout" else "max_shape"
+            target = repo / f"{name}_bounded"
+            (target / "1").mkdir(parents=True)
+            (target / "1" / "model.onnx").write_bytes(
+                (repo / name / "1" / "model.onnx").read_bytes()
+            )
+            (target / "config.pbtxt").write_text(
+                (repo / name / "config.pbtxt").read_text()
+                + f'parameters {{ key: "{key}" value {{ string_value: "{bound}" }} }}\n'
+            )
 
 
 def _case(client: object, model: str, size: int, requests: int) -> tuple[float, float]:
     """Median and p99 latency (ms) of `requests` sequential requests."""
     import tritonclient.http as th
 
-    if model == "shout":
+    strings = model.startswith("shout")
+    if strings:
         data = np.array([[b"a" * size]], dtype=object)
         given = th.InferInput("text", [1, 1], "BYTES")
         want = data[0, 0] + b"!"
@@ -87,13 +111,13 @@ def _case(client: object, model: str, size: int, requests: int) -> tuple[float, 
         given = th.InferInput("x", [1, size], "FP32")
         want = data * 2
     given.set_data_from_numpy(data, binary_data=True)
-    wanted = [th.InferRequestedOutput("loud" if model == "shout" else "y", binary_data=True)]
+    wanted = [th.InferRequestedOutput("loud" if strings else "y", binary_data=True)]
     seconds = []
     for _ in range(requests):
         start = time.perf_counter()
         result = client.infer(model, [given], outputs=wanted)  # type: ignore[attr-defined]
         seconds.append(time.perf_counter() - start)
-        if model == "shout":
+        if strings:
             assert result.as_numpy("loud")[0, 0] == want, "wrong answer"
         else:
             np.testing.assert_array_equal(result.as_numpy("y"), want)
@@ -110,11 +134,11 @@ def main(argv: list[str]) -> int:
 
     with tempfile.TemporaryDirectory(prefix="elastic-") as tmp:
         repo = Path(tmp) / "repo"
-        write_repository(repo)
+        write_repository(repo, bounded=True)
         say("starting the daemon on a Triton repository without declared bounds")
         daemon = start_daemon(
             repo, free_port(), policy="symphony-wc", emulated_devices=0, cpu_slices=1,
-            startup_timeout_s=300,
+            startup_timeout_s=300, extra_env={"ARENA_SLOTS": str(ARENA_SLOTS)},
         )  # fmt: skip
         rows = []
         try:
@@ -124,20 +148,27 @@ def main(argv: list[str]) -> int:
                 ("double", LENGTH_CASES, 4096),
             ):
                 for size in cases:
-                    _case(client, model, size, 5)  # warm-up
-                    p50, p99 = _case(client, model, size, requests)
-                    rows.append((model, size, size > slot, p50, p99))
-                    say(f"{model} {size}: p50 {p50:.2f} ms, p99 {p99:.2f} ms")
+                    answer = size + 1 if model == "shout" else size  # "!" appended
+                    spilled = {(True, True): "in + out", (False, True): "out"}.get(
+                        (size > slot, answer > slot), "no"
+                    )
+                    row: list[object] = [model, size, spilled]
+                    for served in (model, f"{model}_bounded"):
+                        _case(client, served, size, 5)  # warm-up
+                        p50, p99 = _case(client, served, size, requests)
+                        row += [p50, p99]
+                        say(f"{served} {size}: p50 {p50:.2f} ms, p99 {p99:.2f} ms")
+                    rows.append(row)
             client.close()
         finally:
             stop_daemon(daemon)
     print(f"\n{platform.processor() or platform.machine()}, {requests} requests a case\n")
-    print("| model | item | spilled | p50 ms | p99 ms |")
-    print("|---|---|---|---|---|")
-    for model, size, spilled, p50, p99 in rows:
+    print("| model | item | spilled | p50 ms | p99 ms | bound declared: p50 ms | p99 ms |")
+    print("|---|---|---|---:|---:|---:|---:|")
+    for model, size, spilled, p50, p99, b50, b99 in rows:
         unit = "bytes" if model == "shout" else "floats"
-        shown = "yes" if spilled else "no"
-        print(f"| {model} | {size:,} {unit} | {shown} | {p50:.2f} | {p99:.2f} |")
+        times = " | ".join(f"{ms:.2f}" for ms in (p50, p99, b50, b99))
+        print(f"| {model} | {size:,} {unit} | {spilled} | {times} |")
     return 0
 
 

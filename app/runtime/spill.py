@@ -9,10 +9,11 @@ field, `NAME_BYTES` beside the tensor's data, names that segment (all zero:
 the item is in the slot). A variable item's shape is in the slot as
 always, so batches are grouped by shape without opening a segment.
 
-A segment holds an 8-byte little-endian length and the item's pickle
-(protocol 5: a numpy array's bytes follow its header as they are; an
-object array of bytes pickles its elements). That is one copy more than a
-slot, paid only by the items that need it.
+A segment holds an 8-byte little-endian header length, the header (the
+array's dtype and shape, pickled) and the array's bytes as they are — an
+object array of BYTES elements pickled instead. Writing and reading cost
+one copy each, as a slot's do, plus making the segment (its pages are new)
+and unlinking it: paid only by the items that need it.
 
 Who unlinks a segment:
 - an input's: the side that wrote it and frees the slot (the service, or an
@@ -48,15 +49,27 @@ def segment_name(prefix: str) -> str:
 def write_item(item: np.ndarray, prefix: str, tracked: bool) -> shared_memory.SharedMemory:
     """A new segment holding `item` (open: the caller closes it, and its
     creator, when `tracked`, unlinks it)."""
-    payload = pickle.dumps(np.ascontiguousarray(item), protocol=5)
+    item = np.ascontiguousarray(item)
+    if item.dtype.hasobject:  # BYTES: its elements pickled
+        header, body = pickle.dumps(("pickle", None, None)), pickle.dumps(item, protocol=5)
+        size = _LENGTH + len(header) + len(body)
+    else:  # numbers: the array's bytes as they are, one copy
+        header, body = pickle.dumps(("raw", item.dtype.str, item.shape)), None
+        size = _LENGTH + len(header) + item.nbytes
     name = segment_name(prefix)
-    size = _LENGTH + len(payload)
     if tracked:
         shm = shared_memory.SharedMemory(name=name, create=True, size=size)
     else:
         shm = open_untracked(name, create=True, size=size)
-    shm.buf[:_LENGTH] = len(payload).to_bytes(_LENGTH, "little")
-    shm.buf[_LENGTH:size] = payload
+    start = _LENGTH + len(header)
+    shm.buf[:_LENGTH] = len(header).to_bytes(_LENGTH, "little")
+    shm.buf[_LENGTH:start] = header
+    if body is not None:
+        shm.buf[start:size] = body
+    elif item.nbytes:
+        target = np.ndarray(item.shape, item.dtype, buffer=shm.buf, offset=start)
+        np.copyto(target, item)
+        del target  # no view may outlive the mapping
     return shm
 
 
@@ -65,7 +78,14 @@ def read_item(name: str) -> np.ndarray:
     shm = open_untracked(name)
     try:
         length = int.from_bytes(shm.buf[:_LENGTH], "little")
-        return pickle.loads(shm.buf[_LENGTH : _LENGTH + length])
+        start = _LENGTH + length
+        kind, dtype, shape = pickle.loads(shm.buf[_LENGTH:start])
+        if kind == "pickle":
+            return pickle.loads(shm.buf[start:])
+        view = np.ndarray(tuple(shape), np.dtype(dtype), buffer=shm.buf, offset=start)
+        item = view.copy()
+        del view
+        return item
     finally:
         shm.close()
 
