@@ -242,8 +242,8 @@ async def test_a_posted_plan_that_does_not_fit_is_refused_and_changes_nothing(tm
             assert r.status_code == 400 and "JSON" in r.json()["error"]
             inss = {"kind": "inss-plan", "version": 2, "plan": {}}
             r = await client.post("/v2/plan", content=json.dumps(inss).encode())
-            assert r.status_code == 501, r.text
-            assert "an InSS plan is taken up at start-up only; serve it with PLAN=FILE" in r.text
+            assert r.status_code == 422, r.text
+            assert "the posted InSS plan: the plan: malformed plan: 'method'" in r.text
             r = await client.post("/v2/plan", content=b"")
             assert r.status_code == 400
             assert service.dispatcher.groups == groups_before

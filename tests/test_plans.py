@@ -18,7 +18,6 @@ import pytest
 
 from app.planning.cli import main as plan_main
 from app.planning.herd.plan import read_plan as read_herd
-from app.planning.inss.plan import DevicePlan, ModelPlan, Plan, write_plan
 from app.planning.inss.plan import read_plan as read_inss
 from app.planning.partition.plan import read_plan as read_partition
 from app.planning.plan_files import FORMAT_VERSION, read_plan_file
@@ -38,6 +37,7 @@ from app.server.startup import (
     per_model_options,
     unserved_options,
 )
+from tests.fakes import inss_plan
 from tests.test_core_groups import partition_plan
 from tests.test_statistics import emulated_repository
 
@@ -61,27 +61,6 @@ def served(env: dict[str, str], repository: Path):
     index = load_repository(settings.repository)
     resolved, plan = prepare_plan(settings, index)
     return settings, resolved, plan, index
-
-
-def inss_plan(path: Path, placed: dict[str, tuple[str, float, int]]) -> Path:
-    """An InSS plan: model → (device, share, batch)."""
-    models = tuple(
-        ModelPlan(name, 10.0, 1.0, device, share, batch, 0.01, 50.0, 0.02, 1e8)
-        for name, (device, share, batch) in placed.items()
-    )
-    devices = tuple(
-        DevicePlan(
-            device,
-            "emulated",
-            tuple(n for n, p in placed.items() if p[0] == device),
-            sum(p[1] for p in placed.values() if p[0] == device),
-            4e9,
-            1e8,
-        )
-        for device in dict.fromkeys(p[0] for p in placed.values())
-    )
-    write_plan(Plan("exact", 0.1, models, devices, 150.0, True), path)
-    return path
 
 
 # ------------------------------------------------------------------ files

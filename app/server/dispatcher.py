@@ -392,6 +392,15 @@ class Dispatcher(EventDriver):
 
     # ------------------------------------------------------------ plan switch
 
+    def device_speeds(self) -> dict[int, float]:
+        """Each device's speed as its core plans with it now (a reshared
+        device's share counted): what new cores start from."""
+        return {
+            device: info.speed
+            for group in self.groups
+            for device, info in group.scheduler.devices.items()
+        }
+
     def switch_groups(self, groups: Sequence[CoreGroup], down: Iterable[int] = ()) -> int:
         """Serve from `groups`' cores from now on (the module docstring):
         the old cores give up their models, their queued requests go to the

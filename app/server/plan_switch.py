@@ -19,10 +19,13 @@ device is the new core's once they have. Last, in the background, each
 model is unloaded from the devices the plan took it off.
 
 Under AUTOSCALE each new group gets an autoscaler from its devices serving
-at the switch (app/server/autoscaling.py, `regroup`). Only the plans that
-regroup the devices are applied while serving; an InSS plan (new shares:
-POST /v2/devices/reshare does one device) or a PPipe plan (its pipelines'
-executors) answers 501 naming the restart that serves it.
+at the switch (app/server/autoscaling.py, `regroup`). The new cores plan
+each device at the speed the old ones did (a reshared device's share).
+
+An InSS plan with the placement in force (new shares, new batch sizes) is
+taken up by app/server/inss_switch.py; one that places models otherwise,
+and a PPipe plan (its pipelines' executors), answer 501 naming the restart
+that serves them.
 """
 
 from __future__ import annotations
@@ -43,13 +46,14 @@ from app.repository.loader import RepositoryIndex
 from app.runtime.devices import model_allowed_on
 from app.server.control_host import ControlHost
 from app.server.core_groups import CoreGroupsError, apply_core_groups
+from app.server.inss_switch import placement_differences, switch_inss
 from app.server.plan_checks import check_plan
-from app.server.plans import WHAT, PlanInForce, PlanMismatch
+from app.server.plans import WHAT, InssPlacement, PlanInForce, PlanMismatch, inss_placement
 from app.server.startup import ModelState, build_groups
 
 log = logging.getLogger("app.server")
 
-SWITCHED_KINDS = ("herd-plan", "symphony-partition")
+SWITCHED_KINDS = ("herd-plan", "symphony-partition", "inss-plan")
 SETTING = "POST /v2/plan"
 
 
@@ -91,12 +95,18 @@ def read_posted_plan(body: bytes, directory: Path) -> PlanInForce:
             f"{WHAT[file.kind]} is taken up at start-up only; serve it with PLAN=FILE "
             f"(while serving: {' or '.join(WHAT[k] for k in SWITCHED_KINDS)})"
         )
+    inss = None
+    if file.kind == "inss-plan":
+        try:
+            inss = inss_placement(file)
+        except (ValueError, TypeError, KeyError) as exc:
+            raise NotAPlan(f"the posted InSS plan: {exc}") from None
     directory.mkdir(parents=True, exist_ok=True)
     with tempfile.NamedTemporaryFile(
         "w", dir=directory, prefix=f"{file.kind}-", suffix=".json", delete=False
     ) as out:
         json.dump(doc, out)
-    return PlanInForce(SETTING, Path(out.name), file)
+    return PlanInForce(SETTING, Path(out.name), file, inss)
 
 
 async def switch_plan(service: ControlHost, plan: PlanInForce) -> dict[str, Any]:
@@ -108,10 +118,20 @@ async def switch_plan(service: ControlHost, plan: PlanInForce) -> dict[str, Any]
             "the server serves a PPipe plan, whose pipelines are taken down only by a "
             "restart (with PLAN=FILE)"
         )
+    if plan.inss is not None:
+        return await switch_inss(service, plan, _inss_in_force(service, plan))
+    if service.plan is not None and service.plan.inss is not None:
+        raise PlanNotSwitchable(
+            "the server serves an InSS plan, whose share executors are made at start-up: "
+            f"{WHAT[plan.file.kind]} is taken up by a restart (with PLAN=FILE)"
+        )
     began = time.monotonic()
     states = _placed(service, plan)
     loaded = await _load_where_moved(service, states)
-    groups = await asyncio.to_thread(build_groups, service.settings, states, service.devices, pool)
+    speeds = dispatcher.device_speeds()
+    groups = await asyncio.to_thread(
+        build_groups, service.settings, states, service.devices, pool, speeds
+    )
     down = [d.id for d in service.devices if not pool.alive(d.id)]
     switch_began = time.monotonic()
     handed = dispatcher.switch_groups(groups, down)
@@ -145,15 +165,46 @@ async def switch_plan(service: ControlHost, plan: PlanInForce) -> dict[str, Any]
     }
 
 
-def _placed(service: ControlHost, plan: PlanInForce) -> dict[str, ModelState]:
-    """Each served model's state under `plan`: its config's devices the
-    group's, its devices their ids. PlanRefused naming every mismatch."""
-    configs = {
+def _own_configs(service: ControlHost) -> dict[str, ModelConfig]:
+    """Each served model's config with its own devices (before a plan placed it)."""
+    return {
         key: dataclasses.replace(
             state.config, devices=service.own_devices.get(key, state.config.devices)
         )
         for key, state in service.models.items()
     }
+
+
+def _inss_in_force(service: ControlHost, plan: PlanInForce) -> InssPlacement:
+    """The InSS placement in force, once `plan` fits this server and places
+    its models as that one does (PlanRefused, PlanNotSwitchable otherwise)."""
+    assert plan.inss is not None
+    in_force = service.plan.inss if service.plan is not None else None
+    if in_force is None:
+        raise PlanNotSwitchable(
+            "an InSS plan splits devices into share executors at start-up: serve it with "
+            "PLAN=FILE (a server serving one takes up its new shares and batch sizes "
+            "while serving)"
+        )
+    index = RepositoryIndex(service.settings.repository, _own_configs(service))
+    try:
+        check_plan(plan, service.settings, index)
+    except PlanMismatch as exc:
+        raise PlanRefused(str(exc)) from None
+    differences = placement_differences(in_force, plan.inss)
+    if differences:
+        raise PlanNotSwitchable(
+            "the posted InSS plan places models otherwise than the one in force ("
+            + "; ".join(differences)
+            + "): share executors are made at start-up; restart with PLAN=FILE to serve it"
+        )
+    return in_force
+
+
+def _placed(service: ControlHost, plan: PlanInForce) -> dict[str, ModelState]:
+    """Each served model's state under `plan`: its config's devices the
+    group's, its devices their ids. PlanRefused naming every mismatch."""
+    configs = _own_configs(service)
     index = RepositoryIndex(service.settings.repository, dict(configs))
     try:
         check_plan(plan, service.settings, index)

@@ -352,10 +352,13 @@ def build_groups(
     models: dict[str, ModelState],
     devices: list[ExecutorDevice],
     pool: object = None,
+    speeds: Mapping[int, float] | None = None,
 ) -> list[CoreGroup]:
     """One core per group of devices hosting exactly the same models; with
     Ray executors (`pool` a RayExecutorPool), each core's d_ctrl and d_data
-    are the dispatch delays measured to its devices' actors."""
+    are the dispatch delays measured to its devices' actors. `speeds`: the
+    devices' speeds the cores in force plan with (a plan taken up while
+    serving keeps a reshared device's); 1 otherwise."""
     by_id = {d.id: d for d in devices}
     by_devices: dict[tuple[int, ...], list[str]] = {}
     for name, state in models.items():
@@ -365,7 +368,10 @@ def build_groups(
     groups = []
     for hosts, names in by_devices.items():
         infos = [models[name].info() for name in names]
-        device_infos = [DeviceInfo(d, name=by_id[d].name, kind=by_id[d].kind) for d in hosts]
+        device_infos = [
+            DeviceInfo(d, name=by_id[d].name, speed=(speeds or {}).get(d, 1.0), kind=by_id[d].kind)
+            for d in hosts
+        ]
         group_options = {
             **per_model_options(options, names),
             **batching_options(settings, {n: models[n].config for n in names}),

@@ -1,0 +1,120 @@
+"""An InSS plan taken up while serving (`POST /v2/plan`; inss.txt §5.3):
+new shares through shadow executors, new batch sizes through new cores.
+
+InSS plans again when the rates change, and mostly keeps its placement —
+the same models on the same devices, at other shares and batch sizes. That
+is what is taken up while serving:
+
+* the plan is checked as at start-up (app/server/plan_checks.py);
+* its placement — which model runs on which share of which device — must be
+  the one in force (the server started with an InSS plan, `PLAN=FILE`, or
+  took one up since): a plan that moves a model, or splits a device into
+  another number of shares, is 501 naming each difference and the restart
+  that serves it, since share executors are made at start-up;
+* each share that changes is reshared (app/server/reallocation.py: a shadow
+  executor at the new share takes over, the old one ends its batches). The
+  shrinking shares go first, so a device's shares sum to ≤ 1 at every step;
+* when its batch sizes differ and the policy takes them (`inss`'s `batch`,
+  `triton`'s `max_batch`: app/server/plans.py), the cores are built again
+  with them and swapped at one instant, as a HERD plan's are
+  (`Dispatcher.switch_groups`), each device at the speed its share gives.
+
+A reshare that fails (its shadow does not come up: 503) stops the switch
+there: the shares reshared before it stay (GET /v2/devices shows each
+device's share) and the plan in force is unchanged.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import time
+from typing import Any
+
+from app.runtime.shares import SHARE_SEP
+from app.server import reallocation
+from app.server.control_host import ControlHost
+from app.server.plans import BATCH_OPTION, InssPlacement, PlanInForce
+from app.server.startup import build_groups
+
+log = logging.getLogger("app.server")
+
+
+def placement_differences(in_force: InssPlacement, posted: InssPlacement) -> list[str]:
+    """How `posted` places models otherwise than `in_force` (empty: the same
+    models on the same shares of the same devices)."""
+    differences = []
+    for model in sorted(set(in_force.device_of) | set(posted.device_of)):
+        was, will = in_force.device_of.get(model), posted.device_of.get(model)
+        if was != will:
+            differences.append(f"model {model!r} on {was or 'no device'} → {will or 'none'}")
+    for device in sorted(set(in_force.shares) | set(posted.shares)):
+        was, will = len(in_force.shares.get(device, ())), len(posted.shares.get(device, ()))
+        if was != will:
+            differences.append(f"device {device!r} in {was or 'no'} shares → {will or 'no'}")
+    return differences
+
+
+def reshare_steps(in_force: InssPlacement, posted: InssPlacement) -> list[tuple[str, float]]:
+    """(share's device name, new share) for each share that changes: every
+    shrink before any growth, so each device's shares stay ≤ 1 in sum."""
+    steps = [
+        (f"{device}{SHARE_SEP}{i}", new, new - old)
+        for device, shares in posted.shares.items()
+        for i, (old, new) in enumerate(zip(in_force.shares[device], shares, strict=True))
+        if abs(new - old) > 1e-9
+    ]
+    return [(name, share) for name, share, _ in sorted(steps, key=lambda step: step[2] > 0)]
+
+
+async def switch_inss(
+    service: ControlHost, plan: PlanInForce, in_force: InssPlacement
+) -> dict[str, Any]:
+    """Take up InSS `plan` (its placement `in_force`'s, checked by the
+    caller) while serving (module docstring); what changed."""
+    posted = plan.inss
+    assert posted is not None
+    pool, dispatcher = service.pool, service.dispatcher
+    assert pool is not None and dispatcher is not None
+    began = time.monotonic()
+    reshared = []
+    for name, share in reshare_steps(in_force, posted):
+        done = await reallocation.reshare(service, name, share)
+        reshared.append({"device": name, "share": share, "total_s": done.get("total_s")})
+    settings = service.settings
+    option = BATCH_OPTION.get(settings.policy)
+    rebuilt = option is not None and posted.batch != in_force.batch
+    handed, switch_s = 0, 0.0
+    if rebuilt:
+        assert option is not None
+        options = {**settings.policy_options, option: dict(posted.batch)}
+        settings = dataclasses.replace(settings, policy_options=options)
+        speeds = dispatcher.device_speeds()
+        groups = await asyncio.to_thread(
+            build_groups, settings, service.models, service.devices, pool, speeds
+        )
+        down = [d.id for d in service.devices if not pool.alive(d.id)]
+        switch_began = time.monotonic()
+        handed = dispatcher.switch_groups(groups, down)
+        switch_s = time.monotonic() - switch_began
+        if service.scaling is not None:
+            await service.scaling.regroup(groups)
+        service.settings = settings  # a model loaded later gets the plan's batch too
+    service.plan_applied(plan)
+    log.info(
+        "plan inss-plan in force: %d share(s) reshared, batch sizes %s, %d queued requests "
+        "handed over",
+        len(reshared),
+        "taken up" if rebuilt else "unchanged",
+        handed,
+    )
+    return {
+        "kind": plan.file.kind,
+        "version": plan.file.version,
+        "reshared": reshared,
+        "batch": dict(posted.batch) if rebuilt else None,
+        "handed_over": handed,
+        "switch_ms": round(switch_s * 1e3, 3),
+        "total_ms": round((time.monotonic() - began) * 1e3, 3),
+    }
