@@ -4,10 +4,11 @@ request must be answered exactly once, and the switch must not show.
 
     python -m bench.inss_shadow              # two 30-s runs (a minute)
     python -m bench.inss_shadow --quick      # two 8-s runs
+    python -m bench.inss_shadow --plans      # the same through posted InSS plans
 
 Options: --duration, --rates (alpha,beta requests/s, default 150,60), --policy
 (default inss), --out-dir (default bench/results/inss; writes shadow.json
-and shadow.md).
+and shadow.md, with --plans plan-switch.json and plan-switch.md).
 
 Setup: one emulated device split `emulated=0.5,0.5`, two emulated models
 (`alpha` on emulated:0/0, `beta` on emulated:0/1; ℓ(b) = 2·b + 5 ms at the
@@ -21,6 +22,14 @@ arrivals:
   ≤ 1 at every step), and at 65 % they go back (alpha to 0.5, beta to 0.5).
   Each answer gives the reshare's phases: the shadow's start, load and
   warm-up, the switch itself, the old executor's drain and stop.
+
+With `--plans`, the same through InSS plans (app/server/inss_switch.py):
+the daemon serves `PLAN_START` (alpha and beta on halves, batches 6 and 2,
+policy inss), and at 30 % of the run `PLAN_SHIFT` is posted (`POST
+/v2/plan`: 0.7 / 0.3 at batches 4 and 3, its reshares shrink first and its
+batch sizes take new cores), at 65 % `PLAN_START` again; the steady run
+serves `PLAN_START` throughout. Each switch's answer gives its reshares,
+its core switch and its total time.
 
 Checked: requests sent = answered (status 200 or an explicit error: none
 without an answer), and the daemon's Triton statistics count each model's
@@ -61,28 +70,46 @@ SCHEDULE = (
     (0.65, "emulated:0/0", 0.5),
     (0.65, "emulated:0/1", 0.5),
 )
+# --plans: (alpha's share, batch), (beta's); posted at 30 % and 65 % of the run.
+PLAN_START = ((0.5, 6), (0.5, 2))
+PLAN_SHIFT = ((0.7, 4), (0.3, 3))
+PLAN_SCHEDULE = ((0.30, PLAN_SHIFT), (0.65, PLAN_START))
 
 
-def config_text(device: str) -> str:
+def config_text(device: str | None) -> str:
     return (
         "backend: emulated\n"
         f"max_batch_size: {MAX_BATCH}\n"
         f"slo_ms: {SLO_MS:g}\n"
         f"profile: {{alpha_ms: {ALPHA_MS:g}, beta_ms: {BETA_MS:g}}}\n"
-        f"devices: [{device}]\n"
-        "inputs: [{name: x, datatype: FP32, shape: [-1, 4]}]\n"
+        + (f"devices: [{device}]\n" if device else "")
+        + "inputs: [{name: x, datatype: FP32, shape: [-1, 4]}]\n"
         "outputs: [{name: x, datatype: FP32, shape: [-1, 4]}]\n"
     )
+
+
+def plan_file(path: Path, shares: tuple[tuple[float, int], ...]) -> Path:
+    """An InSS plan: alpha and beta on emulated:0 at (share, batch) each."""
+    from app.planning.inss.plan import DevicePlan, ModelPlan, Plan, write_plan
+
+    models = tuple(
+        ModelPlan(name, 0.0, SLO_MS / 1e3, "emulated:0", share, batch, None, 0.0, None, None)
+        for name, (share, batch) in zip(MODELS, shares, strict=True)
+    )
+    device = DevicePlan("emulated:0", "emulated", tuple(MODELS), 1.0, 4e9, 0.0)
+    write_plan(Plan("exact", 0.1, models, (device,), 0.0, True), path)
+    return path
 
 
 def log(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
 
 
-def repository(root: Path) -> Path:
+def repository(root: Path, placed: bool = True) -> Path:
+    """The two models, on their shares (`placed`) or where a plan puts them."""
     for name, device in MODELS.items():
         (root / name).mkdir(parents=True)
-        (root / name / "config.yaml").write_text(config_text(device))
+        (root / name / "config.yaml").write_text(config_text(device if placed else None))
     return root
 
 
@@ -123,17 +150,56 @@ async def reshares(url: str, duration_s: float, started: float) -> list[dict[str
     return done
 
 
+async def plan_posts(
+    url: str, duration_s: float, started: float, plans: list[tuple[float, Path]]
+) -> list[dict[str, Any]]:
+    """Post each plan of `plans` (fraction of the run, file); each answer
+    with when it was asked and when it was in force, from `started`."""
+    done = []
+    async with httpx.AsyncClient(base_url=url, timeout=60.0) as client:
+        for fraction, path in plans:
+            wait = started + fraction * duration_s - time.monotonic()
+            if wait > 0:
+                await asyncio.sleep(wait)
+            asked = time.monotonic() - started
+            reply = await client.post("/v2/plan", content=path.read_bytes())
+            if reply.status_code != 200:
+                raise RuntimeError(f"posting {path.name}: {reply.text}")
+            answer = reply.json()
+            answer["asked_at_s"] = asked
+            answer["switched_at_s"] = time.monotonic() - started
+            done.append(answer)
+            reshared = ", ".join(f"{r['device']} → {r['share']:g}" for r in answer["reshared"])
+            log(
+                f"  {path.name}: {reshared}; batches {answer['batch']}, core switch "
+                f"{answer['switch_ms']:.3f} ms, {answer['handed_over']} handed over, total "
+                f"{answer['total_ms']:.0f} ms"
+            )
+    return done
+
+
 async def one_run(
-    url: str, load: Workload, reshare: bool, windows_at: list[float] | None = None
+    url: str,
+    load: Workload,
+    reshare: bool,
+    windows_at: list[float] | None = None,
+    plans: list[tuple[float, Path]] | None = None,
 ) -> dict[str, Any]:
-    """One run; the within-SLO windows start at each switch (`reshare`) or
-    at `windows_at` (the other run's switches, seconds from the start)."""
+    """One run; the within-SLO windows start at each switch (`reshare`:
+    SCHEDULE's reshares, or `plans` posted) or at `windows_at` (the other
+    run's switches, seconds from the start)."""
     targets = await prepare_targets(url, load)  # checks each model with a request
     async with httpx.AsyncClient(base_url=url) as client:
         before = (await client.get("/v2/models/stats")).json()
     started = time.monotonic()
     running = asyncio.create_task(run_load(url, load, targets=targets))
-    switches = await reshares(url, load.duration_s, started) if reshare else []
+    switches = []
+    if reshare:
+        switches = await (
+            plan_posts(url, load.duration_s, started, plans)
+            if plans
+            else reshares(url, load.duration_s, started)
+        )
     result = await running
     async with httpx.AsyncClient(base_url=url) as client:
         after = (await client.get("/v2/models/stats")).json()
@@ -199,7 +265,27 @@ def render(runs: dict[str, dict[str, Any]]) -> str:
             f"{r['answered_twice']} | {r['within_slo']:.2%} | {r['latency_ms_p50_p99'][1]:.1f} |"
         )
     switches = runs.get("reshare", {}).get("switches", [])
-    if switches:
+    if switches and "reshared" in switches[0]:  # --plans
+        out += [
+            "",
+            "| plan posted | reshares (s each) | batches | core switch ms | handed over | "
+            "total ms | within SLO 1 s after | same 1 s, steady |",
+            "|---|---|---|---:|---:|---:|---:|---:|",
+        ]
+        steady = runs.get("steady", {}).get("after_switch", [{}] * len(switches))
+        for s, w, st in zip(switches, runs["reshare"]["after_switch"], steady, strict=True):
+            shares = ", ".join(
+                f"{r['device']} → {r['share']:g} ({r['total_s']:.3f})" for r in s["reshared"]
+            )
+            batches = ", ".join(f"{m} {b}" for m, b in (s["batch"] or {}).items()) or "—"
+            cells = [
+                "—" if x.get("within_slo") is None else f"{x['within_slo']:.1%}" for x in (w, st)
+            ]
+            out.append(
+                f"| at {s['asked_at_s']:.1f} s | {shares} | {batches} | {s['switch_ms']:.3f} | "
+                f"{s['handed_over']} | {s['total_ms']:.0f} | {cells[0]} | {cells[1]} |"
+            )
+    elif switches:
         out += [
             "",
             "| device | share | shadow up s | switch µs | old drained s (batches) | total s | "
@@ -226,6 +312,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--rates", default="150,60", help="requests/s of alpha,beta")
     parser.add_argument("--policy", default="inss")
     parser.add_argument("--quick", action="store_true")
+    parser.add_argument(
+        "--plans", action="store_true", help="switch through posted InSS plans (POST /v2/plan)"
+    )
     parser.add_argument("--out-dir", type=Path, default=OUT_DIR)
     return parser
 
@@ -240,7 +329,15 @@ def main(argv: list[str] | None = None) -> int:
     load = workload(rates, args.duration)
     runs: dict[str, dict[str, Any]] = {}
     with tempfile.TemporaryDirectory(prefix="inss-shadow-") as tmp:
-        repo = repository(Path(tmp) / "models")
+        repo = repository(Path(tmp) / "models", placed=not args.plans)
+        env = {"DEVICE_SHARES": "emulated=0.5,0.5", "COLOCATION_PROFILE": "0"}
+        plans = None
+        if args.plans:
+            start = plan_file(Path(tmp) / "plan-start.json", PLAN_START)
+            shift = plan_file(Path(tmp) / "plan-shift.json", PLAN_SHIFT)
+            files = {PLAN_START: start, PLAN_SHIFT: shift}
+            plans = [(fraction, files[shares]) for fraction, shares in PLAN_SCHEDULE]
+            env = {"PLAN": str(start), "COLOCATION_PROFILE": "0"}
         for name in ("reshare", "steady"):
             handle = start_daemon(
                 repo,
@@ -248,12 +345,12 @@ def main(argv: list[str] | None = None) -> int:
                 policy=args.policy,
                 emulated_devices=1,
                 cpu_slices=0,
-                extra_env={"DEVICE_SHARES": "emulated=0.5,0.5", "COLOCATION_PROFILE": "0"},
+                extra_env=env,
             )
             log(f"{name}: daemon ready in {handle.startup_s:.1f} s")
             try:
                 at = [w["switched_at_s"] for w in runs["reshare"]["switches"]] if runs else None
-                runs[name] = asyncio.run(one_run(handle.url, load, name == "reshare", at))
+                runs[name] = asyncio.run(one_run(handle.url, load, name == "reshare", at, plans))
             finally:
                 stop_daemon(handle)
             r = runs[name]
@@ -264,12 +361,18 @@ def main(argv: list[str] | None = None) -> int:
         "command": "python -m bench.inss_shadow" + (" " + " ".join(argv) if argv else ""),
         "recorded_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "machine": {"platform": platform.platform()},
-        "options": {"duration": args.duration, "rates": rates, "policy": args.policy},
+        "options": {
+            "duration": args.duration,
+            "rates": rates,
+            "policy": args.policy,
+            "plans": args.plans,
+        },
         "runs": runs,
     }
     args.out_dir.mkdir(parents=True, exist_ok=True)
-    (args.out_dir / "shadow.json").write_text(json.dumps(document, indent=2) + "\n")
-    (args.out_dir / "shadow.md").write_text(shown + "\n")
+    stem = "plan-switch" if args.plans else "shadow"
+    (args.out_dir / f"{stem}.json").write_text(json.dumps(document, indent=2) + "\n")
+    (args.out_dir / f"{stem}.md").write_text(shown + "\n")
     bad = [n for n, r in runs.items() if r["unanswered"] or r["answered_twice"]]
     return 1 if bad else 0
 

@@ -79,6 +79,30 @@ def test_shadow_quick_run_answers_every_request_once(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
+def test_plans_quick_run_takes_up_both_posted_plans_and_answers_every_request_once(
+    tmp_path: Path,
+) -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "bench.inss_shadow", "--quick", "--duration", "5", "--plans",
+         "--out-dir", str(tmp_path)],
+        cwd=ROOT, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    body = json.loads((tmp_path / "plan-switch.json").read_text())
+    for name in ("steady", "reshare"):
+        run = body["runs"][name]
+        assert run["sent"] == run["answered"] > 0 and run["unanswered"] == 0
+        assert run["answered_twice"] == 0
+    switches = body["runs"]["reshare"]["switches"]
+    assert [[(r["device"], r["share"]) for r in s["reshared"]] for s in switches] == [
+        [("emulated:0/1", 0.3), ("emulated:0/0", 0.7)],  # shrink first
+        [("emulated:0/0", 0.5), ("emulated:0/1", 0.5)],
+    ]
+    assert [s["batch"] for s in switches] == [{"alpha": 4, "beta": 3}, {"alpha": 6, "beta": 2}]
+    assert (tmp_path / "plan-switch.md").read_text().startswith("| run |")
+
+
+@pytest.mark.slow
 def test_live_quick_run_of_one_setup_measures_the_co_location(tmp_path: Path) -> None:
     done = subprocess.run(
         [
