@@ -506,6 +506,7 @@ FUZZ_SETTINGS = settings(
 schema = fuzz_schema(FuzzService())
 
 
+@pytest.mark.slow  # ~5 s of generated cases over all operations
 @schema.parametrize()
 @FUZZ_SETTINGS
 def test_openapi_fuzz(case):
