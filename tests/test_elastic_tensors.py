@@ -288,3 +288,31 @@ def test_allow_ragged_batch_pads_requests_of_different_lengths_into_one_batch(tm
     assert x.pad == (False, True, False) and x.padded == (True, False)
     assert k.pad == ()  # nothing varies: nothing to pad
     assert x.elastic and x.max_shape == (-1, 1365, 3)
+
+
+def test_no_shared_memory_for_a_spill_is_a_429_and_leaves_nothing(
+    monkeypatch, no_leftover_segments
+):
+    from app.errors import Overloaded
+    from app.runtime import spill
+
+    arena = Arena.create(_config((X, TEXT), (Y, LOUD)), 2)
+    made = []
+
+    def full(item, prefix, tracked):
+        if made:
+            raise OSError(28, "No space left on device")
+        made.append(real(item, prefix, tracked))
+        return made[-1]
+
+    real = spill.write_item
+    monkeypatch.setattr(spill, "write_item", full)
+    try:
+        slots = arena.acquire_rows(2)
+        big = {"x": np.ones((2, 9), np.float32), "t": np.array([[b"a"], [b"b"]], object)}
+        with pytest.raises(Overloaded, match="input 'x': no shared memory for an item beyond"):
+            arena.write_rows(slots, big)
+        arena.release_rows(slots)  # as the route does: the one segment made goes
+        assert len(our_segments()) == 1
+    finally:
+        arena.close_and_unlink()

@@ -56,7 +56,7 @@ from typing import Any
 
 import numpy as np
 
-from app.errors import InvalidInput
+from app.errors import InvalidInput, Overloaded
 from app.repository.config import ModelConfig, TensorSpec
 from app.runtime import spill
 from app.runtime.shm import open_untracked, release_segment
@@ -315,7 +315,13 @@ class Arena:
                         array = as_bytes(array, f"model {self.model!r} input {name!r}")
                     except ValueError as exc:
                         raise InvalidInput(str(exc)) from None
-                self.spills.write_inputs(name, slots, array)
+                try:
+                    self.spills.write_inputs(name, slots, array)
+                except OSError as exc:  # /dev/shm full: come back later
+                    raise Overloaded(
+                        f"model {self.model!r} input {name!r}: no shared memory for an item "
+                        f"beyond its slot: {exc}"
+                    ) from None
                 if dims is not None:
                     for slot in slots:
                         dims[slot] = item
