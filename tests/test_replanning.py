@@ -4,12 +4,16 @@ better enough, and REPLAN_S without a partition plan says it is not acted on."""
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import logging
 from pathlib import Path
 
 import numpy as np
 import pytest
 
+from app.planning.herd.plan import HerdPlan, ServingGroup
+from app.server.herd_replanning import IDLE_RATE, herd_replan
 from app.server.live import LiveService
 from app.server.metrics import Metrics
 from app.server.replanning import Replanner
@@ -66,6 +70,56 @@ async def test_replan_s_without_a_partition_plan_is_said_not_acted_on(tmp_path: 
     try:
         assert service._replanning is None
         assert "REPLAN_S=5 is not acted on" in caplog.text
+        assert "it re-plans a partition or HERD plan in force" in caplog.text
         assert "this server serves none" in caplog.text
+    finally:
+        await service.stop()
+
+
+def _herd_plan(path: Path, groups: list[tuple[list[int], list[str]]]) -> Path:
+    # `shared`: a group's burst tolerance counts its other members' load (the
+    # `paper` reading does not, and so cannot tell these groupings apart).
+    plan = HerdPlan(
+        "ilp", "shared", tuple(ServingGroup(tuple(d), tuple(m), (), 1.0) for d, m in groups)
+    )
+    path.write_text(json.dumps(plan.to_dict()))
+    return path
+
+
+@pytest.mark.slow
+@pytest.mark.anyio
+async def test_herd_groups_are_made_again_when_the_rates_leave_one_group_short(tmp_path: Path):
+    """a and b busy in one group of two devices, c and d idle in the other:
+    HERD's groups on the measured rates raise the least burst tolerance, so
+    they are taken up; the same rates again keep them."""
+    repository = emulated_repository(tmp_path / "models", dict.fromkeys("abcd", 1.0), slo_ms=200)
+    plan = _herd_plan(tmp_path / "herd.json", [([0, 1], ["a", "b"]), ([2, 3], ["c", "d"])])
+    settings = dataclasses.replace(_settings(repository, plan=plan), emulated_devices=4)
+    service = LiveService(settings, Metrics())
+    await service.start()
+    try:
+        replanner = Replanner(
+            service, service.apply_plan, 1.0, 0.2, service.profile_index,
+            devices=service.device_index,
+        )  # fmt: skip
+        rates = {"a": 300.0, "b": 250.0, "c": 1.0, "d": 0.0}
+        found = herd_replan(
+            plan, service.device_index(), service.profile_index(), rates, dict.fromkeys("abcd")
+        )
+        assert found.rates == {"a": 300.0, "b": 250.0, "c": 1.0, "d": IDLE_RATE}
+        assert found.found >= found.kept + 0.2, (found.kept, found.found)
+        switched = await replanner.replan(rates)
+        assert switched is not None and switched["kind"] == "herd-plan"
+        groups = {tuple(g["models"]): g["devices"] for g in switched["groups"]}
+        assert set().union(*map(set, groups)) == set("abcd")
+        assert len(groups) > 1 and not any({"a", "b"} <= set(m) for m in groups), groups
+        in_force = service.plan_in_force()
+        assert in_force is not None and in_force["setting"] == "POST /v2/plan"
+        assert in_force["made_from"]["command"] == "REPLAN_S=1 REPLAN_GAIN=0.2"
+        assert await replanner.replan(rates) is None  # as good as itself: kept
+        assert replanner.taken_up == 1
+        x = np.ones((1, 4), dtype=np.float32)
+        answers = [await service.infer(model, {"x": x}) for model in "abcd"]
+        assert all(a.device.startswith("emulated:") for a in answers)
     finally:
         await service.stop()

@@ -15,9 +15,9 @@ from typing import Any
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-from app.planning.cluster import ClusterDescription, ClusterDevice, ClusterModel
+from app.planning.cluster import ClusterDescription
 from app.planning.config_input import InputError
-from app.scheduling.profile import LatencyProfile
+from app.planning.daemon_index import cluster_from_index
 
 COUNTER = "requests_total"  # after the daemon's METRICS_PREFIX
 
@@ -35,7 +35,7 @@ def cluster_from_daemon(
     own = client is None
     http = httpx.Client(base_url=url, timeout=30.0) if client is None else client
     try:
-        devices = [_device(d) for d in _get(http, url, "/v2/devices", headers)["devices"]]
+        devices_raw = _get(http, url, "/v2/devices", headers)["devices"]
         before, began = _counts(http, url), clock()
         body = _get(http, url, "/v2/profiles", headers)
         if window_s > 0:
@@ -50,11 +50,10 @@ def cluster_from_daemon(
     finally:
         if own:
             http.close()
-    models = tuple(_model(m, rates.get(m["name"])) for m in body["models"])
     notes = ()
     if window_s > 0:
         notes = (f"rates measured over {elapsed:.1f} s of {url}/metrics",)
-    return ClusterDescription(tuple(devices), models, source=url, notes=notes)
+    return cluster_from_index(devices_raw, body["models"], rates, url, notes)
 
 
 def _get(http: httpx.Client, url: str, path: str, headers: dict[str, str]) -> Any:
@@ -92,36 +91,3 @@ def _text(http: httpx.Client, url: str) -> str:
     if reply.status_code != 200:
         raise InputError(f"--from {url}: GET /metrics answered {reply.status_code}")
     return reply.text
-
-
-def _device(raw: dict[str, Any]) -> ClusterDevice:
-    return ClusterDevice(
-        str(raw["name"]),
-        str(raw["kind"]),
-        float(raw.get("share", 1.0)),
-        device_class=raw.get("class"),
-        node=raw.get("node"),
-    )
-
-
-def _model(raw: dict[str, Any], rate: float | None) -> ClusterModel:
-    """A model of `GET /v2/profiles`; the profile is the whole device's
-    (a share's ℓ(b) times its share, as an emulated share holds a batch
-    ℓ(b) / share)."""
-    measured = raw.get("measured_on") or {}
-    share = float(measured.get("share", 1.0))
-    table = {int(b): float(ms) * share for b, ms in raw["latency_ms"].items()}
-    profile = LatencyProfile.from_table(table, int(raw["max_batch_size"]))
-    kind = str(measured.get("kind", "cpu"))
-    allowed = raw.get("allowed_devices")
-    return ClusterModel(
-        name=str(raw["name"]),
-        slo_s=float(raw["slo_ms"]) / 1e3,
-        max_batch=int(raw["max_batch_size"]),
-        profiles={kind: profile},
-        memory_bytes=float(raw.get("memory_bytes") or 0.0),
-        input_bytes=float(raw.get("input_bytes") or 0.0),
-        output_bytes=float(raw.get("output_bytes") or 0.0),
-        devices=None if allowed is None else tuple(allowed),
-        rate=rate,
-    )

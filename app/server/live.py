@@ -85,7 +85,7 @@ from app.server.pipeline_service import PipelineService, start_pipelines
 from app.server.plan_checks import prepare_plan
 from app.server.plans import PlanInForce, place_inss, whole_devices
 from app.server.preemption_log import PreemptionLog
-from app.server.replanning import KIND as REPLANNED_KIND
+from app.server.replanning import KINDS as REPLANNED_KINDS
 from app.server.replanning import Replanner
 from app.server.service import InferResult, placed_items, request_items
 from app.server.serving_routes import DispatcherRoute, PlacedRoute, Route, Served
@@ -261,22 +261,29 @@ class LiveService:
         self._replanning = self._start_replanning(settings)
 
     def _start_replanning(self, settings: Settings) -> asyncio.Task | None:
-        """REPLAN_S's loop, with a partition plan in force (else a warning)."""
+        """REPLAN_S's loop, with a partition or HERD plan in force (else a warning)."""
         if not settings.replan_s:
             return None
-        if self.plan is None or self.plan.file.kind != REPLANNED_KIND:
+        if self.plan is None or self.plan.file.kind not in REPLANNED_KINDS:
             log.warning(
-                "REPLAN_S=%g is not acted on: it re-plans a partition plan in force (PLAN=FILE "
-                "from `python -m app plan partition`), and this server serves %s",
+                "REPLAN_S=%g is not acted on: it re-plans a partition or HERD plan in force "
+                "(PLAN=FILE from `python -m app plan partition` or `plan herd`), and this "
+                "server serves %s",
                 settings.replan_s,
                 "none" if self.plan is None else f"a {self.plan.file.kind}",
             )
             return None
         replanner = Replanner(
-            self, self.apply_plan, settings.replan_s, settings.replan_gain, self.profile_index
+            self,
+            self.apply_plan,
+            settings.replan_s,
+            settings.replan_gain,
+            self.profile_index,
+            devices=self.device_index,
         )
         log.info(
-            "re-planning the partition every %g s (taken up when %g better)",
+            "re-planning the %s every %g s (taken up when %g better)",
+            self.plan.file.kind,
             settings.replan_s,
             settings.replan_gain,
         )

@@ -1,8 +1,10 @@
 """Re-planning while serving (`REPLAN_S`): Symphony's partitioning into
-sub-clusters (symphony.txt §4.7) made again from the rates the server
+sub-clusters (symphony.txt §4.7), or Shepherd's HERD groups
+(app/server/herd_replanning.py), made again from the rates the server
 measures, and taken up while serving when it is better enough.
 
-Every `REPLAN_S` seconds, with a partition plan in force:
+Every `REPLAN_S` seconds, with a partition plan in force (a HERD plan: the
+same loop, its own planner and score):
 
 1. each model's rate over the last epoch, from the statistics' request
    counts (answered and failed);
@@ -29,6 +31,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 from datetime import datetime, timezone
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -39,11 +42,13 @@ from app.planning.partition.milp import solve
 from app.planning.partition.plan import plan_to_dict, read_plan
 from app.planning.partition.problem import measure
 from app.planning.plan_files import MadeFrom
+from app.server import herd_replanning
 from app.server.control_host import ControlHost
 
 log = logging.getLogger("app.server")
 
 KIND = "symphony-partition"
+KINDS = (KIND, herd_replanning.KIND)  # the plans REPLAN_S re-plans
 SOLVE_LIMIT_S = 2.0
 MB = 1e6
 
@@ -60,6 +65,7 @@ class Replanner:
         gain: float,
         profiles: Callable[[], list[dict[str, Any]]],
         clock: Callable[[], float] = time.monotonic,
+        devices: Callable[[], list[dict[str, Any]]] | None = None,
     ) -> None:
         self.service = service
         self.apply = apply
@@ -67,6 +73,7 @@ class Replanner:
         self.gain = gain
         self.profiles = profiles
         self.clock = clock
+        self.devices = devices  # GET /v2/devices' entries (HERD re-plans over them)
         self.taken_up = 0  # re-plans taken up so far
 
     async def run(self) -> None:
@@ -98,6 +105,8 @@ class Replanner:
         """Plan on `rates` (requests/s per model) and take the plan up when
         it is better enough; what the switch did, or None (plan kept)."""
         plan = self.service.plan
+        if plan is not None and plan.file.kind == herd_replanning.KIND:
+            return await self.replan_herd(plan.path, rates)
         if plan is None or plan.file.kind != KIND:
             return None
         in_force = read_plan(plan.path)
@@ -143,5 +152,37 @@ class Replanner:
             new.objective,
             kept,
             len(new.moves),
+        )
+        return switched
+
+    async def replan_herd(self, path: Path, rates: dict[str, float]) -> dict[str, Any] | None:
+        """HERD's groups on `rates`, taken up when their least burst
+        tolerance is `gain` above the plan in force's (herd_replanning.py)."""
+        assert self.devices is not None, "HERD re-plans over the server's devices"
+        service = self.service
+        own = {
+            state.config.model_name: service.own_devices.get(key, state.config.devices)
+            for key, state in service.models.items()
+        }
+        found = await asyncio.to_thread(
+            herd_replanning.herd_replan, path, self.devices(), self.profiles(), rates, own
+        )
+        shown = ", ".join(f"{m} {r:.1f}" for m, r in found.rates.items())
+        if not found.better_by(self.gain):
+            log.info(
+                "re-plan on rates %s: least burst tolerance %.3f against %.3f in force; plan kept",
+                shown,
+                found.found,
+                found.kept,
+            )
+            return None
+        command = f"REPLAN_S={self.every_s:g} REPLAN_GAIN={self.gain:g}"
+        switched = await self.apply(json.dumps(found.document(command)).encode())
+        self.taken_up += 1
+        log.info(
+            "re-plan on rates %s: least burst tolerance %.3f against %.3f in force; taken up",
+            shown,
+            found.found,
+            found.kept,
         )
         return switched

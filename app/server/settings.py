@@ -242,9 +242,10 @@ class Settings:
         metadata=_setting(
             "REPLAN_S",
             Number(metavar="S"),
-            "with a partition plan in force, every S seconds plan the sub-clusters again from "
-            "the rates measured over the last S seconds and take the new plan up while serving "
-            "when it is `REPLAN_GAIN` better (app/server/replanning.py); 0: the plan stays",
+            "with a partition or HERD plan in force, every S seconds plan the sub-clusters "
+            "(HERD: the serving groups) again from the rates measured over the last S seconds "
+            "and take the new plan up while serving when it is `REPLAN_GAIN` better "
+            "(app/server/replanning.py); 0: the plan stays",
             shown="0 (off)",
         ),
     )
@@ -256,7 +257,8 @@ class Settings:
             "how much lower a re-plan's objective must be than the plan in force's, under the "
             "rates just measured, to be taken up; the objective is the largest sub-cluster's "
             "deviation from the average rate as a fraction of it (plus w × the same for "
-            "memory): 0.2 is 20 points (hysteresis: the plan does not flap)",
+            "memory): 0.2 is 20 points; for HERD, how much higher its least burst tolerance "
+            "must be (hysteresis: the plan does not flap)",
         ),
     )
     autoscale: tuple[int, int] | None = field(
