@@ -302,7 +302,7 @@ def test_the_profile_index_gives_the_whole_devices_profile_and_where_it_was_meas
     assert row["measured_on"] == {"name": "emulated:0/0", "kind": "emulated", "share": 0.5}
     assert row["devices"] == ["emulated:0/0"]
     # read back, the profile is the whole device's again
-    from app.cluster_sources.daemon import _model
+    from app.planning.daemon_index import _model
 
     model = _model(row, 5.0)
     assert model.profile("emulated").latency(2) == pytest.approx(24e-3)
