@@ -4,6 +4,7 @@ daemon itself, and replaced with hindsight at the shift.
 
     python -m bench.replanning_live            # 2 phases of 15 s per run, 3 runs (~2 min)
     python -m bench.replanning_live --quick    # phases of 6 s
+    python -m bench.replanning_live --herd     # HERD's groups instead of the partition
 
 Four emulated models (`m0` … `m3`: ℓ(b) = 8·b + 8 ms, SLO 100 ms, max batch
 16) on 4 emulated devices, policy `symphony`, a partition plan of 2
@@ -19,6 +20,12 @@ the same for each run:
   from its own measured rates and takes the plan up while serving;
 * **hindsight** — at the shift, the plan made for phase 2's rates is
   posted (`POST /v2/plan`).
+
+With `--herd`, the same through Shepherd's HERD (app/server/herd_replanning.py):
+the plans are HERD's groups (its ILP, `shared` burst tolerance, groups of
+at most 2 devices) for each phase's rates, served under policy `flex`; phase
+1's pairs a busy model with a quiet one in each group, and in phase 2 the
+group holding m0 and m1 gets both busy models.
 
 Reported per run and phase: within SLO and goodput; the re-planned run's
 re-plans (when, from the daemon's log); requests sent and answered.
@@ -38,6 +45,9 @@ from typing import Any
 import httpx
 import numpy as np
 
+from app.planning.herd.config import config_from_dict as herd_config
+from app.planning.herd.ilp import SolveOptions
+from app.planning.herd.ilp import solve as herd_solve
 from app.planning.partition.config import problem_from_dict
 from app.planning.partition.milp import solve
 from app.planning.partition.plan import plan_to_dict
@@ -79,6 +89,33 @@ def partition_plan(rates: tuple[float, ...]) -> dict[str, Any]:
     models = [{"name": n, "rate": r, "static_mb": 1} for n, r in zip(MODELS, rates, strict=True)]
     body = {"sub_clusters": 2, "r_max": 5000, "s_max_mb": 1000, "models": models}
     return plan_to_dict(solve(problem_from_dict(body, "the bench")))
+
+
+def herd_plan(rates: tuple[float, ...]) -> dict[str, Any]:
+    """HERD's groups (groups of ≤ 2 of the 4 devices, `shared` objective) for `rates`."""
+    body = {
+        "cluster": {"devices": DEVICES, "device_memory_mb": 16000, "max_group_size": 2},
+        "objective": "shared",
+        "max_batch": MAX_BATCH,
+        "models": [
+            {
+                "name": n,
+                "profile": {"alpha_ms": ALPHA_MS, "beta_ms": BETA_MS},
+                "slo_ms": SLO_MS,
+                "memory_mb": 1,
+            }
+            for n in MODELS
+        ],
+        "streams": [{"model": n, "rate": r} for n, r in zip(MODELS, rates, strict=True)],
+    }
+    problem, objective, _ = herd_config(body, "the bench")
+    return herd_solve(problem, SolveOptions(objective, 10.0)).to_dict()
+
+
+def groups_of(plan: dict[str, Any]) -> list[list[str]]:
+    """The models of each group (HERD) or sub-cluster (partition) of a plan file."""
+    body = plan["plan"]
+    return [g["models"] for g in body.get("groups", body.get("sub_clusters", []))]
 
 
 def workload(rates: tuple[float, ...], duration_s: float, seed: int) -> Workload:
@@ -143,14 +180,21 @@ async def _load(url: str, phase_s: float, hindsight: dict[str, Any] | None) -> d
     return {"phases": phases}
 
 
-def _run(name: str, phase_s: float, root: Path, plans: list[dict[str, Any]]) -> dict[str, Any]:
+def _run(
+    name: str, phase_s: float, root: Path, plans: list[dict[str, Any]], policy: str
+) -> dict[str, Any]:
     plan_path = root / "plan.json"
     plan_path.write_text(json.dumps(plans[0]))
     env = {"PLAN": str(plan_path), "CPU_SLICES": "0"}
     if name == "re-planned":
         env.update(REPLAN_S="2", REPLAN_GAIN="0.2")
     handle = start_daemon(
-        root / "models", free_port(), emulated_devices=DEVICES, extra_env=env, log_level="info"
+        root / "models",
+        free_port(),
+        policy=policy,
+        emulated_devices=DEVICES,
+        extra_env=env,
+        log_level="info",
     )
     try:
         report = asyncio.run(_load(handle.url, phase_s, plans[1] if name == "hindsight" else None))
@@ -158,7 +202,11 @@ def _run(name: str, phase_s: float, root: Path, plans: list[dict[str, Any]]) -> 
         stop_daemon(handle)
     log = handle.log_path.read_text()
     lines = log.splitlines()
-    report["replans"] = [line.split(" INFO ")[-1] for line in lines if "move(s) taken up" in line]
+    report["replans"] = [
+        line.split(" INFO ")[-1]
+        for line in lines
+        if "re-plan on rates" in line and "taken up" in line
+    ]
     return report
 
 
@@ -167,19 +215,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--phase-s", type=float, default=15.0)
     parser.add_argument("--quick", action="store_true", help="phases of 6 s")
     parser.add_argument("--json", type=Path, help="write the report here too")
+    parser.add_argument("--herd", action="store_true", help="HERD's groups, policy flex")
     args = parser.parse_args(argv)
     phase_s = 6.0 if args.quick else args.phase_s
-    plans = [partition_plan(rates) for rates in PHASE_RATES]
+    make = herd_plan if args.herd else partition_plan
+    plans = [make(rates) for rates in PHASE_RATES]
     for k, plan in enumerate(plans):
-        groups = [s["models"] for s in plan["plan"]["sub_clusters"]]
-        say(f"phase {k + 1}'s plan: {groups}")
+        say(f"phase {k + 1}'s plan: {groups_of(plan)}")
     report: dict[str, Any] = {}
     with tempfile.TemporaryDirectory() as scratch:
         root = Path(scratch)
         repository(root / "models")
         for name in RUNS:
             say(f"{name}: 2 phases of {phase_s:g} s")
-            report[name] = _run(name, phase_s, root, plans)
+            report[name] = _run(name, phase_s, root, plans, "flex" if args.herd else "symphony")
     print(
         "| run | phase 1 within SLO | phase 2 within SLO | phase 2 goodput r/s | answered / sent |"
     )

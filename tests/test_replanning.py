@@ -123,3 +123,12 @@ async def test_herd_groups_are_made_again_when_the_rates_leave_one_group_short(t
         assert all(a.device.startswith("emulated:") for a in answers)
     finally:
         await service.stop()
+
+
+def test_the_live_benchs_herd_plans_pair_a_busy_model_with_a_quiet_one_in_each_phase():
+    from bench.replanning_live import PHASE_RATES, groups_of, herd_plan
+
+    first, second = (herd_plan(rates) for rates in PHASE_RATES)
+    assert groups_of(first) == [["m0", "m1"], ["m2", "m3"]]
+    assert groups_of(second) == [["m0", "m2"], ["m1", "m3"]]
+    assert first["plan"]["objective"] == "shared"
