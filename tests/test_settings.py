@@ -74,6 +74,7 @@ SAMPLES: dict[str, tuple[str, object]] = {
     "METRICS_PREFIX": ("dserve:", "dserve:"),
     "ACCESS_LOG": ("yes", True),
     "ADMIN_TOKEN": ("s3cret", "s3cret"),
+    "SERVER_NAME": ("triton", "triton"),
     "PROFILE_BATCH_SIZES": ("1, 3,9", (1, 3, 9)),
     "PROFILE_CACHE_DIR": ("/var/cache/ds", Path("/var/cache/ds")),
     "PROFILE_MIN_R2": ("0.5", 0.5),
@@ -177,7 +178,7 @@ def test_flag_names_come_from_the_variables():
         "keep_alive_timeout_s", "max_header_bytes",
         "max_buffered_bytes", "max_connections", "deadline_margin_ms", "timer_lead_ms",
         "realtime_priority", "max_body_bytes", "max_json_bytes", "metrics_prefix", "access_log",
-        "admin_token",
+        "server_name", "admin_token",
         "profile_batch_sizes", "profile_cache_dir", "profile_min_r2", "profile_sample_rate",
         "ppipe_plan", "ppipe_timings", "ppipe_classes",
     ]  # fmt: skip

@@ -57,6 +57,32 @@ async def test_http_metadata_lists_what_is_served(client) -> None:
     ]
 
 
+async def test_server_name_is_ours_unless_set_to_tritons_for_clients_that_check_it() -> None:
+    """Triton's health/metadata examples require `name == "triton"`: SERVER_NAME
+    gives it, over HTTP and gRPC alike."""
+    from app.api.routes import settings_api
+
+    service = FakeService()
+    for settings, name in (
+        (Settings(), "deadline-serve"),
+        (Settings(server_name="triton"), "triton"),
+    ):
+        api = settings_api(lambda: service, Metrics(), settings)
+        transport = httpx.ASGITransport(app=api)
+        async with httpx.AsyncClient(transport=transport, base_url="http://t") as client:
+            assert (await client.get("/v2")).json()["name"] == name
+        settings = replace(settings, grpc_port=free_port())
+        endpoint = await start_grpc_endpoint(settings, lambda: service)
+        try:
+            async with grpc.aio.insecure_channel(endpoint.address) as channel:
+                stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
+                meta = await stub.ServerMetadata(pb.ServerMetadataRequest())
+                assert meta.name == name
+        finally:
+            await endpoint.stop()
+    assert Settings.from_env({"SERVER_NAME": "triton"}).server_name == "triton"
+
+
 # (method, path, status, body) as Triton answers without client shared memory,
 # tracing and dynamic logging (src/http_server.cc)
 UNSUPPORTED = [

@@ -45,6 +45,7 @@ class ApiContext:
     max_body_bytes: int
     server_version: str
     max_json_bytes: int = DEFAULT_MAX_JSON_BYTES
+    server_name: str = SERVER_NAME  # server metadata's `name` (SERVER_NAME)
     # the guard of management routes (app.api.security.require_token); None:
     # the default guard, management from loopback only
     admin_guard: Callable[..., Awaitable[None]] | None = None

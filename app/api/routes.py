@@ -106,6 +106,7 @@ def install(
     max_json_bytes: int = DEFAULT_MAX_JSON_BYTES,
     admin_token: str | None = None,
     bind_host: str = "127.0.0.1",
+    server_name: str = SERVER_NAME,
 ) -> FastAPI:
     """Add the API's routes, exception handlers and OpenAPI request schemas to `app`.
 
@@ -131,6 +132,7 @@ def install(
         max_body_bytes,
         server_version(),
         max_json_bytes,
+        server_name=server_name,
         admin_guard=app.state.require_admin,
     )
     app.include_router(api_router(ctx))
@@ -152,6 +154,7 @@ def settings_api(
         max_json_bytes=settings.max_json_bytes,
         admin_token=settings.admin_token,
         bind_host=settings.host,
+        server_name=settings.server_name,
         **fastapi_kwargs,
     )
 
@@ -164,6 +167,7 @@ def create_api(
     max_json_bytes: int = DEFAULT_MAX_JSON_BYTES,
     admin_token: str | None = None,
     bind_host: str = "127.0.0.1",
+    server_name: str = SERVER_NAME,
     **fastapi_kwargs: Any,
 ) -> FastAPI:
     """A FastAPI app serving the API. `fastapi_kwargs` go to FastAPI (e.g. lifespan);
@@ -183,6 +187,7 @@ def create_api(
         max_json_bytes=max_json_bytes,
         admin_token=admin_token,
         bind_host=bind_host,
+        server_name=server_name,
     )
 
 

@@ -26,7 +26,7 @@ from fastapi.responses import Response
 from app.api import models as m
 from app.api import v2
 from app.api.bodies import parse_body, parse_model, read_body
-from app.api.context import SERVER_NAME, ApiContext, lookup_model
+from app.api.context import ApiContext, lookup_model
 from app.api.errors import (
     MalformedRequest,
     NotReady,
@@ -60,7 +60,9 @@ EXTENSIONS = [
 
 
 def server_metadata(ctx: ApiContext) -> m.ServerMetadata:
-    return m.ServerMetadata(name=SERVER_NAME, version=ctx.server_version, extensions=EXTENSIONS)
+    return m.ServerMetadata(
+        name=ctx.server_name, version=ctx.server_version, extensions=EXTENSIONS
+    )
 
 
 def health_ready(ctx: ApiContext) -> m.ReadyResponse:

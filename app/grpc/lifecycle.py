@@ -164,6 +164,7 @@ async def start_grpc_endpoint(
         admin_token=settings.admin_token,
         bind_host=settings.host,
         metrics=metrics,
+        server_name=settings.server_name,
     )
     service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(servicer, server)
     address = grpc_address(settings.host, settings.grpc_port)

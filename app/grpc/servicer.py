@@ -60,8 +60,10 @@ class InferenceServicer(
         admin_token: str | None = None,
         bind_host: str = "127.0.0.1",
         metrics: Metrics | None = None,
+        server_name: str = SERVER_NAME,
     ) -> None:
         self.get_service = get_service
+        self.server_name = server_name
         self.metrics = metrics  # counts parameters accepted without effect
         self.limits = limits
         self.server_version = server_version
@@ -85,7 +87,7 @@ class InferenceServicer(
 
     async def ServerMetadata(self, request: pb.ServerMetadataRequest, context: Context) -> object:
         return pb.ServerMetadataResponse(
-            name=SERVER_NAME, version=self.server_version, extensions=EXTENSIONS
+            name=self.server_name, version=self.server_version, extensions=EXTENSIONS
         )
 
     # -- models -------------------------------------------------------------------------

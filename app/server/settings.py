@@ -501,6 +501,15 @@ class Settings:
             "a log line per HTTP request (uvicorn's; ~9 % of the CPU it uses)",
         ),
     )
+    server_name: str = field(
+        default="deadline-serve",
+        metadata=_setting(
+            "SERVER_NAME",
+            Text(metavar="NAME"),
+            "the `name` server metadata reports (HTTP `GET /v2`, gRPC ServerMetadata); "
+            "`triton` for clients that check it is Triton (its health/metadata examples)",
+        ),
+    )
     admin_token: str | None = field(
         default=None,
         repr=False,  # a credential: kept out of logs
