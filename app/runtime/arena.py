@@ -29,7 +29,8 @@ a tensor with a variable dimension also has its item's actual shape in the
 slot (int32 per dimension, beside the data): the parent writes an input's,
 the executor reads it (`item_shapes`), and writes each output's
 (`scatter(..., shapes)`), which the parent reads back to cut the answer.
-A request's rows share one shape.
+A request's rows share one shape. An elastic tensor's item beyond its bound
+is in a segment of its own that its slot names (app/runtime/spill.py).
 
 Ownership: the parent creates the segment (`Arena.create`) and is the only
 side that unlinks it (`close_and_unlink`, also run by a finalizer at exit and
