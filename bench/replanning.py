@@ -5,6 +5,7 @@ hindsight for each phase.
 
     python -m bench.replanning            # 3 phases of 30 s, epochs of 5 s (~2 min)
     python -m bench.replanning --quick    # 3 phases of 10 s, epochs of 2.5 s
+    python -m bench.replanning --herd     # HERD's groups under flex instead
 
 The Table 5 zoo (bench/workloads/symphony-table5-zoo.yaml: 35 models, 64
 emulated devices, Γ(0.5) arrivals, 4,800 r/s × `--rate-scale`, 1.4 by
@@ -24,6 +25,14 @@ bench/workloads/herd/zoo-memory.yaml; the partition MILP (HiGHS, 2 s) as
   in force's under the same rates — above the noise of an epoch's measured
   rates, so the plan does not flap — as REPLAN_GAIN does in the daemon;
 * **hindsight** — each phase served by the plan of that phase's rates.
+
+With `--herd`, Shepherd's HERD instead (app/server/herd_replanning.py):
+each plan is HERD's ILP (2 s) on the zoo's models (bench/herd.py's
+profiles and memory) over the 64 devices, groups of at most 16 among 8
+candidates, 1.5 GB a device with 0.5 GB kept for FLEX, the `shared` burst
+tolerance; policy `flex` in each group (`simulate_groups`); a re-plan is
+taken up when its least burst tolerance under the epoch's rates is at least
+`--gain` above the plan in force's.
 
 Each epoch is simulated on its own (`simulate_partitioned`, the same core
 the daemon runs, on virtual time), with the same arrivals for the three.
@@ -45,9 +54,17 @@ from typing import Any
 import numpy as np
 import yaml
 
+from app.planning.herd.ilp import SolveOptions
+from app.planning.herd.ilp import solve as herd_solve
+from app.planning.herd.plan import HerdPlan, least_burst_tolerance
+from app.planning.herd.problem import Cluster as HerdCluster
+from app.planning.herd.problem import Problem as HerdProblem
+from app.planning.herd.problem import Stream as HerdStream
+from app.planning.herd.problem import model_streams
 from app.planning.partition.config import problem_from_dict
 from app.planning.partition.milp import solve
 from app.planning.partition.problem import PartitionProblem, measure
+from app.simulation.grouped import GroupSpec, simulate_groups
 from app.simulation.partitioned import simulate_partitioned
 from app.workloads.arrivals import generate_arrivals
 from app.workloads.spec import Workload, load_workload
@@ -58,6 +75,7 @@ ZOO = ROOT / "bench" / "workloads" / "symphony-table5-zoo.yaml"
 MEMORY = ROOT / "bench" / "workloads" / "herd" / "zoo-memory.yaml"
 SUB_CLUSTERS = 4
 SKEW = 0.9
+MIB = 1 << 20
 STRATEGIES = ("fixed", "re-planned", "hindsight")
 
 
@@ -107,10 +125,78 @@ def assignment_array(setup: Setup, assignment: dict[str, int]) -> np.ndarray:
     return np.array([assignment[m.name] for m in setup.workload.models])
 
 
-def run(setup: Setup, phases: int) -> dict[str, Any]:
+class PartitionPlans:
+    """Symphony's partitions: plan, score and simulate one epoch."""
+
+    policy = "symphony"
+
+    def __init__(self, setup: Setup) -> None:
+        self.setup = setup
+
+    def plan(self, rates: np.ndarray, current: dict[str, int] | None) -> dict[str, int]:
+        return plan(self.setup, rates, current)
+
+    def gain(self, current: dict[str, int], proposed: dict[str, int], rates: np.ndarray) -> float:
+        """How much better `proposed` is than `current` under `rates`."""
+        scored = problem(self.setup, rates, None)
+        now = measure(scored, assignment_array(self.setup, current)).objective
+        new = measure(scored, assignment_array(self.setup, proposed)).objective
+        return now - new
+
+    def moves(self, current: dict[str, int], proposed: dict[str, int]) -> int:
+        return sum(proposed[m] != current[m] for m in current)
+
+    def simulate(self, workload: Workload, in_force: dict[str, int], arrivals: Any) -> Any:
+        return simulate_partitioned(workload, in_force, self.policy, arrivals=arrivals).result
+
+
+class HerdPlans:
+    """Shepherd's HERD groups: plan, score and simulate one epoch."""
+
+    policy = "flex"
+    objective = "shared"
+
+    def __init__(self, setup: Setup) -> None:
+        from bench.herd import model_of, zoo
+
+        self.setup = setup
+        self.models = [model_of(entry, entry["name"]) for entry in zoo()]
+        devices = len(setup.workload.devices)
+        self.cluster = HerdCluster(devices, 1536 * MIB, 16, reserve=512 * MIB, groups=8)
+
+    def problem(self, rates: np.ndarray) -> HerdProblem:
+        streams = tuple(
+            HerdStream(m.name, max(float(r), 0.1)) for m, r in zip(self.models, rates, strict=True)
+        )
+        return HerdProblem(tuple(self.models), streams, self.cluster)
+
+    def plan(self, rates: np.ndarray, current: HerdPlan | None) -> HerdPlan:
+        options = SolveOptions(self.objective, self.setup.time_limit_s)
+        return herd_solve(self.problem(rates), options)
+
+    def gain(self, current: HerdPlan, proposed: HerdPlan, rates: np.ndarray) -> float:
+        streams = model_streams(self.problem(rates))
+        return least_burst_tolerance(proposed, streams) - least_burst_tolerance(current, streams)
+
+    def moves(self, current: HerdPlan, proposed: HerdPlan) -> int:
+        was, now = current.group_of_model(), proposed.group_of_model()
+        old_sets = {frozenset(g.models) for g in current.groups}
+        return sum(
+            frozenset(proposed.groups[now[m]].models) not in old_sets for m in now if m in was
+        )
+
+    def simulate(self, workload: Workload, in_force: HerdPlan, arrivals: Any) -> Any:
+        groups = [GroupSpec(g.devices, g.models) for g in in_force.groups if g.models and g.devices]
+        return simulate_groups(workload, groups, self.policy, arrivals=arrivals)
+
+
+def run(setup: Setup, phases: int, plans: Any = None) -> dict[str, Any]:
+    plans = plans or PartitionPlans(setup)
     per_phase = round(setup.phase_s / setup.epoch_s)
     epochs = phases * per_phase
-    hindsight = [plan(setup, rates, None) for rates in setup.phase_rates]
+    # HERD's burst tolerance reads absolute rates (the measured ones are scaled).
+    scale = setup.rate_scale if isinstance(plans, HerdPlans) else 1.0
+    hindsight = [plans.plan(rates * scale, None) for rates in setup.phase_rates]
     in_force = {"fixed": hindsight[0], "re-planned": hindsight[0], "hindsight": hindsight[0]}
     good = dict.fromkeys(STRATEGIES, 0)
     sent = 0
@@ -130,23 +216,19 @@ def run(setup: Setup, phases: int) -> dict[str, Any]:
         arrivals = generate_arrivals(workload, setup.rate_scale)
         sent += len(arrivals)
         for strategy in STRATEGIES:
-            result = simulate_partitioned(
-                workload, in_force[strategy], "symphony", arrivals=arrivals
-            ).result
+            result = plans.simulate(workload, in_force[strategy], arrivals)
             overall = result.summary["overall"]
             good[strategy] += round(overall["slo_attainment"] * overall["requests"])
         measured = np.bincount(arrivals.model_index, minlength=len(models)) / setup.epoch_s
         current = in_force["re-planned"]
-        now = measure(problem(setup, measured, None), assignment_array(setup, current)).objective
-        proposed = plan(setup, measured, current)
-        new = measure(problem(setup, measured, None), assignment_array(setup, proposed)).objective
-        if now - new >= setup.gain:
-            moved = sum(proposed[m] != current[m] for m in current)
+        proposed = plans.plan(measured, current)
+        gain = plans.gain(current, proposed, measured)
+        if gain >= setup.gain:
             switches.append(
                 {
                     "after_epoch": epoch + 1,
-                    "objective": [round(now, 4), round(new, 4)],
-                    "moves": moved,
+                    "gain": round(gain, 4),
+                    "moves": plans.moves(current, proposed),
                 }
             )
             in_force["re-planned"] = proposed
@@ -194,6 +276,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--quick", action="store_true", help="phases of 10 s, epochs of 2.5 s")
     parser.add_argument("--json", type=Path, help="write the report here too")
+    parser.add_argument("--herd", action="store_true", help="HERD's groups under flex")
     args = parser.parse_args(argv)
     if args.quick:
         args.phase_s, args.epoch_s = 10.0, 2.5
@@ -216,7 +299,8 @@ def main(argv: list[str] | None = None) -> int:
         f"{args.phases} phases of {args.phase_s:g} s, epochs of {args.epoch_s:g} s, "
         f"{len(workload.models)} models on {len(workload.devices)} devices"
     )
-    report = run(setup, args.phases)
+    report = run(setup, args.phases, HerdPlans(setup) if args.herd else None)
+    report["planner"] = "herd" if args.herd else "partition"
     report["date"] = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     print(_table(report))
     if args.json is not None:

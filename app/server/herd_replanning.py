@@ -38,7 +38,7 @@ from app.planning.daemon_index import cluster_from_index
 from app.planning.herd.cli import on_server_devices
 from app.planning.herd.config import config_from_dict
 from app.planning.herd.ilp import SolveOptions, solve
-from app.planning.herd.plan import HerdPlan, burst_tolerances, read_plan
+from app.planning.herd.plan import HerdPlan, least_burst_tolerance, read_plan
 from app.planning.herd.problem import model_streams
 from app.planning.plan_files import MadeFrom
 
@@ -102,16 +102,7 @@ def herd_replan(
     )
     body, pool = herd_input(cluster)
     problem, objective, _ = config_from_dict(body, "the re-plan")
-    streams = {ms.model: ms for ms in model_streams(problem)}
-    kept = min(
-        min(
-            burst_tolerances(
-                objective, len(g.devices), [streams[m] for m in g.models if m in streams]
-            ).values(),
-            default=float("inf"),
-        )
-        for g in served
-    )
+    kept = least_burst_tolerance(in_force, model_streams(problem))
     plan = solve(problem, SolveOptions(objective, SOLVE_LIMIT_S))
     plan = on_server_devices(plan, pool.devices)
     return HerdReplan(kept, plan.min_burst_tolerance, rates, plan)

@@ -106,6 +106,20 @@ def burst_tolerances(objective: str, size: int, members: Sequence[ModelStream]) 
     return out
 
 
+def least_burst_tolerance(plan: HerdPlan, streams: Sequence[ModelStream]) -> float:
+    """The least burst tolerance of `plan`'s groups for `streams` — e.g. the
+    model-streams of other rates than the plan was made for (re-planning
+    scores the plan in force so); inf when no group serves any."""
+    by_model = {ms.model: ms for ms in streams}
+    least = float("inf")
+    for group in plan.groups:
+        members = [by_model[m] for m in group.models if m in by_model]
+        if members:
+            bts = burst_tolerances(plan.objective, len(group.devices), members)
+            least = min(least, min(bts.values()))
+    return least
+
+
 def build_groups(
     objective: str,
     sizes: Sequence[int],
