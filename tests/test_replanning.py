@@ -132,3 +132,19 @@ def test_the_live_benchs_herd_plans_pair_a_busy_model_with_a_quiet_one_in_each_p
     assert groups_of(first) == [["m0", "m1"], ["m2", "m3"]]
     assert groups_of(second) == [["m0", "m2"], ["m1", "m3"]]
     assert first["plan"]["objective"] == "shared"
+
+
+@pytest.mark.slow
+def test_the_simulated_herd_replanning_bench_takes_up_a_better_plan_at_the_shift(tmp_path: Path):
+    from bench.replanning import main
+
+    out = tmp_path / "herd.json"
+    assert (
+        main(["--herd", "--phases", "2", "--phase-s", "2", "--epoch-s", "1", "--json", str(out)])
+        == 0
+    )
+    report = json.loads(out.read_text())
+    assert report["planner"] == "herd" and report["sent"] > 10_000
+    assert report["switches"] and all(s["gain"] >= 0.2 for s in report["switches"])
+    goodput = report["goodput_rps"]
+    assert goodput["re-planned"] > goodput["fixed"]
