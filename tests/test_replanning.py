@@ -4,6 +4,7 @@ better enough, and REPLAN_S without a partition plan says it is not acted on."""
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import json
 import logging
@@ -148,3 +149,31 @@ def test_the_simulated_herd_replanning_bench_takes_up_a_better_plan_at_the_shift
     assert report["switches"] and all(s["gain"] >= 0.2 for s in report["switches"])
     goodput = report["goodput_rps"]
     assert goodput["re-planned"] > goodput["fixed"]
+
+
+@pytest.mark.anyio
+async def test_an_epoch_whose_rates_no_plan_fits_is_one_warning_and_the_loop_goes_on(caplog):
+    class Statistics:
+        def report(self) -> dict:
+            return {"model_stats": []}
+
+    class Service:
+        statistics = Statistics()
+        plan = None
+
+    async def apply(body: bytes) -> dict:
+        raise AssertionError("nothing is applied")
+
+    replanner = Replanner(Service(), apply, 0.01, 0.2, list)  # type: ignore[arg-type]
+    tries = []
+
+    async def no_plan_fits(rates: dict[str, float]) -> None:
+        tries.append(rates)
+        raise ValueError("stream 'a' needs 3.2 devices; groups hold at most 2")
+
+    replanner.replan = no_plan_fits  # type: ignore[method-assign]
+    with caplog.at_level(logging.WARNING, logger="app.server"), pytest.raises(TimeoutError):
+        await asyncio.wait_for(replanner.run(), 0.1)
+    assert len(tries) >= 2  # it went on after the first
+    assert "no re-plan on the rates measured: stream 'a' needs 3.2 devices" in caplog.text
+    assert "Traceback" not in caplog.text

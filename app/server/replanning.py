@@ -89,6 +89,8 @@ class Replanner:
                 await self.replan(rates)
             except ServingError as exc:
                 log.warning("re-plan not taken up: %s", exc)
+            except ValueError as exc:  # the planner's: no plan fits these rates
+                log.warning("no re-plan on the rates measured: %s", exc)
             except Exception:
                 log.exception("re-planning failed")
 
