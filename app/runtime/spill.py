@@ -144,17 +144,22 @@ class SpillFields:
         `slots[i]`'s field; registered, unlinked when the slot is freed."""
         field = self.fields["inputs"][tensor]
         for i, slot in enumerate(slots):
-            shm = write_item(array[i], self.prefix, tracked=True)
-            self._made.setdefault(slot, []).append(shm)
-            _close(shm)
-            set_field(field[slot], shm.name)
+            self._made.setdefault(slot, []).append(self._spill(field[slot], array[i], True))
 
     def write_output(self, tensor: str, slot: int, row: np.ndarray) -> None:
         """An executor's answer row into a segment of its own (unregistered:
         the reader unlinks it)."""
-        shm = write_item(row, self.prefix, tracked=False)
-        _close(shm)
-        set_field(self.fields["outputs"][tensor][slot], shm.name)
+        self._spill(self.fields["outputs"][tensor][slot], row, tracked=False)
+
+    def _spill(
+        self, field: np.ndarray, item: np.ndarray, tracked: bool
+    ) -> shared_memory.SharedMemory:
+        """`item` into a new segment that `field` names; the segment, closed."""
+        shm = write_item(item, self.prefix, tracked)
+        with contextlib.suppress(BufferError):
+            shm.close()
+        set_field(field, shm.name)
+        return shm
 
     def take(self, role: str, tensor: str, slot: int) -> np.ndarray:
         """The spilled item (it must be), its segment unlinked, its field cleared."""
@@ -210,10 +215,7 @@ class SpillFields:
                 if item is None:
                     set_field(field[slot], None)
                     continue
-                shm = write_item(item, self.prefix, tracked=False)
-                _close(shm)
-                set_field(field[slot], shm.name)
-                made.append(shm.name)
+                made.append(self._spill(field[slot], item, tracked=False).name)
         return made
 
     def spilled(self, slots: list[int]) -> list[str]:
@@ -224,8 +226,3 @@ class SpillFields:
             for tensor in fields
             if self.any_at(role, tensor, slots)
         ]
-
-
-def _close(shm: shared_memory.SharedMemory) -> None:
-    with contextlib.suppress(BufferError):
-        shm.close()

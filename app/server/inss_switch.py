@@ -26,7 +26,6 @@ device's share) and the plan in force is unchanged.
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import logging
 import time
@@ -35,8 +34,8 @@ from typing import Any
 from app.runtime.shares import SHARE_SEP
 from app.server import reallocation
 from app.server.control_host import ControlHost
+from app.server.core_swap import swap_cores
 from app.server.plans import BATCH_OPTION, InssPlacement, PlanInForce
-from app.server.startup import build_groups
 
 log = logging.getLogger("app.server")
 
@@ -75,8 +74,6 @@ async def switch_inss(
     caller) while serving (module docstring); what changed."""
     posted = plan.inss
     assert posted is not None
-    pool, dispatcher = service.pool, service.dispatcher
-    assert pool is not None and dispatcher is not None
     began = time.monotonic()
     reshared = []
     for name, share in reshare_steps(in_force, posted):
@@ -90,16 +87,8 @@ async def switch_inss(
         assert option is not None
         options = {**settings.policy_options, option: dict(posted.batch)}
         settings = dataclasses.replace(settings, policy_options=options)
-        speeds = dispatcher.device_speeds()
-        groups = await asyncio.to_thread(
-            build_groups, settings, service.models, service.devices, pool, speeds
-        )
-        down = [d.id for d in service.devices if not pool.alive(d.id)]
-        switch_began = time.monotonic()
-        handed = dispatcher.switch_groups(groups, down)
-        switch_s = time.monotonic() - switch_began
-        if service.scaling is not None:
-            await service.scaling.regroup(groups)
+        swapped = await swap_cores(service, settings, service.models)
+        handed, switch_s = swapped.handed_over, swapped.switch_s
         service.settings = settings  # a model loaded later gets the plan's batch too
     service.plan_applied(plan)
     log.info(

@@ -46,10 +46,11 @@ from app.repository.loader import RepositoryIndex
 from app.runtime.devices import model_allowed_on
 from app.server.control_host import ControlHost
 from app.server.core_groups import CoreGroupsError, apply_core_groups
+from app.server.core_swap import swap_cores
 from app.server.inss_switch import placement_differences, switch_inss
 from app.server.plan_checks import check_plan
 from app.server.plans import WHAT, InssPlacement, PlanInForce, PlanMismatch, inss_placement
-from app.server.startup import ModelState, build_groups
+from app.server.startup import ModelState
 
 log = logging.getLogger("app.server")
 
@@ -111,8 +112,8 @@ def read_posted_plan(body: bytes, directory: Path) -> PlanInForce:
 
 async def switch_plan(service: ControlHost, plan: PlanInForce) -> dict[str, Any]:
     """Take up `plan` while serving (module docstring); what changed."""
-    pool, dispatcher = service.pool, service.dispatcher
-    assert pool is not None and dispatcher is not None
+    pool = service.pool
+    assert pool is not None
     if service.pipelines is not None:
         raise PlanNotSwitchable(
             "the server serves a PPipe plan, whose pipelines are taken down only by a "
@@ -128,16 +129,8 @@ async def switch_plan(service: ControlHost, plan: PlanInForce) -> dict[str, Any]
     began = time.monotonic()
     states = _placed(service, plan)
     loaded = await _load_where_moved(service, states)
-    speeds = dispatcher.device_speeds()
-    groups = await asyncio.to_thread(
-        build_groups, service.settings, states, service.devices, pool, speeds
-    )
-    down = [d.id for d in service.devices if not pool.alive(d.id)]
-    switch_began = time.monotonic()
-    handed = dispatcher.switch_groups(groups, down)
-    switch_s = time.monotonic() - switch_began
-    if service.scaling is not None:  # AUTOSCALE: an autoscaler per new group
-        await service.scaling.regroup(groups)
+    swapped = await swap_cores(service, service.settings, states)
+    groups, handed, switch_s = swapped.groups, swapped.handed_over, swapped.switch_s
     service.models.update(states)
     service.plan_applied(plan)
     names = {d.id: d.name for d in service.devices}
