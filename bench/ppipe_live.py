@@ -4,7 +4,7 @@ the same plan and block profile.
 
     python -m bench.ppipe_live [--fast NAME:THREADS[:SLOWDOWN]] [--slow ...]
         [--fast-count 1] [--slow-count 2] [--slo-ms 50] [--margin 0.4]
-        [--max-batch 4] [--probe-s 3] [--max-probes 6] [--sim-s 30]
+        [--max-batch 4] [--probe-s 3] [--max-probes 8] [--overload-s 20] [--sim-s 30]
         [--fault-s 4] [--fault-load 0.5] [--repeats 3] [--deadline-margin-ms 0]
         [--handoff-ms MS] [--no-calibrate] [--out-dir DIR]
 
@@ -25,21 +25,25 @@ the same plan and block profile.
 3. **Answers.** 16 requests with different inputs through the live
    pipeline; each answer is compared with the uncut model's
    (`np.allclose`, rtol 1e-4, atol 1e-5).
-4. **Calibration.** While the answers ran (20 ms apart: nothing queued,
-   batches of 1), the mean time from a stage's end to the next one's start
-   is the hand-over through this process (the executor's report, the
-   driver, the next executor), and each stage's mean time against the
-   profile is how much slower (or faster) its class runs in an executor
-   than in the profiler (a cold cache between sparse batches, the copies in
-   and out of the arena, both multiplied by an emulated slowdown). The
-   capacity runs, live and simulated, plan with the hand-over
-   (`PoolPipeline.handoff_s`; `--handoff-ms` sets it instead) and with the
-   profile scaled per class by that ratio, on fresh executors; the
+4. **Calibration.** With the 16 answers and 48 more requests, 20 ms apart
+   (nothing queued, batches of 1), the mean time from a stage's end to the
+   next one's start is the hand-over through this process (the executor's
+   report, the driver, the next executor), and each stage's mean time
+   against the profile is how much slower (or faster) its class runs in an
+   executor than in the profiler (a cold cache between sparse batches, the
+   copies in and out of the arena, both multiplied by an emulated
+   slowdown). The capacity runs, live and simulated, plan with the
+   hand-over (`PoolPipeline.handoff_s`; `--handoff-ms` sets it instead) and
+   with the profile scaled per class by that ratio, on fresh executors; the
    simulator also draws each stage's time with the spread the stages showed
-   (log-normal jitter, `stage_jitter`). `--no-calibrate`: the profile as
-   measured and no jitter. Reported beside it: the simulator once more with
-   the stage times the live capacity runs saw (a busy two-core box slows
-   the executors further; the emulated slowdown multiplies that too).
+   (log-normal jitter, `stage_jitter`), and its SLO is shorter by what a
+   live request loses outside the stages: from its arrival until the core
+   has it, and from its last stage's end to its answer (the same slack).
+   `--no-calibrate`: the profile as measured and no jitter. Reported beside
+   it: the simulator once more with the stage times the live capacity runs
+   saw, their means and their spread (a busy two-core box slows the
+   executors further and unevenly; the emulated slowdown multiplies that
+   too).
 5. **Capacity**: the highest Poisson rate with ≥ 99 % of requests answered
    within the SLO, by bisection over the load factor (× the plan's
    throughput), live (`--probe-s` per probe) and simulated (the pipeline
@@ -51,6 +55,8 @@ the same plan and block profile.
    slower than profiled on a busy machine); the simulator plans without.
    Reported beside it: the stages' mean live time against the profile, and
    the mean time from a stage's end to the next one's start.
+   Then `--overload-s` at 1.0 and 1.5 × each capacity: late answers and
+   drops.
 6. **Device failure.** At `--fault-load` × the live capacity for
    `--fault-s`, one executor of the pool with more than one instance is
    killed (SIGKILL) 40 % into the run and not restarted: the core re-routes
@@ -79,7 +85,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import asdict
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -92,6 +98,7 @@ from app.repository.block_profile import DeviceClass, prepartition, profile_bloc
 from app.repository.chain_model import CHAIN_MODEL, write_chain
 from app.repository.partition import run, session, synthetic_inputs, verify_chain
 from app.scheduling.ppipe import PPipeScheduler
+from app.scheduling.ppipe.batches import PipelineBatch
 from app.scheduling.ppipe.sequencer import LIVE_HOLD, LIVE_OVERDUE, live_lead
 from app.server.pipeline_setup import LivePipelines, wait_answered
 from app.server.pipeline_types import DriverCounts
@@ -99,6 +106,7 @@ from app.simulation.ppipe_run import plan_arrivals, simulate_plan
 
 OUT_DIR = Path(__file__).resolve().parent / "results" / "ppipe"
 TARGET = 0.99
+CALIBRATION_REQUESTS = 48  # at no load, 20 ms apart, after the 16 answers checked
 SHARED_MEMORY_GBPS = 1e6  # transfers through shared memory: ~0 s
 
 
@@ -158,12 +166,28 @@ async def offer(
     inputs: list[dict[str, np.ndarray]],
     slo_s: float,
     during: Callable[[float], None] | None = None,
+    ratios: dict[str, list[float]] | None = None,
 ) -> dict[str, Any]:
     """Submit a request at each of `times` (s from now) and wait for every
-    answer; `during(t)` is called once per arrival (fault injection)."""
+    answer; `during(t)` is called once per arrival (fault injection).
+    `ratios` collects, per device class, each stage's time over the time the
+    core planned it with."""
     driver = live.driver
+    last_ends: dict[int, float] = {}  # batch → its last stage's end
+
+    def on_batch(batch: PipelineBatch) -> None:
+        last_ends[batch.id] = batch.stages[-1].finish
+        if ratios is not None:
+            pipeline = driver.layout.pipelines[batch.pipeline]
+            for run in batch.stages:
+                stage = pipeline.stages[run.stage]
+                took = (run.finish - run.start) / stage.latency[batch.size - 1]
+                ratios.setdefault(stage.device_class, []).append(took)
+
+    driver.on_batch = on_batch
     start = time.monotonic()
     futures: list[tuple[float, asyncio.Future]] = []
+    ingress = 0.0
     for i, t in enumerate(times.tolist()):
         delay = start + t - time.monotonic()
         if delay > 0:
@@ -171,13 +195,16 @@ async def offer(
         if during is not None:
             during(t)
         arrival = start + t
+        ingress += time.monotonic() - arrival
         futures.append(
             (arrival, driver.submit(model, inputs[i % len(inputs)], received_at=arrival))
         )
     drained = await wait_answered(driver, 30.0)
+    driver.on_batch = None
     good = late = 0
     errors: dict[str, int] = {}
     latencies = []
+    egress = []
     for arrival, future in futures:
         if not future.done():
             continue
@@ -185,7 +212,10 @@ async def offer(
             name = getattr(future.exception(), "reason", type(future.exception()).__name__)
             errors[name] = errors.get(name, 0) + 1
             continue
-        latencies.append(future.result().finished_at - arrival)
+        answer = future.result()
+        latencies.append(answer.finished_at - arrival)
+        if answer.batch_id in last_ends:
+            egress.append(answer.finished_at - last_ends[answer.batch_id])
         if latencies[-1] <= slo_s:
             good += 1
         else:
@@ -198,6 +228,11 @@ async def offer(
         "late": late,
         "errors": errors,
         "within_slo": good / len(futures) if futures else 1.0,
+        # From its arrival until the core has it (the sleep's overshoot and
+        # the arena write), and from its last stage's end to its answer: the
+        # simulator has neither.
+        "ingress_ms_mean": 1e3 * ingress / len(futures) if futures else 0.0,
+        "egress_ms_mean": 1e3 * float(np.mean(egress)) if egress else 0.0,
         "latency_ms_p50_p99": [float(1e3 * np.percentile(latencies, q)) for q in (50, 99)]
         if latencies
         else None,
@@ -343,7 +378,10 @@ async def overload_runs(
     return runs
 
 
-async def live_part(args: argparse.Namespace, setup: dict[str, Any]) -> dict[str, Any]:
+async def live_part(
+    args: argparse.Namespace, setup: dict[str, Any]
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The live runs' figures, and their raw samples (`stage_ratios`)."""
     plan, core, partitioning, classes = (
         setup["plan"],
         setup["core"],
@@ -357,6 +395,7 @@ async def live_part(args: argparse.Namespace, setup: dict[str, Any]) -> dict[str
         {"input": synthetic_inputs(partitioning.model, 1, seed=100 + i)["input"]} for i in range(32)
     ]
     out: dict[str, Any] = {}
+    samples: dict[str, Any] = {}
     with tempfile.TemporaryDirectory(prefix="ppipe-live-") as tmp:
         live = LivePipelines(
             core, {model: partitioning}, classes, Path(tmp), capacity=args.capacity, respawn=False
@@ -393,9 +432,11 @@ async def live_part(args: argparse.Namespace, setup: dict[str, Any]) -> dict[str
             )
 
             # The hand-over between stages and each class's stage time live
-            # against the profile, at no load (the answers went 20 ms apart,
-            # batches of 1): the capacity runs, live and simulated, plan with
-            # them.
+            # against the profile, at no load (requests 20 ms apart, batches
+            # of 1): the capacity runs, live and simulated, plan with them.
+            calibration = await offer(
+                live, model, 0.02 * np.arange(CALIBRATION_REQUESTS), rng_inputs, slo
+            )
             counts = live.driver.counts
             measured = counts.handoff_seconds / max(1, counts.handoffs)
             handoff_s = measured if args.handoff_ms is None else args.handoff_ms / 1000.0
@@ -406,7 +447,13 @@ async def live_part(args: argparse.Namespace, setup: dict[str, Any]) -> dict[str
                     mean = counts.stage_seconds[key] / counts.stage_batches[key]
                     stage_ratio[stage.device_class] = mean / stage.latency[0]
             scale = stage_ratio if args.calibrate else {}
+            # What the simulator leaves out of the SLO: the same slack.
+            overhead_ms = calibration["ingress_ms_mean"] + calibration["egress_ms_mean"]
             out["calibration"] = {
+                "requests": CALIBRATION_REQUESTS + 16,
+                "ingress_ms_mean": calibration["ingress_ms_mean"],
+                "egress_ms_mean": calibration["egress_ms_mean"],
+                "overhead_ms": overhead_ms,
                 "handoff_ms_idle": 1e3 * measured,
                 "handoff_ms_planned": 1e3 * handoff_s,
                 "stage_over_profile_idle": stage_ratio,
@@ -419,6 +466,9 @@ async def live_part(args: argparse.Namespace, setup: dict[str, Any]) -> dict[str
                 + ", ".join(f"{c} {r:.3f}" for c, r in stage_ratio.items())
                 + f", spread (log-normal sigma) {stage_jitter(counts):.3f}"
                 + (" (the simulator's profile and jitter)" if args.calibrate else "")
+                + f"; arrival to the core {calibration['ingress_ms_mean']:.2f} ms, last stage's "
+                f"end to the answer {calibration['egress_ms_mean']:.2f} ms (the simulator's SLO "
+                f"is {overhead_ms:.2f} ms shorter)"
             )
             await live.stop()
             core = setup["make_core"](handoff_s, scale)
@@ -438,7 +488,7 @@ async def live_part(args: argparse.Namespace, setup: dict[str, Any]) -> dict[str
             async def probe(load: float) -> float:
                 rate = load * throughput
                 times, _, _ = plan_arrivals({model: rate}, args.probe_s, seed=next(seeds))
-                result = await offer(live, model, times, rng_inputs, slo)
+                result = await offer(live, model, times, rng_inputs, slo, ratios=stage_ratios)
                 log(
                     f"  live load {load:.3f} ({rate:.0f}/s): {result['within_slo']:.4f} within "
                     f"SLO; late {result['late']}, errors {result['errors']}, latency p50/p99 ms "
@@ -447,6 +497,7 @@ async def live_part(args: argparse.Namespace, setup: dict[str, Any]) -> dict[str
                 await asyncio.sleep(0.2)
                 return result["within_slo"]
 
+            stage_ratios: dict[str, list[float]] = {}
             log("live capacity:")
             capacity, probes = await bisect(probe, 1.0, args.max_probes)
             counts = live.driver.counts
@@ -463,22 +514,83 @@ async def live_part(args: argparse.Namespace, setup: dict[str, Any]) -> dict[str
                 "stage_ms_mean": stage_ms,
                 "stage_ms_profiled": planned,
                 "handoff_ms_mean": handoff,
+                "jitter": stage_jitter(counts),
+                "stage_over_planned_p50_p90_p99": {
+                    cls: np.percentile(r, [50, 90, 99]).round(3).tolist()
+                    for cls, r in stage_ratios.items()
+                },
             }
+            samples["stage_ratios"] = stage_ratios
             log(
                 "stage time, ms, live mean (profiled): "
                 + ", ".join(f"{k} {v:.2f} ({planned.get(k, 0):.2f})" for k, v in stage_ms.items())
-                + f"; hand-over between stages {handoff:.2f} ms"
+                + f"; hand-over between stages {handoff:.2f} ms; spread (log-normal sigma) "
+                f"{stage_jitter(counts):.3f}"
             )
 
             out["overload"] = await overload_runs(
-                live, model, max(capacity, 0.1) * throughput, rng_inputs, slo, args.probe_s
+                live, model, max(capacity, 0.1) * throughput, rng_inputs, slo, args.overload_s
             )
             out["fault"] = await fault_run(
                 live, model, core, capacity * throughput, rng_inputs, slo, args
             )
         finally:
             await live.stop()
-    return out
+    return out, samples
+
+
+@dataclass(frozen=True)
+class PlanSimulation:
+    """The pipeline simulator on the live runs' plan and profile."""
+
+    plan: Plan
+    profile: BlockProfile
+    model: str
+    handoff_s: float
+    sim_s: float
+
+    def run(
+        self,
+        scale: dict[str, float],
+        load: float,
+        jitter: float,
+        ratios: dict[str, list[float]] | None = None,
+    ) -> Any:
+        return simulate_plan(
+            self.plan,
+            {self.model: scaled(self.profile, scale)},
+            load,
+            duration_s=self.sim_s,
+            handoff_s=self.handoff_s,
+            jitter=jitter,
+            stage_ratios=ratios,
+        )
+
+    def capacity(
+        self, scale: dict[str, float], jitter: float, ratios: dict[str, list[float]] | None = None
+    ) -> tuple[float, list[tuple[float, float]]]:
+        async def sim_probe(load: float) -> float:
+            return self.run(scale, load, jitter, ratios).within_slo[self.model]
+
+        return asyncio.run(bisect(sim_probe, 1.0, 12))
+
+    def overload(
+        self, scale: dict[str, float], capacity: float, jitter: float
+    ) -> dict[str, dict[str, Any]]:
+        """Late and dropped requests at 1.0 and 1.5 × `capacity`."""
+        out = {}
+        for factor in (1.0, 1.5):
+            result = self.run(scale, factor * max(capacity, 0.05), jitter)
+            requests, late = result.requests[self.model], result.late[self.model]
+            answered = requests - result.dropped[self.model]
+            out[f"{factor:.1f}"] = {
+                "requests": requests,
+                "within_slo": result.within_slo[self.model],
+                "late": late,
+                "dropped": result.dropped[self.model],
+                "late_of_answers": late / answered if answered else 0.0,
+            }
+        return out
 
 
 def simulated_part(
@@ -487,49 +599,34 @@ def simulated_part(
     profile: BlockProfile,
     model: str,
     live: dict[str, Any],
+    stage_ratios: dict[str, list[float]],
 ) -> dict[str, Any]:
     """The simulator on the same plan: its capacity with the stage times at
-    no load and with those of the live runs, and, like the live runs, late
-    and dropped requests at 1.0 and 1.5 × its capacity."""
+    no load, with those of the live runs (a fit, and drawn from them), and,
+    like the live runs, late and dropped requests at 1.0 and 1.5 × its
+    capacity."""
     calibration = live["calibration"]
-    handoff_s = calibration["handoff_ms_planned"] / 1000.0
     idle_scale = calibration["stage_over_profile_idle"] if args.calibrate else {}
     stages = plan.pipelines[0].stages
     loaded_scale = {
         stages[int(key.split(".")[1])].device_class: ms / live["live"]["stage_ms_profiled"][key]
         for key, ms in live["live"]["stage_ms_mean"].items()
     }
+    # The simulator's requests lose nothing between their arrival and the
+    # core, nor between their last stage and their answer: its SLO is
+    # shorter by what live requests lost there at no load (the same slack).
+    slo_s = plan.models[0].slo_s - calibration.get("overhead_ms", 0.0) / 1000.0
+    same_slack = replace(plan, models=(replace(plan.models[0], slo_s=slo_s),))
+    handoff_s = calibration["handoff_ms_planned"] / 1000.0
+    sim = PlanSimulation(same_slack, profile, model, handoff_s, args.sim_s)
 
-    def run(scale: dict[str, float], load: float) -> Any:
-        return simulate_plan(
-            plan,
-            {model: scaled(profile, scale)},
-            load,
-            duration_s=args.sim_s,
-            handoff_s=handoff_s,
-            jitter=calibration["jitter"],
-        )
-
-    def capacity(scale: dict[str, float]) -> tuple[float, list[tuple[float, float]]]:
-        async def sim_probe(load: float) -> float:
-            return run(scale, load).within_slo[model]
-
-        return asyncio.run(bisect(sim_probe, 1.0, 12))
-
-    idle, idle_probes = capacity(idle_scale)
-    loaded, loaded_probes = capacity(loaded_scale)
-    overload = {}
-    for factor in (1.0, 1.5):
-        result = run(idle_scale, factor * max(idle, 0.05))
-        requests, late = result.requests[model], result.late[model]
-        answered = requests - result.dropped[model]
-        overload[f"{factor:.1f}"] = {
-            "requests": requests,
-            "within_slo": result.within_slo[model],
-            "late": late,
-            "dropped": result.dropped[model],
-            "late_of_answers": late / answered if answered else 0.0,
-        }
+    idle, idle_probes = sim.capacity(idle_scale, calibration["jitter"])
+    # With the stage times of the live runs: their means and their spread.
+    loaded_jitter = live["live"]["jitter"] if args.calibrate else 0.0
+    loaded, loaded_probes = sim.capacity(loaded_scale, loaded_jitter)
+    # Each stage's time drawn from the live capacity runs' own, over what
+    # the live core planned (the calibrated profile): their tails too.
+    replayed, replayed_probes = sim.capacity(idle_scale, 0.0, stage_ratios)
     throughput = plan.pipelines[0].throughput
     live_capacity = live["live"]["load_factor"]
     return {
@@ -539,16 +636,23 @@ def simulated_part(
             "probes": idle_probes,
             "sim_s": args.sim_s,
             "stage_over_profile": idle_scale,
-            "overload": overload,
+            "overload": sim.overload(idle_scale, idle, calibration["jitter"]),
         },
         "simulated_with_loaded_stage_times": {
             "load_factor": loaded,
             "rate": loaded * throughput,
             "probes": loaded_probes,
             "stage_over_profile": loaded_scale,
+            "jitter": loaded_jitter,
         },
         "live_over_simulated": live_capacity / idle if idle else math.nan,
         "live_over_simulated_loaded": live_capacity / loaded if loaded else math.nan,
+        "simulated_with_live_stage_times": {
+            "load_factor": replayed,
+            "rate": replayed * throughput,
+            "probes": replayed_probes,
+        },
+        "live_over_simulated_replayed": live_capacity / replayed if replayed else math.nan,
     }
 
 
@@ -561,8 +665,12 @@ def print_summary(summary: dict[str, Any]) -> None:
         f"{live['load_factor']:.3f} ({live['rate']:.0f}/s), simulated "
         f"{simulated['load_factor']:.3f} ({simulated['rate']:.0f}/s): live/simulated "
         f"{summary['live_over_simulated']:.3f}; simulated with the stage times of the live "
-        f"runs ({', '.join(f'{c} ×{r:.3f}' for c, r in loaded['stage_over_profile'].items())}) "
-        f"{loaded['load_factor']:.3f}: live/simulated {summary['live_over_simulated_loaded']:.3f}"
+        f"runs ({', '.join(f'{c} ×{r:.3f}' for c, r in loaded['stage_over_profile'].items())}, "
+        f"sigma {loaded['jitter']:.3f}) "
+        f"{loaded['load_factor']:.3f}: live/simulated {summary['live_over_simulated_loaded']:.3f}; "
+        f"simulated drawing each stage's time from the live runs' "
+        f"{summary['simulated_with_live_stage_times']['load_factor']:.3f}: live/simulated "
+        f"{summary['live_over_simulated_replayed']:.3f}"
     )
     for factor, measured in summary["overload"].items():
         sim = simulated["overload"][factor]
@@ -591,7 +699,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--margin", type=float, default=0.4)
     parser.add_argument("--max-batch", type=int, default=4)
     parser.add_argument("--probe-s", type=float, default=3.0)
-    parser.add_argument("--max-probes", type=int, default=6)
+    parser.add_argument("--max-probes", type=int, default=8)
+    parser.add_argument(
+        "--overload-s",
+        type=float,
+        default=20.0,
+        help="seconds of each run at 1.0 and 1.5 × the live capacity",
+    )
     parser.add_argument("--sim-s", type=float, default=30.0)
     parser.add_argument("--fault-s", type=float, default=4.0)
     parser.add_argument("--fault-load", type=float, default=0.5)
@@ -661,8 +775,10 @@ def main(argv: list[str] | None = None) -> int:
         "partitioning": partitioning,
         "classes": classes,
     }
-    live = asyncio.run(live_part(args, setup))
-    simulated = simulated_part(args, plan, profile, partitioning.name, live)
+    live, samples = asyncio.run(live_part(args, setup))
+    simulated = simulated_part(
+        args, plan, profile, partitioning.name, live, samples["stage_ratios"]
+    )
     throughput = pipeline.throughput
     summary = {
         "classes": {n: asdict(c) for n, c in classes.items()},

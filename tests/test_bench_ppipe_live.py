@@ -4,11 +4,15 @@ block profile and a made-up attainment curve (no measurement)."""
 from __future__ import annotations
 
 import asyncio
+import json
+from pathlib import Path
 
 import numpy as np
 import pytest
 
-from app.planning.ppipe.profiles import BlockProfile
+from app.planning.ppipe.plan import read_reference_plan, write_plan
+from app.planning.ppipe.profiles import BUNDLED_DIR, BlockProfile
+from bench import ppipe_plan_sim
 from bench.ppipe_live import bisect, search_plan
 
 MS = 0.001
@@ -74,3 +78,32 @@ def test_stage_jitter_is_the_log_normal_sigma_of_each_stage_about_its_mean():
     counts.stage_ratio_squares = {"0.0": 0.81 + 1.21, "0.1": 2 * 1.69}
     assert stage_jitter(counts) == pytest.approx(0.5 * math.sqrt(math.log1p(0.01)))
     assert stage_jitter(DriverCounts()) == 0.0
+
+
+@pytest.mark.slow  # ~3 s of simulation
+def test_the_plan_simulator_reports_a_plan_files_capacity_and_its_overload(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """bench.ppipe_plan_sim on a plan file (one of the artifact's reference
+    plans, written as `python -m app plan ppipe` writes its own) and its
+    block timings: a capacity near the plan's throughput (the simulator
+    runs stages as profiled), none late without jitter, and at 1.5 × the
+    excess dropped (shed), not served late."""
+    source = (
+        BUNDLED_DIR
+        / "plans-maf19"
+        / (
+            "colorization-v2-googlenet-v3-pytorch-repvgg-b3_0.3-0.33-0.37_L4-P4_25-75_"
+            "bw-gbps-6_sla-multiplier-5_v4.json"
+        )
+    )
+    path = tmp_path / "plan.json"
+    write_plan(read_reference_plan(source), path)
+    argv = [str(path), "--timings", str(BUNDLED_DIR), "--jitter", "0", "--sim-s", "1", "--json"]
+    assert ppipe_plan_sim.main(argv) == 0
+    (run,) = json.loads(capsys.readouterr().out)["runs"]
+    assert 0.7 <= run["load_factor"] <= 1.2
+    at_capacity, over = run["overload"]["1.0"], run["overload"]["1.5"]
+    assert at_capacity["late"] == 0 and over["late"] == 0
+    assert over["dropped"] >= 0.2 * over["requests"]
+    assert at_capacity["dropped"] <= 0.01 * at_capacity["requests"]

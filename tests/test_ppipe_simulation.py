@@ -42,6 +42,21 @@ def test_batches_run_as_reserved_without_jitter() -> None:
     assert trace.batches == 3
 
 
+def test_stage_times_can_be_drawn_from_measured_runs() -> None:
+    """With `stage_ratios`, each stage takes its profile × a ratio drawn
+    from its class's measured runs: all 1.5 here, so stage 0 takes 1.5 s
+    and stage 1 takes 3 s."""
+    core = two_stage()
+    times = np.array([0.0, 0.0, 0.0])
+    trace = run_pipeline_simulation(
+        core, ["m"], times, np.zeros(3, dtype=np.int32), stage_ratios={"G": [1.5, 1.5]}
+    )
+    assert trace.status.tolist() == [GOOD] * 3
+    # Stage 0: 0–1.5, 1.5–3, 3–4.5; transfer 0.5 s; stage 1 takes 3 s.
+    assert trace.finish.tolist() == pytest.approx([5.0, 6.5, 8.0])
+    assert trace.device_busy.tolist() == pytest.approx([4.5, 6.0, 3.0])
+
+
 def test_jitter_is_corrected_by_reports_and_every_request_answered_once() -> None:
     core = two_stage(slo=6.0)
     rng = np.random.default_rng(3)

@@ -22,7 +22,10 @@ What it emulates (`Layout`, app/scheduling/ppipe/layout.py):
   instances on one node);
 * optional log-normal jitter (`jitter`, sigma; mean 1) on every stage's
   latency, to exercise the feedback correction; 0 by default, as the
-  authors' simulator.
+  authors' simulator; or, per device class, a ratio drawn from measured
+  runs over their profile (`stage_ratios`: bench/ppipe_live.py replays a
+  live run's stage times, tails and all, which a log-normal spread fitted
+  to their variance leaves out).
 
 A resource runs its work in the order of the reserved starts, never before
 a reserved start, and never before the work's input is there — a
@@ -45,7 +48,7 @@ import heapq
 import math
 import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -95,10 +98,21 @@ class _Run:
     """The engine's state; one per simulation: the emulated instances and
     links, carrying out the core's `StageStart`s and `TransferStart`s."""
 
-    def __init__(self, scheduler: StageCore, jitter: float, seed: int) -> None:
+    def __init__(
+        self,
+        scheduler: StageCore,
+        jitter: float,
+        seed: int,
+        stage_ratios: Mapping[str, Sequence[float]] | None = None,
+    ) -> None:
         self.core = scheduler
         self.layout: Layout = scheduler.layout
         self.jitter = jitter
+        self.stage_ratios = {
+            cls: np.asarray(ratios, dtype=float)
+            for cls, ratios in (stage_ratios or {}).items()
+            if len(ratios)
+        }
         self.rng = np.random.default_rng(seed)
         n_dev = len(self.layout.devices)
         self.events: list[tuple[float, int, int, tuple]] = []
@@ -161,7 +175,10 @@ class _Run:
         batch = start.batch
         begin = max(start.start_at, now)
         latency = self.layout.pipelines[batch.pipeline].stages[start.stage].latency[batch.size - 1]
-        if self.jitter > 0.0:
+        ratios = self.stage_ratios.get(self.layout.devices[device].device_class)
+        if ratios is not None:
+            latency *= float(ratios[self.rng.integers(len(ratios))])
+        elif self.jitter > 0.0:
             latency *= float(self.rng.lognormal(-0.5 * self.jitter**2, self.jitter))
         self.running[device] = start
         payload = (device, self.epoch[device], batch.id, start.stage, start.run, begin)
@@ -209,11 +226,12 @@ def run_pipeline_simulation(
     jitter: float = 0.0,
     seed: int = 0,
     faults: Sequence[InstanceFault] = (),
+    stage_ratios: Mapping[str, Sequence[float]] | None = None,
 ) -> PipelineTrace:
     """Drive `scheduler` through the arrivals (model `model_names[i]` for
     index i; deadline = arrival + the model's SLO) until every request is
     answered and the devices are idle."""
-    run = _Run(scheduler, jitter, seed)
+    run = _Run(scheduler, jitter, seed, stage_ratios)
     layout = scheduler.layout
     n = len(arrival_times)
     arrivals = arrival_times.tolist()

@@ -36,7 +36,7 @@ from __future__ import annotations
 import functools
 import math
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -216,12 +216,14 @@ def simulate_plan(
     faults: tuple[InstanceFault, ...] = (),
     handoff_s: float = 0.0,
     invocations: np.ndarray | None = None,
+    stage_ratios: Mapping[str, Sequence[float]] | None = None,
 ) -> PlanRunResult:
     """Serve `plan` (its `models`, default all) at `load_factor` × `reference`
     requests/s per model (default: the plan's own throughputs); `handoff_s`
     between consecutive stages (`PoolPipeline.handoff_s`); `invocations`:
     the trace's invocation starts `maf21` arrivals fold (default the
-    synthetic one)."""
+    synthetic one); `stage_ratios`: per device class, measured stage times
+    over their profile to draw from in place of `jitter`."""
     if not load_factor > 0.0:
         raise ValueError(f"load factor must be > 0, got {load_factor}")
     layout = plan_layout(plan, profiles, models, handoff_s)
@@ -238,7 +240,14 @@ def simulate_plan(
     scheduler = PPipeScheduler(layout, admit_floor=admit_floor)
     start = time.perf_counter()
     trace = run_pipeline_simulation(
-        scheduler, names, times, index, jitter=jitter, seed=seed, faults=faults
+        scheduler,
+        names,
+        times,
+        index,
+        jitter=jitter,
+        seed=seed,
+        faults=faults,
+        stage_ratios=stage_ratios,
     )
     wall = time.perf_counter() - start
     counts = np.bincount(index, minlength=len(names))
