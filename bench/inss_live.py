@@ -129,9 +129,10 @@ def colocation_lines(log_path: Path) -> list[str]:
 
 
 def run_setup(setup: Setup, args: argparse.Namespace, models: list[str]) -> dict[str, Any]:
-    load = workload(models, args.rates, args.probe_s)
     with tempfile.TemporaryDirectory(prefix="inss-live-") as tmp:
+        # The repository first: it builds the bundled models a fresh clone lacks.
         repo = repository(Path(tmp) / "models", models, setup)
+        load = workload(models, args.rates, args.probe_s)
         handle = start_daemon(
             repo,
             free_port(),
