@@ -15,7 +15,7 @@ pipeline example against the simulator").
   process (bench.ppipe_live measures 0.4–0.9 ms on the 2-core VM).
 * Capacity: the highest Poisson load factor (× the plan's throughput) with
   ≥ 99 % of requests within the SLO, by bisection to 4 %
-  (bench.ppipe_live's); then the late and dropped requests at 1.0 and
+  (bench/ppipe_capacity.py's); then the late and dropped requests at 1.0 and
   1.5 × it. Once per `--jitter` (log-normal sigma of each stage's time).
 """
 
@@ -31,7 +31,7 @@ from typing import Any
 from app.planning.ppipe.plan import Plan, read_plan
 from app.planning.ppipe.profiles import load_profile
 from app.simulation.ppipe_run import simulate_plan
-from bench.ppipe_live import bisect
+from bench.ppipe_capacity import bisect
 
 
 def with_slo(plan: Plan, slo_s: float | None) -> Plan:

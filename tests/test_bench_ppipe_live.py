@@ -13,7 +13,8 @@ import pytest
 from app.planning.ppipe.plan import read_reference_plan, write_plan
 from app.planning.ppipe.profiles import BUNDLED_DIR, BlockProfile
 from bench import ppipe_plan_sim
-from bench.ppipe_live import bisect, search_plan
+from bench.ppipe_capacity import bisect
+from bench.ppipe_live import search_plan
 
 MS = 0.001
 
