@@ -85,15 +85,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sim-s", type=float, default=30.0)
     parser.add_argument("--json", action="store_true", help="print one JSON document")
     args = parser.parse_args(argv)
+    if args.slo_ms is not None and not args.slo_ms > 0.0:
+        parser.error(f"--slo-ms must be > 0, got {args.slo_ms}")
+    if args.handoff_ms < 0.0 or args.sim_s <= 0.0 or any(j < 0.0 for j in args.jitter):
+        parser.error("--handoff-ms and --jitter must be ≥ 0, --sim-s > 0")
     try:
         plan = read_plan(args.plan)
+        plan = with_slo(plan, None if args.slo_ms is None else args.slo_ms / 1000.0)
+        runs = [
+            measure(plan, args.timings, args.handoff_ms / 1000.0, jitter, args.sim_s)
+            for jitter in args.jitter
+        ]
     except (OSError, ValueError) as exc:
         parser.error(str(exc))
-    plan = with_slo(plan, None if args.slo_ms is None else args.slo_ms / 1000.0)
-    runs = [
-        measure(plan, args.timings, args.handoff_ms / 1000.0, jitter, args.sim_s)
-        for jitter in args.jitter
-    ]
     if args.json:
         print(json.dumps({"plan": str(args.plan), "runs": runs}, indent=2))
         return 0

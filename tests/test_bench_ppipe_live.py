@@ -108,3 +108,20 @@ def test_the_plan_simulator_reports_a_plan_files_capacity_and_its_overload(
     assert at_capacity["late"] == 0 and over["late"] == 0
     assert over["dropped"] >= 0.2 * over["requests"]
     assert at_capacity["dropped"] <= 0.01 * at_capacity["requests"]
+
+
+def test_the_plan_simulator_names_bad_input_instead_of_a_traceback(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "plan.json"
+    write_plan(read_reference_plan(next((BUNDLED_DIR / "plans-maf19").glob("*_v4.json"))), path)
+    cases = [
+        ([str(tmp_path / "none.json"), "--timings", str(BUNDLED_DIR)], "none.json: no such file"),
+        ([str(path), "--timings", str(tmp_path)], "no block timings for model"),
+        ([str(path), "--timings", str(BUNDLED_DIR), "--slo-ms", "0"], "--slo-ms must be > 0"),
+    ]
+    for argv, message in cases:
+        with pytest.raises(SystemExit) as stopped:
+            ppipe_plan_sim.main(argv)
+        assert stopped.value.code == 2
+        assert message in capsys.readouterr().err
