@@ -5,28 +5,31 @@
     python -m bench.inss_sim            # the full run (minutes)
     python -m bench.inss_sim --quick    # short runs, a coarse search (CI)
 
-Options: --config (default bench/workloads/inss/paper-setting.yaml),
---duration, --dwell, --rel-tol, --seed, --arrivals poisson,moving,
---out-dir (default bench/results/inss; writes sim.json and sim.md).
+Options: --config (default bench/workloads/inss/paper-setting.yaml; also
+gpulet-small.yaml, small models on Gpulet's measured curves),
+--slo-scale (every SLO × this), --duration, --dwell, --rel-tol, --seed,
+--arrivals poisson,moving, --out-dir (default bench/results/inss; writes
+sim.json and sim.md).
 
-The setting: 4 GPUs of two kinds, 6 models with their rates and SLOs, the
-latency model's fits (the config file says where each figure comes from).
-Four systems serve it:
+The setting: GPUs of one or two kinds, models with their rates and SLOs,
+the latency model's fits (the config file says where each figure comes
+from). Four systems serve it:
 
-* **inss** — the planner's exact plan (app/planning/inss/placement.py,
-  `solve_exact`): each model on one device at its share, beside its planned
-  co-runners, with BDA's batch, or a device's models in turn on the whole
-  device (the plan's `time_shared` devices: one partition, one core, their
-  duty-cycle batches); policy `inss` with the planned batches.
-  Headroom: BDA only asks throughput ≥ λ, and a plan whose shares are all
-  but saturated (ResNet50 at 95 % at the file's rates) misses SLOs under
-  Poisson arrivals; so the plan is made for the rates × f, f the largest
-  multiple in [1, 2] (to 1 %) at which the planner still serves every
-  model — uniform headroom, decided from the latency model alone;
-* **symphony-shares** — the inss plan's placement and shares (each model
-  on its share beside its planned co-runners, the same profiles), policy
-  `symphony` with its own batches instead of BDA's: the deadline-aware core
-  on spatially shared devices (issue 23 item 5);
+* **inss** — InSS as the server runs an InSS plan: the planner's exact
+  plan (app/planning/inss/placement.py, `solve_exact`): each model on one
+  device at its share, beside its planned co-runners, or a device's models
+  in turn on the whole device (the plan's `time_shared` devices: one
+  partition, one core), and policy `symphony` forming each share's
+  batches (deadline-aware, non-work-conserving) — which serves more than
+  InSS's own FIFO batching on the same shares on every setting measured
+  (`inss-fifo`, BENCHMARKS.md), so it is the default policy of an InSS
+  plan. Headroom: BDA only asks throughput ≥ λ, and a plan whose shares
+  are all but saturated (ResNet50 at 95 % at the file's rates) misses SLOs
+  under Poisson arrivals; so the plan is made for the rates × f, f the
+  largest multiple in [1, 2] (to 1 %) at which the planner still serves
+  every model — uniform headroom, decided from the latency model alone;
+* **inss-fifo** — the same plan with InSS's own batching (§5.3): policy
+  `inss` with BDA's planned batches, FIFO per model (app/scheduling/inss.py);
 * **gpulet** — every GPU in two equal halves (50 %/50 %); the models,
   heaviest first (the least share of a half's time any half needs for
   them), each onto the half with the most spare predicted capacity after
@@ -72,14 +75,17 @@ Arrivals, the same sequence for every system at a given s (one seed):
   seconds; half the models start high, half low), the plans made for the
   mean rates: no system re-plans within a run.
 
-Reading the result: the setting's running times are (α·b + β)/ρ, a share
-ρ doing exactly ρ of the whole GPU's work (the file calls the line
-pessimistic where Tables 2–3 saturate), so sharing a GPU spatially never
-beats running its models in turn at full speed there — sharing only adds
-interference and, at a smaller share, longer batches within the same SLO.
-The gain over time-sharing measures that model, not MPS on a real GPU;
-the planner, which may time-share a device itself, then keeps no spatial
-split on this setting.
+Reading the result: on the paper's setting the running times are
+(α·b + β)/ρ, a share ρ doing exactly ρ of the whole GPU's work (the file
+calls the line pessimistic where Tables 2–3 saturate), so sharing a GPU
+spatially never beats running its models in turn at full speed there —
+sharing only adds interference and, at a smaller share, longer batches
+within the same SLO; the planner, which may time-share a device itself,
+keeps no spatial split there. On real-device curves
+(gpulet-small.yaml: o_r(b, ρ) = t₁(b)·max(1, u(b)/ρ) from Gpulet's measured
+SM utilisation, app/planning/inss/measured.py) a small model at a small
+batch leaves most of a GPU idle, and spatial sharing wins where the SLOs
+keep batches small (`--slo-scale` moves them).
 
 Output: a table on stdout; `<out-dir>/sim.json` (options, per arrivals and
 system: capacity, served requests/s, violations, the search's probes, the
@@ -122,8 +128,8 @@ CONFIG = ROOT / "bench" / "workloads" / "inss" / "paper-setting.yaml"
 OUT_DIR = ROOT / "bench" / "results" / "inss"
 # system → policy
 SYSTEMS = {
-    "inss": "inss",
-    "symphony-shares": "symphony",
+    "inss": "symphony",
+    "inss-fifo": "inss",
     "gpulet": "gpulet",
     "time-sharing": "symphony",
 }
@@ -184,6 +190,11 @@ def scaled(problem: Problem, scale: float) -> Problem:
     return replace(problem, models=tuple(replace(m, rate=m.rate * scale) for m in problem.models))
 
 
+def with_slos_scaled(problem: Problem, scale: float) -> Problem:
+    """The problem with every SLO × `scale`."""
+    return replace(problem, models=tuple(replace(m, slo_s=m.slo_s * scale) for m in problem.models))
+
+
 def profile(
     evaluator: DeviceEvaluator,
     device: Device,
@@ -240,7 +251,7 @@ def inss_layout(problem: Problem) -> Layout:
             ell = profile(evaluator, devices[dp.device], name, mp.share, co)
             parts.append(Partition(dp.device, mp.share, (name,), {name: mp.batch}, {name: ell}))
     unserved = tuple(plan.unserved())
-    return Layout("inss", SYSTEMS["inss"], tuple(parts), unserved, headroom)
+    return Layout("inss-fifo", SYSTEMS["inss-fifo"], tuple(parts), unserved, headroom)
 
 
 def half_slo_batch(ell: Sequence[float], slo_s: float) -> int:
@@ -305,9 +316,9 @@ def shares_layout(problem: Problem, system: str) -> Layout:
 
 
 def layout_for(problem: Problem, system: str) -> Layout:
-    if system == "inss":
+    if system == "inss-fifo":
         layout = inss_layout(problem)
-    elif system == "symphony-shares":
+    elif system == "inss":
         layout = shares_layout(problem, system)
     else:
         layout = greedy_layout(problem, system)
@@ -426,7 +437,7 @@ def capacity(
 def gains(systems: Mapping[str, Mapping[str, Any]]) -> dict[str, float | None]:
     inss = systems["inss"]["served_rps"]
     out: dict[str, float | None] = {}
-    for other in ("symphony-shares", "gpulet", "time-sharing"):
+    for other in ("inss-fifo", "gpulet", "time-sharing"):
         base = systems[other]["served_rps"]
         out[f"inss_over_{other}"] = inss / base - 1.0 if base > 0 else None
     return out
@@ -437,8 +448,9 @@ def gains(systems: Mapping[str, Mapping[str, Any]]) -> dict[str, float | None]:
 
 def render(body: dict[str, Any]) -> str:
     lines = [
-        "InSS vs Gpulet vs time-sharing on the paper's setting "
-        f"({body['options']['duration']:g} s runs; capacity: < 1 % late or dropped)",
+        f"InSS vs Gpulet vs time-sharing on {Path(body['options']['config']).name}, SLOs × "
+        f"{body['options']['slo_scale']:g} ({body['options']['duration']:g} s runs; "
+        "capacity: < 1 % late or dropped)",
         "",
         "| arrivals | system | policy | load factor | offered r/s | served r/s | violations |",
         "|---|---|---|---:|---:|---:|---:|",
@@ -451,7 +463,7 @@ def render(body: dict[str, Any]) -> str:
                 f"{r['offered_rps']:.0f} | {r['served_rps']:.0f} | "
                 f"{'—' if v is None else f'{v:.2%}'} |"
             )
-    others = ("symphony-shares", "gpulet", "time-sharing")
+    others = ("inss-fifo", "gpulet", "time-sharing")
     lines += ["", "| arrivals | " + " | ".join(f"inss over {o}" for o in others) + " |"]
     lines.append("|---|" + "---:|" * len(others))
     for arrivals, cell in body["arrivals"].items():
@@ -476,6 +488,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dwell", type=float, help="moving rates: mean seconds per step (20; 2)")
     p.add_argument("--rel-tol", type=float, help="capacity search tolerance (0.01; 0.1)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--slo-scale", type=float, default=1.0, help="every model's SLO × this (default 1)"
+    )
     p.add_argument("--arrivals", default=",".join(ARRIVALS), help="poisson,moving")
     p.add_argument("--out-dir", type=Path, default=OUT_DIR)
     return p
@@ -493,7 +508,9 @@ def main(argv: list[str] | None = None) -> int:
     unknown = sorted(set(chosen) - set(ARRIVALS))
     if unknown or not chosen:
         raise SystemExit(f"--arrivals: unknown {unknown}; choose from {', '.join(ARRIVALS)}")
-    problem = load_problem(args.config)
+    if not (math.isfinite(args.slo_scale) and args.slo_scale > 0):
+        raise SystemExit("--slo-scale must be a finite number > 0")
+    problem = with_slos_scaled(load_problem(args.config), args.slo_scale)
     started = time.perf_counter()
     cells: dict[str, Any] = {}
     for arrivals in chosen:

@@ -149,3 +149,51 @@ def test_without_a_plan_bda_sizes_batches_from_the_measured_rate():
     assert (planned.bda_runs, planned.config["m"].max_batch) == (0, 6)
     with pytest.raises(ValueError, match="bda_every_s must be a finite number > 0, got 0"):
         InssScheduler([model()], devices(1), bda_every_s=0)
+
+
+def test_a_backlog_goes_in_one_larger_batch_that_still_meets_the_oldest_deadline():
+    # Batch 2: requests 1–2 run at once (ℓ(2) = 6 ms, busy to 6 ms); eight
+    # more queue meanwhile (1 … 8 ms). When the device frees at 9 ms the
+    # oldest queued is due at 51 ms: ℓ(8) = 12 ms ends at 21 ms, so all
+    # eight go together; the paper's FIFO (catch_up=False) sends 2.
+    for catch_up, sizes in ((True, [8]), (False, [2, 2, 2, 2])):
+        s = InssScheduler([model()], devices(1), batch=2, catch_up=catch_up)
+        s.add_request(request(1, 0.0), 0.0)
+        (first,) = dispatches(s.add_request(request(2, 0.0), 0.0))
+        for i in range(3, 11):
+            assert s.add_request(request(i, 0.001 * (i - 2)), 0.001 * (i - 2)) == []
+        sent, batch, now = [], first.batch, 0.009
+        while s.queued():
+            (d,) = dispatches(s.batch_finished(0, batch.id, now))
+            sent.append(len(d.batch.requests))
+            batch, now = d.batch, d.batch.finish_at
+        assert sent == sizes, catch_up
+    # Capped by how much still meets the oldest deadline: due at 19 ms, at
+    # 9 ms only ℓ(b) ≤ 10 ms fits (b ≤ 6).
+    s = InssScheduler([model()], devices(1), batch=2)
+    s.add_request(request(1, 0.0), 0.0)
+    (first,) = dispatches(s.add_request(request(2, 0.0), 0.0))
+    for i in range(3, 11):
+        assert s.add_request(request(i, 0.001, slo=0.018), 0.001) == []
+    (d,) = dispatches(s.batch_finished(0, first.batch.id, 0.009))
+    assert ids(d.batch.requests) == [3, 4, 5, 6, 7, 8]
+
+
+def test_a_request_that_cannot_end_in_time_even_alone_is_dropped_at_a_free_device():
+    # Batch 1: request 1 (0 ms) holds the device to 5 ms; request 2 (1 ms,
+    # due 8 ms) would end at 10 ms even alone: dropped when the device frees,
+    # request 3 (due 51 ms) runs. With drop_hopeless=False it runs late.
+    for drop_hopeless in (True, False):
+        s = InssScheduler([model()], devices(1), batch=1, drop_hopeless=drop_hopeless)
+        (first,) = dispatches(s.add_request(request(1, 0.0), 0.0))
+        assert s.add_request(request(2, 0.001, slo=0.007), 0.001) == []
+        assert s.add_request(request(3, 0.001), 0.001) == []
+        decisions = s.batch_finished(0, first.batch.id, 0.005)
+        (d,) = dispatches(decisions)
+        if drop_hopeless:
+            (drop,) = drops(decisions)
+            assert ids(drop.requests) == [2] and drop.reason is DropReason.DEADLINE
+            assert ids(d.batch.requests) == [3]
+        else:
+            assert drops(decisions) == [] and ids(d.batch.requests) == [2]
+            assert d.batch.finish_at == pytest.approx(0.010)  # past its 8-ms deadline

@@ -61,7 +61,8 @@ def test_the_same_placement_at_new_shares_reshapes_shrinks_first():
 def _settings(repository: Path, plan: Path) -> Settings:
     return Settings.from_env(
         {"MODEL_REPOSITORY": str(repository), "PLAN": str(plan), "CPU_SLICES": "0",
-         "EMULATED_DEVICES": "2", "RESPAWN": "0", "COLOCATION_PROFILE": "0"}
+         "EMULATED_DEVICES": "2", "RESPAWN": "0", "COLOCATION_PROFILE": "0",
+         "POLICY": "inss", "POLICY_OPTIONS": '{"catch_up": false}'}
     )  # fmt: skip
 
 

@@ -103,7 +103,10 @@ def test_an_inss_plan_sets_shares_placement_and_batch_sizes(tmp_path: Path) -> N
     )
     env = {"PLAN": str(path), "CPU_SLICES": "0", "EMULATED_DEVICES": "3"}
     settings, resolved, plan, index = served(env, repository)
-    assert settings.policy == "inss"  # the kind's policy, POLICY not given
+    # The kind's policy, POLICY not given: symphony forms each share's batches.
+    assert settings.policy == "symphony" and resolved.policy_options == {}
+    # Under POLICY=inss (InSS's FIFO batching) the plan's batch sizes are its `batch`.
+    settings, resolved, plan, index = served(env | {"POLICY": "inss"}, repository)
     assert plan is not None and plan.file.kind == "inss-plan"
     assert resolved.device_shares == {"emulated:1": (0.7, 0.3)}
     assert resolved.policy_options == {"batch": {"a": 4, "b": 2, "c": 8}}
@@ -137,7 +140,7 @@ def test_an_inss_plans_time_shared_device_is_not_split(tmp_path: Path) -> None:
         tmp_path / "plan.json",
         {"a": ("emulated:0", 1.0, 4), "b": ("emulated:0", 1.0, 2), "c": ("emulated:1", 1.0, 8)},
     )
-    env = {"PLAN": str(path), "CPU_SLICES": "0", "EMULATED_DEVICES": "2"}
+    env = {"PLAN": str(path), "CPU_SLICES": "0", "EMULATED_DEVICES": "2", "POLICY": "inss"}
     _, resolved, plan, index = served(env, repository)
     assert resolved.device_shares is None
     assert resolved.policy_options == {"batch": {"a": 4, "b": 2, "c": 8}}
@@ -154,17 +157,26 @@ def test_under_another_policy_an_inss_plans_batches_are_said_not_applied(
 ) -> None:
     repository = emulated_repository(tmp_path / "models", {"a": 1.0, "b": 1.0})
     path = inss_plan(tmp_path / "plan.json", {"a": ("emulated:0", 1.0, 4)})
-    env = {"PLAN": str(path), "POLICY": "symphony", "CPU_SLICES": "0", "EMULATED_DEVICES": "2"}
-    with caplog.at_level("INFO", logger="app.server"):
-        _, resolved, plan, _ = served(env, repository)
-    assert resolved.policy == "symphony" and resolved.policy_options == {}
-    assert resolved.device_shares is None  # one model on a whole device: no split
-    assert plan is not None and plan.inss is not None and plan.inss.device_of == {"a": "emulated:0"}
-    assert f"serving PLAN={path} (an InSS plan)" in caplog.messages
-    assert (
-        "the plan's batch sizes (a 4) apply under POLICY=inss or triton; policy symphony forms "
-        "batches by its own rule"
-    ) in caplog.messages
+    env = {"PLAN": str(path), "CPU_SLICES": "0", "EMULATED_DEVICES": "2"}
+    # symphony, the plan's own policy: said at INFO; another (clockwork): a warning.
+    for policy, level in (("symphony", "INFO"), ("clockwork", "WARNING")):
+        caplog.clear()
+        given = env if policy == "symphony" else env | {"POLICY": policy}
+        with caplog.at_level("INFO", logger="app.server"):
+            _, resolved, plan, _ = served(given, repository)
+        assert resolved.policy == policy and resolved.policy_options == {}
+        assert resolved.device_shares is None  # one model on a whole device: no split
+        assert plan is not None and plan.inss is not None
+        assert plan.inss.device_of == {"a": "emulated:0"}
+        assert f"serving PLAN={path} (an InSS plan)" in caplog.messages
+        said = [r for r in caplog.records if "the plan's batch sizes" in r.getMessage()]
+        assert [(r.levelname, r.getMessage()) for r in said] == [
+            (
+                level,
+                f"the plan's batch sizes (a 4) apply under POLICY=inss or triton; policy {policy} "
+                "forms batches by its own rule",
+            )
+        ]
 
 
 def test_a_plans_batch_sizes_reach_each_core_for_its_own_models(
@@ -185,7 +197,7 @@ def test_the_bundled_inss_example_plans_for_the_documented_server(tmp_path: Path
         tmp_path / "models",
         {f"{m}-emulated": 1.0 for m in ("resnet50", "densenet121", "bert", "efficientnetb3")},
     )
-    env = {"PLAN": str(path), "CPU_SLICES": "0", "EMULATED_DEVICES": "3"}
+    env = {"PLAN": str(path), "CPU_SLICES": "0", "EMULATED_DEVICES": "3", "POLICY": "inss"}
     _, resolved, plan, _ = served(env, repository)
     planned = read_inss(path)
     assert plan is not None and plan.inss is not None
@@ -413,7 +425,7 @@ def test_serve_refuses_a_plan_that_does_not_fit_with_exit_3_and_no_traceback(
 @pytest.mark.slow
 @pytest.mark.usefixtures("no_leftover_segments")
 def test_the_daemon_serves_an_inss_plan_on_its_shares_at_its_batch_sizes(tmp_path: Path) -> None:
-    """a alone on emulated:0 at batch 4; b and c on 0.5 shares of emulated:1
+    """Under POLICY=inss: a alone on emulated:0 at batch 4; b and c on 0.5 shares of emulated:1
     at batches 1 and 2: each answer's device and batch are the plan's, and
     its time is ℓ(b) / share (ℓ(b) = α·b + 20 ms)."""
     repository = emulated_repository(tmp_path / "models", {"a": 1.0, "b": 2.0, "c": 4.0})
@@ -423,7 +435,8 @@ def test_the_daemon_serves_an_inss_plan_on_its_shares_at_its_batch_sizes(tmp_pat
     )
     settings = Settings.from_env(
         {"MODEL_REPOSITORY": str(repository), "PLAN": str(path), "CPU_SLICES": "0",
-         "EMULATED_DEVICES": "2", "RESPAWN": "0", "COLOCATION_PROFILE": "0"}
+         "EMULATED_DEVICES": "2", "RESPAWN": "0", "COLOCATION_PROFILE": "0",
+         "POLICY": "inss", "POLICY_OPTIONS": '{"catch_up": false}'}
     )  # fmt: skip
 
     async def scenario():

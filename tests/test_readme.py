@@ -221,6 +221,14 @@ NOT_RUN = {
     "python -m bench.inss_sim --config bench/workloads/inss/paper-setting-saturating.yaml "
     "--out-dir bench/results/inss/saturating": "as the line before, on the saturating setting "
     "(tests/test_inss_plan.py loads and plans it)",
+    "python -m bench.inss_curves": "tables of the measured curves' fits "
+    "(tests/test_inss_measured.py checks each figure through its functions)",
+    "python -m bench.inss_sim --config bench/workloads/inss/gpulet-small.yaml --out-dir "
+    "bench/results/inss/gpulet-small": "capacity searches, ~1 min "
+    "(tests/test_bench_inss_sim.py simulates the setting's four systems at one load)",
+    "python -m bench.inss_sim --config bench/workloads/inss/ppipe-large.yaml --duration 600 "
+    "--dwell 60 --out-dir bench/results/inss/ppipe-large": "capacity searches of 600-s "
+    "simulations, ~30 s (tests/test_inss_measured.py loads PPipe's curves)",
     "python -m bench.inss_shadow": "two 30-s daemon runs under load "
     "(tests/test_bench_inss_live.py runs its --quick form)",
     "python -m bench.inss_live": "five live capacity searches, minutes of load "

@@ -37,7 +37,7 @@ from app.planning.plan_files import PlanFile, read_plan_file
 from app.repository.config import ModelConfig
 from app.runtime.devices import ExecutorDevice, detect_devices, model_allowed_on
 from app.runtime.shares import SHARE_SEP
-from app.server.settings import Settings
+from app.server.settings import PLAN_POLICIES, Settings
 from app.server.startup import StartupFailed
 
 log = logging.getLogger("app.server")
@@ -202,7 +202,11 @@ def log_plan(settings: Settings, plan: PlanInForce) -> None:
     for name, reason in sorted(plan.inss.unserved.items()):
         log.warning("plan: model %s is not served by the plan: %s", name, reason)
     if plan.inss.batch and settings.policy not in BATCH_OPTION:
-        log.warning(
+        # Under the plan's own policy (symphony) this is the design, not a
+        # field left unread: INFO; under any other, a warning.
+        level = logging.INFO if settings.policy == PLAN_POLICIES["inss-plan"] else logging.WARNING
+        log.log(
+            level,
             "the plan's batch sizes (%s) apply under POLICY=inss or triton; policy %s forms "
             "batches by its own rule",
             ", ".join(f"{m} {b}" for m, b in sorted(plan.inss.batch.items())),

@@ -673,7 +673,10 @@ def _check_policy_options(policy: str, options: Mapping[str, object]) -> None:
 
 
 # The policy a plan of each kind is served with unless POLICY says otherwise.
-PLAN_POLICIES = {"herd-plan": "flex", "inss-plan": "inss"}
+# An InSS plan's shares are served by `symphony`: on the same shares it
+# serves more than InSS's own FIFO batching (`inss`, which takes the plan's
+# batch sizes) on every setting bench/inss_sim.py measures (BENCHMARKS.md).
+PLAN_POLICIES = {"herd-plan": "flex", "inss-plan": "symphony"}
 
 
 def _plan_settings(given: dict[str, object]) -> None:

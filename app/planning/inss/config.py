@@ -26,6 +26,11 @@
             # points_ms: [[b, share, ms], ...]       # LWR over profiled points
             # bandwidth: 1.0                         # LWR's h (optional)
             # log_space: false                       # (optional)
+            # or measured: {source: gpulet, gpu: "3080", model: mnasnet1_0}
+            #   t₁(b)·max(1, u(b)/ρ) from the bundled data (measured.py);
+            #   source ppipe: {source: ppipe, gpu: T4, model: repvgg-b3};
+            #   optional directory: DIR (default: the bundled data/…),
+            #   gpulet only: duration_unit: ms | s (default ms, the header's)
           kernels: 0                     # n kernels per batch (optional, 0)
           sched_per_kernel_us: 0         # o_sch (optional, 0)
           alpha_u: 0.2                   # L2 use α_u·ρ + β_u (optional, 0)
@@ -45,8 +50,10 @@ from typing import Any
 import yaml
 
 from app.planning.config_input import InputError, mapping, only
+from app.planning.inss import gpulet_data
 from app.planning.inss.latency import DeviceLatency, L2Use, ModelLatency
 from app.planning.inss.lwr import LocallyWeightedRegression
+from app.planning.inss.measured import MeasuredRunningTime, from_gpulet, from_ppipe
 from app.planning.inss.problem import (
     Device,
     LinearRunningTime,
@@ -55,6 +62,7 @@ from app.planning.inss.problem import (
     Problem,
     Saturation,
 )
+from app.planning.ppipe import profiles as ppipe_profiles
 
 MB = 1e6
 GB = 1e9
@@ -166,8 +174,13 @@ def _latency(name: str, io: tuple[float, float], raw: Any, where: str) -> ModelL
     )
 
 
-def _running_time(raw: Any, where: str) -> LinearRunningTime | LocallyWeightedRegression:
+def _running_time(
+    raw: Any, where: str
+) -> LinearRunningTime | LocallyWeightedRegression | MeasuredRunningTime:
     body = mapping(raw, where)
+    if "measured" in body:
+        only(body, {"measured"}, where)
+        return _measured(body["measured"], f"{where}: measured")
     if "linear_ms" in body:
         only(body, {"linear_ms"}, where)
         line = mapping(body["linear_ms"], f"{where}: linear_ms")
@@ -203,7 +216,35 @@ def _running_time(raw: Any, where: str) -> LinearRunningTime | LocallyWeightedRe
             bandwidth=_number(body, "bandwidth", where, 1.0),
             log_space=log_space,
         )
-    raise InputError(f"{where}: give linear_ms {{alpha, beta}} or points_ms [[b, share, ms], …]")
+    raise InputError(
+        f"{where}: give linear_ms {{alpha, beta}}, points_ms [[b, share, ms], …] "
+        "or measured {source, gpu, model}"
+    )
+
+
+DURATION_UNITS = {"ms": 1e-3, "s": 1.0}
+
+
+def _measured(raw: Any, where: str) -> MeasuredRunningTime:
+    body = mapping(raw, where)
+    only(body, {"source", "gpu", "model", "directory", "duration_unit"}, where)
+    if isinstance(body.get("gpu"), int) and not isinstance(body["gpu"], bool):
+        body = {**body, "gpu": str(body["gpu"])}  # `gpu: 3080` unquoted
+    source, gpu, model = (_text(body, key, where) for key in ("source", "gpu", "model"))
+    if source not in ("gpulet", "ppipe"):
+        raise InputError(f"{where}: source must be gpulet or ppipe, got {source!r}")
+    unit = body.get("duration_unit", "ms")
+    if unit not in DURATION_UNITS or (source == "ppipe" and "duration_unit" in body):
+        raise InputError(f"{where}: duration_unit is ms or s, and only for source gpulet")
+    try:
+        if source == "gpulet":
+            directory = Path(body.get("directory", gpulet_data.BUNDLED_DIR))
+            return from_gpulet(model, gpu, directory, DURATION_UNITS[unit])
+        directory = Path(body.get("directory", ppipe_profiles.BUNDLED_DIR))
+        return from_ppipe(model, gpu, directory)
+    except (KeyError, FileNotFoundError, ValueError) as error:
+        message = error.args[0] if isinstance(error, KeyError) and error.args else error
+        raise InputError(f"{where}: {message}") from None
 
 
 def _memory(raw: Any, where: str) -> MemoryUse:
