@@ -20,7 +20,9 @@ from). Four systems serve it:
   device at its share, beside its planned co-runners, or a device's models
   in turn on the whole device (the plan's `time_shared` devices: one
   partition, one core), and policy `symphony` forming each share's
-  batches (deadline-aware, non-work-conserving) — which serves more than
+  batches (deadline-aware, non-work-conserving; on a time-shared device up
+  to the plan's batch, which the planner's duty cycle assumes) — which
+  serves more than
   InSS's own FIFO batching on the same shares on every setting measured
   (`inss-fifo`, BENCHMARKS.md), so it is the default policy of an InSS
   plan. Headroom: BDA only asks throughput ≥ λ, and a plan whose shares
@@ -309,9 +311,11 @@ def check_memory(problem: Problem, layout: Layout) -> None:
 
 
 def shares_layout(problem: Problem, system: str) -> Layout:
-    """The inss plan's placement and shares, batches left to the policy."""
+    """The inss plan's placement and shares, batches left to the policy —
+    up to the plan's batch on a time-shared device, as the daemon serves a
+    plan (app/server/plans.py, `place_inss`)."""
     plan = inss_layout(problem)
-    parts = tuple(replace(p, batch=None) for p in plan.partitions)
+    parts = tuple(p if len(p.models) > 1 else replace(p, batch=None) for p in plan.partitions)
     return replace(plan, system=system, policy=SYSTEMS[system], partitions=parts)
 
 
@@ -368,12 +372,17 @@ def simulate_layout(
         keep = np.isin(arrivals.model_index, order)
         local = np.searchsorted(np.array(order), arrivals.model_index[keep])  # partition's index
         infos = []
+        # The plan's batches: policy inss's `batch`; for another policy
+        # (symphony on a time-shared device) each model's max batch.
+        planned = dict(part.batch or {})
+        caps = {} if layout.policy == "inss" else planned
         for i in order:
             spec = problem.models[i]
             ell = LatencyProfile((0.0, *part.profiles[spec.name]))
-            infos.append(ModelInfo(spec.name, ell, spec.slo_s, MAX_BATCH, spec.rate))
+            cap = caps.get(spec.name, MAX_BATCH)
+            infos.append(ModelInfo(spec.name, ell, spec.slo_s, cap, spec.rate))
         devices = [DeviceInfo(0, f"{part.device}@{part.share:g}", 1.0)]
-        params = {} if part.batch is None else {"batch": dict(part.batch)}
+        params = {"batch": planned} if layout.policy == "inss" and planned else {}
         core = make_scheduler(layout.policy, infos, devices, **params)
         trace = run_simulation(core, infos, devices, arrivals.times[keep], local)
         for j, i in enumerate(order):

@@ -110,7 +110,7 @@ def test_an_inss_plan_sets_shares_placement_and_batch_sizes(tmp_path: Path) -> N
     assert plan is not None and plan.file.kind == "inss-plan"
     assert resolved.device_shares == {"emulated:1": (0.7, 0.3)}
     assert resolved.policy_options == {"batch": {"a": 4, "b": 2, "c": 8}}
-    configs = place_inss(plan, index.models, whole_devices(resolved))
+    configs = place_inss(plan, index.models, whole_devices(resolved), resolved.policy)
     # d is not in the plan: it runs on the device the plan leaves free.
     assert {n: c.devices for n, c in configs.items()} == {
         "a": ("emulated:0",),
@@ -144,12 +144,18 @@ def test_an_inss_plans_time_shared_device_is_not_split(tmp_path: Path) -> None:
     _, resolved, plan, index = served(env, repository)
     assert resolved.device_shares is None
     assert resolved.policy_options == {"batch": {"a": 4, "b": 2, "c": 8}}
-    configs = place_inss(plan, index.models, whole_devices(resolved))
+    configs = place_inss(plan, index.models, whole_devices(resolved), resolved.policy)
     assert {n: c.devices for n, c in configs.items()} == {
         "a": ("emulated:0",),
         "b": ("emulated:0",),
         "c": ("emulated:1",),
     }
+    assert {n: c.max_batch_size for n, c in configs.items()} == {"a": 8, "b": 8, "c": 8}
+    # Under symphony (the plan's default) the time-shared models' batches are
+    # capped at the plan's: the duty cycle the planner checked; c is alone.
+    _, resolved, plan, index = served(env | {"POLICY": "symphony"}, repository)
+    configs = place_inss(plan, index.models, whole_devices(resolved), resolved.policy)
+    assert {n: c.max_batch_size for n, c in configs.items()} == {"a": 4, "b": 2, "c": 8}
 
 
 def test_under_another_policy_an_inss_plans_batches_are_said_not_applied(

@@ -297,7 +297,9 @@ class LiveService:
         if self.plan is not None:
             self.plan_applied(self.plan)
         if self.plan is not None and self.plan.inss is not None and index.models:
-            index.models = place_inss(self.plan, index.models, whole_devices(settings))
+            index.models = place_inss(
+                self.plan, index.models, whole_devices(settings), settings.policy
+            )
         return settings
 
     def _on_preempt(self, decision: Preempt) -> None:

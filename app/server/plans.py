@@ -215,30 +215,60 @@ def log_plan(settings: Settings, plan: PlanInForce) -> None:
 
 
 def place_inss(
-    plan: PlanInForce, configs: dict[str, ModelConfig], devices: list[ExecutorDevice]
+    plan: PlanInForce,
+    configs: dict[str, ModelConfig],
+    devices: list[ExecutorDevice],
+    policy: str,
 ) -> dict[str, ModelConfig]:
     """`configs` with each placed model on its share, the others on the
     devices the plan leaves free (checked to fit by plan_checks.py);
-    `devices` are the server's whole devices (`whole_devices`)."""
+    `devices` are the server's whole devices (`whole_devices`).
+
+    Under a `policy` that forms its own batches (not `inss` or `triton`),
+    a model on a device the plan time-shares (several models in turn on the
+    whole device) has its max batch capped at the plan's batch: the
+    planner's duty cycle assumes those batches, and one model's longer
+    batch would hold the device past its co-runners' deadlines
+    (bench/workloads/inss/ppipe-large.yaml: 1.37 % late or dropped at 1.6×
+    the file's rates uncapped, 0.74 % capped, BENCHMARKS.md)."""
     assert plan.inss is not None
     placement = plan.inss
     free = [d for d in devices if d.whole not in placement.planned_devices]
+    capped = time_shared_batches(placement) if policy not in BATCH_OPTION else {}
     out = {}
     for key, config in configs.items():
         name = config.model_name
         if name in placement.device_of:
-            out[key] = dataclasses.replace(config, devices=(placement.device_of[name],))
+            cap = min(config.max_batch_size, capped.get(name, config.max_batch_size))
+            out[key] = dataclasses.replace(
+                config, devices=(placement.device_of[name],), max_batch_size=cap
+            )
             continue
         allowed = tuple(d.name for d in free if model_allowed_on(config, d))
         out[key] = dataclasses.replace(config, devices=allowed)
     for name, device in sorted(placement.device_of.items()):
+        batch = placement.batch.get(name, "-")
         log.info(
             "plan: model %s on %s, batch %s",
             name,
             device,
-            placement.batch.get(name, "-"),
+            f"≤ {batch} (time-shared)" if name in capped else batch,
         )
     return out
+
+
+def time_shared_batches(placement: InssPlacement) -> dict[str, int]:
+    """The plan's batch of each model that shares a whole device with others."""
+    hosted: dict[str, list[str]] = {}
+    for name, device in placement.device_of.items():
+        hosted.setdefault(device, []).append(name)
+    return {
+        name: placement.batch[name]
+        for device, names in hosted.items()
+        if device in placement.planned_devices and len(names) > 1
+        for name in names
+        if name in placement.batch
+    }
 
 
 def whole_devices(settings: Settings) -> list[ExecutorDevice]:
