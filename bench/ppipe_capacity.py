@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import math
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -95,19 +95,29 @@ class PlanSimulation:
         self, scale: dict[str, float], capacity: float, jitter: float
     ) -> dict[str, dict[str, Any]]:
         """Late and dropped requests at 1.0 and 1.5 × `capacity`."""
-        out = {}
-        for factor in (1.0, 1.5):
-            result = self.run(scale, factor * max(capacity, 0.05), jitter)
-            requests, late = result.requests[self.model], result.late[self.model]
-            answered = requests - result.dropped[self.model]
-            out[f"{factor:.1f}"] = {
-                "requests": requests,
-                "within_slo": result.within_slo[self.model],
-                "late": late,
-                "dropped": result.dropped[self.model],
-                "late_of_answers": late / answered if answered else 0.0,
-            }
-        return out
+        return overload(lambda load: self.run(scale, load, jitter), capacity, [self.model])
+
+
+def overload(
+    run: Callable[[float], Any], capacity: float, models: Sequence[str]
+) -> dict[str, dict[str, Any]]:
+    """Late and dropped requests of `models`, summed, in `run` (load factor
+    → the simulator's result) at 1.0 and 1.5 × `capacity` (at least 0.05)."""
+    out = {}
+    for factor in (1.0, 1.5):
+        result = run(factor * max(capacity, 0.05))
+        requests = sum(result.requests[m] for m in models)
+        late = sum(result.late[m] for m in models)
+        dropped = sum(result.dropped[m] for m in models)
+        within = sum(result.within_slo[m] * result.requests[m] for m in models)
+        out[f"{factor:.1f}"] = {
+            "requests": requests,
+            "within_slo": within / requests if requests else 1.0,
+            "late": late,
+            "dropped": dropped,
+            "late_of_answers": late / (requests - dropped) if requests > dropped else 0.0,
+        }
+    return out
 
 
 def simulated_part(

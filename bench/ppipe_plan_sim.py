@@ -31,7 +31,7 @@ from typing import Any
 from app.planning.ppipe.plan import Plan, read_plan
 from app.planning.ppipe.profiles import load_profile
 from app.simulation.ppipe_run import simulate_plan
-from bench.ppipe_capacity import bisect
+from bench.ppipe_capacity import bisect, overload
 
 
 def with_slo(plan: Plan, slo_s: float | None) -> Plan:
@@ -54,24 +54,14 @@ def measure(
         return min(run(load).within_slo.values())
 
     capacity, probes = asyncio.run(bisect(probe, 1.0, 12))
-    overload = {}
-    for factor in (1.0, 1.5):
-        result = run(factor * max(capacity, 0.05))
-        requests = sum(result.requests.values())
-        late, dropped = sum(result.late.values()), sum(result.dropped.values())
-        overload[f"{factor:.1f}"] = {
-            "requests": requests,
-            "late": late,
-            "dropped": dropped,
-            "late_of_answers": late / (requests - dropped) if requests > dropped else 0.0,
-        }
+    over = overload(run, capacity, [m.name for m in plan.models])
     throughput = sum(p.throughput for p in plan.pipelines)
     return {
         "jitter": jitter,
         "load_factor": capacity,
         "rate": capacity * throughput,
         "probes": probes,
-        "overload": overload,
+        "overload": over,
     }
 
 
