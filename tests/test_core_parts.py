@@ -32,6 +32,13 @@ def test_table_profile_interpolates_monotonically_and_extrapolates():
         LatencyProfile.from_table({1: 10.0, 2: 9.0}, 4)
     with pytest.raises(ValueError, match="empty"):
         LatencyProfile.from_table({}, 4)
+    # Built directly, too: the policies bisect the table, and on one that
+    # falls they disagree with themselves (a drop timer re-armed one float
+    # later, forever).
+    falls = r"must not decrease with batch size: ℓ\(2\)=3 ms > ℓ\(3\)"
+    with pytest.raises(ValueError, match=falls):
+        LatencyProfile((0.0, 0.002, 0.003, 0.0025))
+    assert LatencyProfile((0.0, 0.002, 0.002, 0.003)).max_batch_within(0.0025) == 2
 
 
 def test_deadline_queue_orders_by_deadline_and_pops_ranges():

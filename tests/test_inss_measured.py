@@ -116,3 +116,13 @@ def test_on_small_models_with_tight_slos_the_planner_shares_devices_spatially() 
     shares = sorted(m.share for m in plan.models if m.share is not None)
     assert len(shares) == 4 and max(shares) <= 0.5  # all four served, none on a whole GPU
     assert sorted(len(d.models) for d in plan.devices) == [2, 2]
+
+
+def test_a_curve_never_falls_with_the_batch_size() -> None:
+    # Gpulet's LeNet runs 6.34 ms at batch 24 and 6.10 ms at 28: read as 6.34.
+    lenet = from_gpulet("lenet", "3080")
+    assert lenet.whole(28) == pytest.approx(lenet.whole(24)) == pytest.approx(6.3365e-3, rel=1e-3)
+    times = [lenet.predict(b, 0.1) for b in range(1, 33)]
+    assert times == sorted(times)
+    curve = MeasuredRunningTime.monotone((1, 2, 3), [0.003, 0.002, 0.004], [0.5, 0.3, 0.6])
+    assert (curve.whole_s, curve.used) == ((0.003, 0.003, 0.004), (0.5, 0.5, 0.6))

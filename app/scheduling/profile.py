@@ -21,6 +21,18 @@ class LatencyProfile:
     alpha: float | None = None
     beta: float | None = None
 
+    def __post_init__(self) -> None:
+        # The policies bisect this table (max_batch_within) and test a batch
+        # against it: on a table that falls somewhere the two disagree, and a
+        # drop timer can re-arm one float later forever.
+        table = self.latency_by_size
+        for b in range(2, len(table)):
+            if table[b] < table[b - 1]:
+                raise ValueError(
+                    "latency table must not decrease with batch size: "
+                    f"ℓ({b - 1})={table[b - 1] * 1e3:g} ms > ℓ({b})={table[b] * 1e3:g} ms"
+                )
+
     @classmethod
     def linear(cls, alpha_ms: float, beta_ms: float, max_batch: int) -> LatencyProfile:
         if alpha_ms < 0 or beta_ms < 0:

@@ -40,6 +40,11 @@ batch 1 both stay at batch 1's.
 
 Readings, each for a reason:
 
+* t₁ and u are made non-decreasing in b (running maxima) where the data
+  fall (Gpulet's LeNet: 6.34 ms at batch 24, 6.10 at 28): a larger batch
+  can always run as a smaller one padded, and the scheduler's profiles
+  must not fall with b (app/scheduling/profile.py).
+
 * SM utilisation is an average over the run: a kernel may need more SMs
   than the average for a while, so on a share just above u(b) a batch may
   run slightly slower than alone. The roofline ignores that (the Table 3
@@ -75,6 +80,22 @@ class MeasuredRunningTime:
     whole_s: tuple[float, ...]
     used: tuple[float, ...]
     source: str = ""
+
+    @classmethod
+    def monotone(
+        cls,
+        batches: tuple[int, ...],
+        whole_s: Sequence[float],
+        used: Sequence[float],
+        source: str = "",
+    ) -> MeasuredRunningTime:
+        """The curve with t₁ and u made non-decreasing in b (module docstring)."""
+        return cls(
+            batches,
+            tuple(float(t) for t in np.maximum.accumulate(np.asarray(whole_s, dtype=float))),
+            tuple(float(u) for u in np.maximum.accumulate(np.asarray(used, dtype=float))),
+            source,
+        )
 
     def __post_init__(self) -> None:
         where = self.source or "measured running time"
@@ -131,7 +152,7 @@ def from_gpulet(
         known = sorted({name for name, _ in rows})
         raise KeyError(f"no Gpulet data for model {model!r} on {gpu} (have: {', '.join(known)})")
     scale = duration_unit_s / 1e-3  # load_util read the column as ms
-    return MeasuredRunningTime(
+    return MeasuredRunningTime.monotone(
         tuple(batch for batch, _ in points),
         tuple(p.duration_s * scale for _, p in points),
         tuple(min(1.0, max(p.sm_util, 0.01)) for _, p in points),
@@ -158,4 +179,4 @@ def from_ppipe(
             if v > 1 and batch <= profile.max_batch(gpu, v)
         ]
         used.append(fit_used_fraction(t1, measured) if measured else used[-1] if used else 1.0)
-    return MeasuredRunningTime(batches, whole, tuple(used), f"ppipe {gpu} {model}")
+    return MeasuredRunningTime.monotone(batches, whole, used, f"ppipe {gpu} {model}")
