@@ -6,7 +6,8 @@
     python -m bench.inss_sim --quick    # short runs, a coarse search (CI)
 
 Options: --config (default bench/workloads/inss/paper-setting.yaml; also
-gpulet-small.yaml, small models on Gpulet's measured curves),
+paper-setting-saturating.yaml, gpulet-small.yaml — small models on
+Gpulet's measured curves — and ppipe-large.yaml — large DNNs on PPipe's),
 --slo-scale (every SLO × this), --duration, --dwell, --rel-tol, --seed,
 --arrivals poisson,moving, --out-dir (default bench/results/inss; writes
 sim.json and sim.md).
@@ -22,10 +23,9 @@ from). Four systems serve it:
   partition, one core), and policy `symphony` forming each share's
   batches (deadline-aware, non-work-conserving; on a time-shared device up
   to the plan's batch, which the planner's duty cycle assumes) — which
-  serves more than
-  InSS's own FIFO batching on the same shares on every setting measured
-  (`inss-fifo`, BENCHMARKS.md), so it is the default policy of an InSS
-  plan. Headroom: BDA only asks throughput ≥ λ, and a plan whose shares
+  serves more than InSS's own FIFO batching on the same shares on every
+  setting measured (`inss-fifo`, BENCHMARKS.md), so it is the default
+  policy of an InSS plan. Headroom: BDA only asks throughput ≥ λ, and a plan whose shares
   are all but saturated (ResNet50 at 95 % at the file's rates) misses SLOs
   under Poisson arrivals; so the plan is made for the rates × f, f the
   largest multiple in [1, 2] (to 1 %) at which the planner still serves

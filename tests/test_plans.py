@@ -132,7 +132,9 @@ def test_an_inss_plan_sets_shares_placement_and_batch_sizes(tmp_path: Path) -> N
     assert served(env, repository)[1].policy_options == {"max_batch": {"a": 4, "b": 2, "c": 8}}
 
 
-def test_an_inss_plans_time_shared_device_is_not_split(tmp_path: Path) -> None:
+def test_an_inss_plans_time_shared_device_is_not_split(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     """Models the planner runs in turn on a whole device (each at share 1.0)
     share that device's one executor, as time-sharing does."""
     repository = emulated_repository(tmp_path / "models", {"a": 1.0, "b": 2.0, "c": 1.0})
@@ -153,9 +155,16 @@ def test_an_inss_plans_time_shared_device_is_not_split(tmp_path: Path) -> None:
     assert {n: c.max_batch_size for n, c in configs.items()} == {"a": 8, "b": 8, "c": 8}
     # Under symphony (the plan's default) the time-shared models' batches are
     # capped at the plan's: the duty cycle the planner checked; c is alone.
-    _, resolved, plan, index = served(env | {"POLICY": "symphony"}, repository)
-    configs = place_inss(plan, index.models, whole_devices(resolved), resolved.policy)
+    with caplog.at_level("INFO", logger="app.server"):
+        _, resolved, plan, index = served(env | {"POLICY": "symphony"}, repository)
+        configs = place_inss(plan, index.models, whole_devices(resolved), resolved.policy)
     assert {n: c.max_batch_size for n, c in configs.items()} == {"a": 4, "b": 2, "c": 8}
+    assert (
+        "the plan's batch sizes (a 4, b 2, c 8) apply under POLICY=inss or triton; policy "
+        "symphony forms batches by its own rule, up to the plan's for the time-shared a, b"
+    ) in caplog.messages
+    assert "plan: model a on emulated:0, batch ≤ 4 (time-shared)" in caplog.messages
+    assert "plan: model c on emulated:1, batch 8" in caplog.messages
 
 
 def test_under_another_policy_an_inss_plans_batches_are_said_not_applied(

@@ -205,12 +205,14 @@ def log_plan(settings: Settings, plan: PlanInForce) -> None:
         # Under the plan's own policy (symphony) this is the design, not a
         # field left unread: INFO; under any other, a warning.
         level = logging.INFO if settings.policy == PLAN_POLICIES["inss-plan"] else logging.WARNING
+        capped = sorted(time_shared_batches(plan.inss))
         log.log(
             level,
             "the plan's batch sizes (%s) apply under POLICY=inss or triton; policy %s forms "
-            "batches by its own rule",
+            "batches by its own rule%s",
             ", ".join(f"{m} {b}" for m, b in sorted(plan.inss.batch.items())),
             settings.policy,
+            f", up to the plan's for the time-shared {', '.join(capped)}" if capped else "",
         )
 
 

@@ -43,12 +43,11 @@ Readings, each for a reason:
 * t₁ and u are made non-decreasing in b (running maxima) where the data
   fall (Gpulet's LeNet: 6.34 ms at batch 24, 6.10 at 28): a larger batch
   can always run as a smaller one padded, and the scheduler's profiles
-  must not fall with b (app/scheduling/profile.py).
-
+  must not fall with b (app/scheduling/profile.py);
 * SM utilisation is an average over the run: a kernel may need more SMs
   than the average for a while, so on a share just above u(b) a batch may
   run slightly slower than alone. The roofline ignores that (the Table 3
-  check above is its size: 1.17× against 1.24×).
+  check above is its size: 1.17× against 1.24×);
 * Gpulet's duration column: the 3080's is in the header's unit (ms); the
   2080 Ti's values are ~1000× smaller, likely seconds (data/gpulet/
   README.md), so `from_gpulet` takes the unit as an argument, the
