@@ -164,7 +164,7 @@ def test_an_inss_plans_time_shared_device_is_not_split(
         "symphony forms batches by its own rule, up to the plan's for the time-shared a, b"
     ) in caplog.messages
     assert "plan: model a on emulated:0, batch ≤ 4 (time-shared)" in caplog.messages
-    assert "plan: model c on emulated:1, batch 8" in caplog.messages
+    assert "plan: model c on emulated:1, batches by symphony" in caplog.messages
 
 
 def test_under_another_policy_an_inss_plans_batches_are_said_not_applied(

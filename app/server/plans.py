@@ -250,12 +250,13 @@ def place_inss(
         out[key] = dataclasses.replace(config, devices=allowed)
     for name, device in sorted(placement.device_of.items()):
         batch = placement.batch.get(name, "-")
-        log.info(
-            "plan: model %s on %s, batch %s",
-            name,
-            device,
-            f"≤ {batch} (time-shared)" if name in capped else batch,
-        )
+        if policy in BATCH_OPTION:
+            shown = f"batch {batch}"
+        elif name in capped:
+            shown = f"batch ≤ {batch} (time-shared)"
+        else:
+            shown = f"batches by {policy}"
+        log.info("plan: model %s on %s, %s", name, device, shown)
     return out
 
 
