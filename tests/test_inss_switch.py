@@ -58,6 +58,23 @@ def test_the_same_placement_at_new_shares_reshapes_shrinks_first():
     ]
 
 
+def test_new_caps_on_time_shared_models_are_kept_out_under_a_policy_of_its_own_batches():
+    from app.server.inss_switch import caps_kept
+
+    # a and d run in turn on the whole of gpu:2; b and c on shares of gpu:1.
+    def shared(batch):
+        device_of = {"a": "gpu:2", "d": "gpu:2", "b": "gpu:1/0", "c": "gpu:1/1"}
+        return _placement({"gpu:1": (0.5, 0.5)}, device_of, batch)
+
+    in_force = shared({"a": 4, "d": 2, "b": 1, "c": 2})
+    posted = shared({"a": 4, "d": 3, "b": 8, "c": 2})
+    # symphony caps only time-shared models: d's new cap waits for a
+    # restart; b's new batch is not a cap under symphony.
+    assert caps_kept(in_force, posted, "symphony") == {"d": 3}
+    assert caps_kept(in_force, in_force, "symphony") == {}
+    assert caps_kept(in_force, posted, "inss") == {}  # inss takes the batches up
+
+
 def _settings(repository: Path, plan: Path) -> Settings:
     return Settings.from_env(
         {"MODEL_REPOSITORY": str(repository), "PLAN": str(plan), "CPU_SLICES": "0",
@@ -130,7 +147,7 @@ def test_new_shares_and_batch_sizes_are_taken_up_under_load_and_every_request_an
         ("emulated:1/0", 0.4),
         ("emulated:1/1", 0.6),
     ]
-    assert switched["batch"] == {"a": 2, "b": 1, "c": 4}
+    assert switched["batch"] == {"a": 2, "b": 1, "c": 4} and switched["caps_kept"] == {}
     assert switched["kind"] == "inss-plan" and switched["switch_ms"] < 50
     shares = {d["name"]: d["share"] for d in devices}
     assert shares == {"emulated:0": 1.0, "emulated:1/0": 0.4, "emulated:1/1": 0.6}

@@ -17,7 +17,11 @@ is what is taken up while serving:
 * when its batch sizes differ and the policy takes them (`inss`'s `batch`,
   `triton`'s `max_batch`: app/server/plans.py), the cores are built again
   with them and swapped at one instant, as a HERD plan's are
-  (`Dispatcher.switch_groups`), each device at the speed its share gives.
+  (`Dispatcher.switch_groups`), each device at the speed its share gives;
+* under a policy that forms its own batches (`symphony`, the default), the
+  caps on time-shared models' batches are the start-up plan's
+  (`place_inss`): new ones in the posted plan are kept out, said in a
+  warning and in the answer's `caps_kept`, and taken up by a restart.
 
 A reshare that fails (its shadow does not come up: 503) stops the switch
 there: the shares reshared before it stay (GET /v2/devices shows each
@@ -35,7 +39,7 @@ from app.runtime.shares import SHARE_SEP
 from app.server import reallocation
 from app.server.control_host import ControlHost
 from app.server.core_swap import swap_cores
-from app.server.plans import BATCH_OPTION, InssPlacement, PlanInForce
+from app.server.plans import BATCH_OPTION, InssPlacement, PlanInForce, time_shared_batches
 
 log = logging.getLogger("app.server")
 
@@ -53,6 +57,16 @@ def placement_differences(in_force: InssPlacement, posted: InssPlacement) -> lis
         if was != will:
             differences.append(f"device {device!r} in {was or 'no'} shares → {will or 'no'}")
     return differences
+
+
+def caps_kept(in_force: InssPlacement, posted: InssPlacement, policy: str) -> dict[str, int]:
+    """The posted plan's batch caps on time-shared models that differ from
+    those in force and that `policy` (one forming its own batches) does not
+    take up while serving: model → the posted cap."""
+    if policy in BATCH_OPTION:
+        return {}
+    old, new = time_shared_batches(in_force), time_shared_batches(posted)
+    return {model: cap for model, cap in sorted(new.items()) if old.get(model) != cap}
 
 
 def reshare_steps(in_force: InssPlacement, posted: InssPlacement) -> list[tuple[str, float]]:
@@ -90,6 +104,14 @@ async def switch_inss(
         swapped = await swap_cores(service, settings, service.models)
         handed, switch_s = swapped.handed_over, swapped.switch_s
         service.settings = settings  # a model loaded later gets the plan's batch too
+    kept = caps_kept(in_force, posted, settings.policy)
+    if kept:
+        log.warning(
+            "plan inss-plan: the time-shared batch caps %s are kept from start-up under policy "
+            "%s; a restart with PLAN=FILE takes them up",
+            ", ".join(f"{m} ≤ {b}" for m, b in kept.items()),
+            settings.policy,
+        )
     service.plan_applied(plan)
     log.info(
         "plan inss-plan in force: %d share(s) reshared, batch sizes %s, %d queued requests "
@@ -103,6 +125,7 @@ async def switch_inss(
         "version": plan.file.version,
         "reshared": reshared,
         "batch": dict(posted.batch) if rebuilt else None,
+        "caps_kept": kept,
         "handed_over": handed,
         "switch_ms": round(switch_s * 1e3, 3),
         "total_ms": round((time.monotonic() - began) * 1e3, 3),
