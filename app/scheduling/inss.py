@@ -214,11 +214,7 @@ class InssScheduler(TritonScheduler):
             if now + alone <= request.due:
                 break
             n += 1
-        if n:
-            hopeless = [entry[2] for entry in fifo.islice(0, n)]
-            del fifo[:n]
-            self._items[name] -= sum(r.items for r in hopeless)
-            self._drop(hopeless, DropReason.DEADLINE)
+        self._drop_front(name, n, DropReason.DEADLINE)
 
     def _ready_size(self, name: str, now: float) -> int:
         k = super()._ready_size(name, now)

@@ -321,12 +321,17 @@ class TritonScheduler(ReplanningScheduler):
         n = 0
         while n < len(fifo) and now > fifo[n][0] + timeout:
             n += 1
+        self._drop_front(name, n, DropReason.QUEUE_TIMEOUT)
+
+    def _drop_front(self, name: str, n: int, reason: DropReason) -> None:
+        """Drop the first `n` queued requests of `name` (none when n = 0)."""
         if not n:
             return
-        expired = [entry[2] for entry in fifo.islice(0, n)]
+        fifo = self.fifo[name]
+        dropped = [entry[2] for entry in fifo.islice(0, n)]
         del fifo[:n]
-        self._items[name] -= sum(r.items for r in expired)
-        self._drop(expired, DropReason.QUEUE_TIMEOUT)
+        self._items[name] -= sum(r.items for r in dropped)
+        self._drop(dropped, reason)
 
     def _set_timers(self, name: str, now: float) -> None:
         config = self.config[name]
