@@ -56,7 +56,7 @@ def test_shadow_quick_run_answers_every_request_once(tmp_path: Path) -> None:
             "bench.inss_shadow",
             "--quick",
             "--duration",
-            "5",
+            "3",
             "--out-dir",
             str(tmp_path),
         ],
@@ -83,7 +83,7 @@ def test_plans_quick_run_takes_up_both_posted_plans_and_answers_every_request_on
     tmp_path: Path,
 ) -> None:
     done = subprocess.run(
-        [sys.executable, "-m", "bench.inss_shadow", "--quick", "--duration", "5", "--plans",
+        [sys.executable, "-m", "bench.inss_shadow", "--quick", "--duration", "3", "--plans",
          "--out-dir", str(tmp_path)],
         cwd=ROOT, capture_output=True, text=True, timeout=300,
     )  # fmt: skip

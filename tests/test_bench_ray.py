@@ -1,5 +1,6 @@
 """`python -m bench.ray_executors --quick` end to end on a local two-raylet
-cluster: outputs of Ray executors equal to local ones on both data paths,
+cluster (its second raylet in a network namespace where one can be made):
+outputs of Ray executors equal to local ones on both data paths,
 one event per batch, a capacity probe per daemon, and an executor actor
 killed under load with every request answered exactly once and its device
 back in service.
@@ -10,6 +11,7 @@ SIGTERM, which makes it tear its cluster and daemons down by PID."""
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -58,7 +60,16 @@ def run_quick(out_dir: Path, *options: str) -> subprocess.CompletedProcess[str]:
 
 
 def test_quick_ray_bench_equal_outputs_one_event_a_batch_kill_answered_once(tmp_path):
-    done = run_quick(tmp_path, "--paired", "1", "--paired-scale", "0.5")
+    """One quick run (a Ray cluster's start-up and three daemons take most of
+    a minute on two cores): across a veth pair where a network namespace can
+    be made, as CI can; on one host's two raylets where it cannot."""
+    why = netns.available()
+    if why is not None and os.environ.get("CI"):
+        peer_missing(f"a network namespace for the second Ray node: {why}")
+    two_nodes = why is None
+    done = run_quick(
+        tmp_path, "--paired", "1", "--paired-scale", "0.5", *(["--netns"] if two_nodes else [])
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     doc = json.loads((tmp_path / "ray.json").read_text())
     assert doc["failures"] == []
@@ -73,10 +84,11 @@ def test_quick_ray_bench_equal_outputs_one_event_a_batch_kill_answered_once(tmp_
     assert same.startswith("shared-memory arena, batch channel (node ")
     calls = outputs["ray same node, Ray calls"]["data_path"]
     assert calls.startswith("shared-memory arena, Ray calls (node ")
-    assert outputs["ray other node"]["data_path"].startswith("object store (node ")
+    other = outputs["ray other node"]["data_path"]
+    assert other.startswith("object store (node ")
     # pinned to two different raylets
     assert same.rpartition("(")[2] == calls.rpartition("(")[2]
-    assert same.rpartition("(")[2] != outputs["ray other node"]["data_path"].rpartition("(")[2]
+    assert same.rpartition("(")[2] != other.rpartition("(")[2]
 
     overhead = doc["overhead"]
     for kind in kinds:
@@ -84,11 +96,8 @@ def test_quick_ray_bench_equal_outputs_one_event_a_batch_kill_answered_once(tmp_
         assert 0 < overhead[kind]["median_ms"] <= overhead[kind]["p99_ms"]
 
     capacity = doc["capacity"]
-    assert list(capacity) == [
-        "local executors",
-        "Ray executors, daemon's node",
-        "Ray executors, placed by Ray",
-    ]
+    placed = "Ray executors, one per node" if two_nodes else "Ray executors, placed by Ray"
+    assert list(capacity) == ["local executors", "Ray executors, daemon's node", placed]
     for found in capacity.values():
         assert found["daemon_exit"] == 0  # stopped gracefully, on Ray too
         assert segments_of(found["daemon_pid"]) == set()  # its arenas unlinked
@@ -124,41 +133,20 @@ def test_quick_ray_bench_equal_outputs_one_event_a_batch_kill_answered_once(tmp_
     table = (tmp_path / "ray.md").read_text()
     assert table.strip() in done.stdout
     assert "| ray other node | object store" in table
+    if two_nodes:
+        _crossed_the_veth_pair(doc, other)
 
 
-def test_quick_two_node_bench_crosses_a_veth_pair_and_a_killed_node_actor_is_answered_once(
-    tmp_path,
-):
-    why = netns.available()
-    if why is not None:
-        peer_missing(f"a network namespace for the second Ray node: {why}")
-    done = run_quick(tmp_path, "--netns")
-    assert done.returncode == 0, done.stderr[-3000:]
-    doc = json.loads((tmp_path / "ray.json").read_text())
-    assert doc["failures"] == []
-    # the second node is the namespace's address, the head the host end of the pair
+def _crossed_the_veth_pair(doc: dict, other: str) -> None:
+    """The second node is the namespace's address, the head the host end of
+    the pair; the killed actor the one on the namespace's node; the
+    namespace removed on leaving."""
     ns = doc["namespace"]
     assert sorted(doc["nodes"].values()) == sorted([ns["host_ip"], ns["ns_ip"]])
-    other = doc["outputs"]["ray other node"]["data_path"]
-    assert other.startswith("object store (node ")
     node = other.removeprefix("object store (node ").rstrip(")")
     (address,) = [a for n, a in doc["nodes"].items() if n.startswith(node)]
     assert address == ns["ns_ip"]
-    for kind, o in doc["outputs"].items():
-        assert o["max_abs_delta"] <= 1e-6, kind
-        assert doc["overhead"][kind]["events"] == doc["overhead"][kind]["batches"] == 50
-    assert list(doc["capacity"]) == [
-        "local executors",
-        "Ray executors, daemon's node",
-        "Ray executors, one per node",
-    ]
-    kill = doc["kill"]
-    assert kill["killed_on"] == "worker-0"  # the executor on the namespace's node
-    assert kill["answered"] == kill["sent"] > 100 and kill["unanswered"] == 0
-    assert kill["answered_twice"] == 0
-    assert kill["server_successes"] == kill["ok"] > 0
-    assert kill["serving_again_after_s"] is not None
-    assert not any(is_live(pid) for pid in [*kill["actor_pids"], kill["new_actor_pid"]])
+    assert doc["kill"]["killed_on"] == "worker-0"
     assert ns["name"].startswith("dsr")
     names = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, check=True)
     assert ns["name"] not in names.stdout  # removed on leaving

@@ -20,7 +20,9 @@ from tests.conftest import ROOT
 # What a fresh clone does not have: build output, caches, generated models.
 _NOT_IN_A_CLONE = shutil.ignore_patterns(
     ".git",
-    ".venv",
+    ".venv*",  # the server's and the peers' (1 GB) environments
+    ".mypy_cache",
+    ".hypothesis",
     "build",
     "dist",
     "*.egg-info",
