@@ -143,7 +143,7 @@ HEADROOM_MAX = 2.0  # inss plans for at most the rates × 2 (utilisation ≥ 1/2
 PAPER = {"gain_over_gpulet": 0.28, "gain_over_gslice": 0.48}
 GOAL_GAIN_OVER_GPULET = 0.20
 FULL = {"duration": 60.0, "dwell": 20.0, "rel_tol": 0.01}
-QUICK = {"duration": 6.0, "dwell": 2.0, "rel_tol": 0.1}
+QUICK = {"duration": 3.0, "dwell": 1.0, "rel_tol": 0.1}
 
 
 @dataclass(frozen=True)

@@ -277,9 +277,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="phases of 10 s, epochs of 2.5 s")
     parser.add_argument("--json", type=Path, help="write the report here too")
     parser.add_argument("--herd", action="store_true", help="HERD's groups under flex")
+    parser.add_argument(
+        "--time-limit-s", type=float, default=2.0, help="per plan's MILP solve (default 2)"
+    )
     args = parser.parse_args(argv)
     if args.quick:
         args.phase_s, args.epoch_s = 10.0, 2.5
+    if args.time_limit_s <= 0:
+        parser.error("--time-limit-s must be > 0")
     if args.phase_s < args.epoch_s or args.phases < 1:
         parser.error("a phase holds at least one epoch, and there is at least one phase")
     workload = load_workload(ZOO)
@@ -293,7 +298,7 @@ def main(argv: list[str] | None = None) -> int:
         args.epoch_s,
         args.gain,
         args.c_max,
-        2.0,
+        args.time_limit_s,
     )
     say(
         f"{args.phases} phases of {args.phase_s:g} s, epochs of {args.epoch_s:g} s, "

@@ -40,8 +40,13 @@ ROOT = Path(__file__).resolve().parents[1]
 def private_cache_home(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     """XDG_CACHE_HOME in a temporary directory for the whole run (the
     daemons started inherit it): measured profiles are cached there, never
-    in the user's cache."""
-    path = tmp_path_factory.mktemp("cache-home")
+    in the user's cache. One for every xdist worker of the run, so that the
+    bundled models are profiled once, not once per worker (cache files are
+    written atomically)."""
+    base = tmp_path_factory.getbasetemp()
+    shared = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+    path = shared / "cache-home"
+    path.mkdir(exist_ok=True)
     before = os.environ.get("XDG_CACHE_HOME")
     os.environ["XDG_CACHE_HOME"] = str(path)
     yield path

@@ -67,9 +67,9 @@ def test_quick_ray_bench_equal_outputs_one_event_a_batch_kill_answered_once(tmp_
     if why is not None and os.environ.get("CI"):
         peer_missing(f"a network namespace for the second Ray node: {why}")
     two_nodes = why is None
-    done = run_quick(
-        tmp_path, "--paired", "1", "--paired-scale", "0.5", *(["--netns"] if two_nodes else [])
-    )
+    # 1.5-s probes (the quick run's are 3 s): three capacity and three paired ones
+    options = ["--probe", "1.5", "--paired", "1", "--paired-scale", "0.5"]
+    done = run_quick(tmp_path, *options, *(["--netns"] if two_nodes else []))
     assert done.returncode == 0, done.stderr[-3000:]
     doc = json.loads((tmp_path / "ray.json").read_text())
     assert doc["failures"] == []

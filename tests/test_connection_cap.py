@@ -120,6 +120,10 @@ def test_idle_clients_holding_every_connection_leave_descriptors_to_respawn_an_e
         try:
             for _ in range(300):  # more than the daemon has file descriptors
                 idle.append(socket.create_connection((host, int(port)), timeout=10))
+                # Paced: a client faster than the server's accepts fills the
+                # 21-deep backlog of `ulimit -n 256`, and each SYN dropped
+                # then is sent again 1 s later (7 s of a 10-s test).
+                time.sleep(0.002)
             time.sleep(1.0)  # the replaced ones are closed at once
             readable, _, _ = select.select(idle, [], [], 0)
             closed = [s for s in readable if s.recv(65536) == b""]

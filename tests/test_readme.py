@@ -638,7 +638,7 @@ def test_ray_cluster_command(cli_env) -> None:
     from bench.ray_cluster import is_live
 
     process = subprocess.Popen(
-        ["bash", "-c", RAY_CLUSTER],
+        ["bash", "-c", RAY_CLUSTER.replace("--hold 5", "--hold 0.5")],  # held, not 5 s
         cwd=ROOT,
         env=cli_env,
         stdout=subprocess.PIPE,
