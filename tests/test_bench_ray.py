@@ -67,9 +67,9 @@ def test_quick_ray_bench_equal_outputs_one_event_a_batch_kill_answered_once(tmp_
     if why is not None and os.environ.get("CI"):
         peer_missing(f"a network namespace for the second Ray node: {why}")
     two_nodes = why is None
-    # 1.5-s probes (the quick run's are 3 s): three capacity and three paired ones
-    options = ["--probe", "1.5", "--paired", "1", "--paired-scale", "0.5"]
-    done = run_quick(tmp_path, *options, *(["--netns"] if two_nodes else []))
+    # 1.5-s capacity probes (the quick run's are 3 s). The paired probes
+    # (--paired) are tested against stubs: tests/test_loadgen.py.
+    done = run_quick(tmp_path, "--probe", "1.5", *(["--netns"] if two_nodes else []))
     assert done.returncode == 0, done.stderr[-3000:]
     doc = json.loads((tmp_path / "ray.json").read_text())
     assert doc["failures"] == []
@@ -107,15 +107,6 @@ def test_quick_ray_bench_equal_outputs_one_event_a_batch_kill_answered_once(tmp_
         # what the probe measured, never "0" after it ran
         bound = "≥" if probe["passed"] else "<"
         assert found["measured"] == f"{bound} {probe['offered_rps']:.0f}"
-
-    paired = doc["paired"]
-    assert list(paired) == list(capacity)  # every daemon, probed in turn
-    for p in paired.values():
-        assert p["rate_scale"] == 0.5 and p["rounds"] == 1
-        (offered,) = p["offered_rps"]
-        assert 150 < offered < 250  # half of 400 r/s
-        assert p["mean_within_slo"] == p["within_slo"][0] > 0
-        assert 0 < p["mean_goodput_rps"] <= offered * 1.05
 
     kill = doc["kill"]
     assert kill["sent"] > 100  # 5 s at half of 400 r/s

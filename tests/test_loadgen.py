@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import itertools
 import json
 import subprocess
 import sys
@@ -479,6 +480,44 @@ def test_capacity_search_against_a_stub(tmp_path):
         jsonschema.validate(doc, LOADGEN_SCHEMA)
     finally:
         stub.close()
+
+
+@pytest.mark.slow
+def test_paired_probes_take_the_daemons_in_turn_reversed_each_round(tmp_path):
+    """bench.ray_executors --paired (ABBA): the same short run against each
+    server in turn, the order reversed every round, its share within SLO
+    and goodput per run."""
+    from types import SimpleNamespace
+
+    from bench.ray_executors import paired_probes
+
+    first, second = Stub(delay_ms=2.0), Stub(delay_ms=2.0)
+    try:
+        handles = {"a": SimpleNamespace(url=first.url), "b": SimpleNamespace(url=second.url)}
+        workload, _ = make_workload(tmp_path, rate=200)
+        found = asyncio.run(paired_probes(handles, workload, 0.5, 2, 0.4))  # type: ignore[arg-type]
+        runs = {"a": first.received(), "b": second.received()}
+    finally:
+        first.close()
+        second.close()
+    assert list(found) == ["a", "b"]
+    for p in found.values():
+        assert (p["rate_scale"], p["rounds"], p["probe_s"]) == (0.5, 2, 0.4)
+        assert len(p["offered_rps"]) == len(p["within_slo"]) == len(p["goodput_rps"]) == 2
+        assert all(50 < offered < 150 for offered in p["offered_rps"])  # half of 200 r/s
+        assert p["within_slo"] == [1.0, 1.0] and p["mean_within_slo"] == 1.0
+        assert p["mean_goodput_rps"] == pytest.approx(np.mean(p["goodput_rps"]))
+    # A server's runs are 0.4 s long and ≥ 0.5 s apart (the settle, the other's
+    # run); before them, prepare_targets tried its model with one request.
+    order = sorted((t, name) for name, times in runs.items() for t in _run_starts(times[1:]))
+    assert [name for _, name in order] == ["a", "b", "b", "a"]
+
+
+def _run_starts(times: np.ndarray) -> list[float]:
+    """When each run began: the first request, and each after a silence over 0.3 s."""
+    return [float(times[0])] + [
+        float(later) for earlier, later in itertools.pairwise(times) if later - earlier > 0.3
+    ]
 
 
 # --------------------------------------------------------------------------- the daemon
