@@ -36,14 +36,6 @@ from tests.guarded_server import quick_settings
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """The tests marked `slow` first (otherwise in their order): xdist deals
-    the first tests out to its workers and the rest to whichever is free, so
-    the long ones are spread over the workers from the start instead of
-    leaving one of them busy at the end while the other waits."""
-    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
-
-
 @pytest.fixture(scope="session", autouse=True)
 def private_cache_home(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     """XDG_CACHE_HOME in a temporary directory for the whole run (the

@@ -70,7 +70,7 @@ def test_bench_compare_says_which_system_and_probe_runs(cli_env, tmp_path: Path)
     lines = _timed_stderr(
         [
             "bench.compare", "--workload", "ceiling", "--systems", "symphony", "--peers", "none",
-            "--probe-duration", "2", "--max-probes", "2", "--cdf-fraction", "0.5",
+            "--probe-duration", "1", "--max-probes", "2", "--cdf-fraction", "0.5",
             "--out", str(tmp_path),
         ],
         cli_env,
