@@ -9,7 +9,6 @@ items included; a stopped batch is reported exactly once.
 from __future__ import annotations
 
 import asyncio
-import warnings
 from pathlib import Path
 from typing import Any
 
@@ -20,78 +19,17 @@ import yaml
 from app.repository.config import ModelConfig, TensorSpec
 from app.runtime.backend import Terminated
 
-torch = pytest.importorskip("torch")  # the `test` extra's CPU build
-nn = torch.nn
-
 WIDTH = 8
 
 
-class Mix(nn.Module):
-    """The head of the chain: a linear layer on `a`, plus `b`."""
+@pytest.fixture(scope="module")
+def tm() -> Any:
+    """tests/torch_models.py, imported when a test here runs: torch is the
+    `test` extra's CPU build."""
+    pytest.importorskip("torch")
+    from tests import torch_models
 
-    def __init__(self, width: int) -> None:
-        super().__init__()
-        self.lin = nn.Linear(width, width)
-
-    def forward(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-        return self.lin(a) + b
-
-
-class Split(nn.Module):
-    """The chain's last layer: two outputs from one tensor."""
-
-    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        return x + 1.0, x * 2.0
-
-
-class Chain(nn.Module):
-    """Children called one after another: staged after `mix`."""
-
-    def __init__(self, width: int, depth: int) -> None:
-        super().__init__()
-        self.mix = Mix(width)
-        self.body = nn.Sequential(*(nn.Sequential(nn.Linear(width, width), nn.Tanh())
-                                    for _ in range(depth)))  # fmt: skip
-        self.split = Split()
-
-    def forward(self, a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        return self.split(self.body(self.mix(a, b)))
-
-
-class SumProduct(nn.Module):
-    """a + b and a * b after a linear layer (on a): not a chain, unstaged."""
-
-    def __init__(self, width: int) -> None:
-        super().__init__()
-        self.lin = nn.Linear(width, width)
-
-    def forward(self, a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        h = self.lin(a)
-        return h + b, h * b
-
-
-class ByName(nn.Module):
-    """Dicts in and out, keyed by tensor name."""
-
-    def __init__(self, width: int) -> None:
-        super().__init__()
-        self.lin = nn.Linear(width, width)
-
-    def forward(self, inputs: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        h = self.lin(inputs["a"])
-        return {"product": h * inputs["b"], "sum": h + inputs["b"]}
-
-
-def _save(module: nn.Module, path: Path) -> Path:
-    with warnings.catch_warnings():  # TorchScript is deprecated in torch 2.13, still supported
-        warnings.simplefilter("ignore", DeprecationWarning)
-        torch.jit.save(torch.jit.script(module.eval()), str(path))
-    return path
-
-
-def _build(kind: type, seed: int = 0) -> nn.Module:
-    torch.manual_seed(seed)
-    return kind(WIDTH, 3) if kind is Chain else kind(WIDTH)
+    return torch_models
 
 
 def _config(path: Path, outputs: tuple[str, ...] = ("sum", "product"), **extra: Any) -> ModelConfig:
@@ -109,15 +47,6 @@ def _config(path: Path, outputs: tuple[str, ...] = ("sum", "product"), **extra: 
     )
 
 
-def _eager(module: nn.Module, a: np.ndarray, b: np.ndarray) -> dict[str, np.ndarray]:
-    with torch.inference_mode():
-        ta, tb = torch.from_numpy(a), torch.from_numpy(b)
-        if isinstance(module, ByName):
-            return {k: v.numpy() for k, v in module({"a": ta, "b": tb}).items()}
-        s, p = module(ta, tb)
-        return {"sum": s.numpy(), "product": p.numpy()}
-
-
 def _inputs(n: int, seed: int = 3) -> tuple[np.ndarray, np.ndarray]:
     rng = np.random.default_rng(seed)
     return tuple(rng.standard_normal((n, WIDTH)).astype(np.float32) for _ in range(2))  # type: ignore[return-value]
@@ -127,15 +56,15 @@ def _inputs(n: int, seed: int = 3) -> tuple[np.ndarray, np.ndarray]:
 @pytest.mark.slow
 @pytest.mark.parametrize(
     ("kind", "layers", "head"),
-    [(Chain, 4, True), (SumProduct, 0, True), (ByName, 0, True)],
+    [("Chain", 4, True), ("SumProduct", 0, True), ("ByName", 0, True)],
 )
-def test_two_inputs_two_outputs_equal_the_eager_module(tmp_path, kind, layers, head):
+def test_two_inputs_two_outputs_equal_the_eager_module(tm, tmp_path, kind, layers, head):
     from app.runtime.torch_backend import TorchBackend
 
-    module = _build(kind)
-    path = _save(module, tmp_path / "m.pt")
+    module = tm.build(kind)
+    path = tm.save(module, tmp_path / "m.pt")
     a, b = _inputs(5)
-    expected = _eager(module, a, b)
+    expected = tm.eager(module, a, b)
     assert not np.allclose(expected["sum"], expected["product"])  # distinct outputs
     for parameters in ({}, {"exit_points": 2}):
         backend = TorchBackend("cpu", 0, 1)
@@ -153,20 +82,20 @@ def test_two_inputs_two_outputs_equal_the_eager_module(tmp_path, kind, layers, h
     backend = TorchBackend("cpu", 0, 1)
     backend.load(_config(path, outputs=("product", "sum")))
     got = backend.run({"a": a, "b": b})
-    named = kind is ByName
+    named = kind == "ByName"
     np.testing.assert_allclose(got["sum"], expected["sum" if named else "product"], rtol=1e-5)
     np.testing.assert_allclose(got["product"], expected["product" if named else "sum"], rtol=1e-5)
 
 
 @pytest.mark.slow
-def test_a_stop_lands_at_the_exit_point_after_the_head(tmp_path):
+def test_a_stop_lands_at_the_exit_point_after_the_head(tm, tmp_path):
     """The head runs, a stop arrives during it, the next stage never runs:
     Terminated; after reset() the same backend answers normally."""
     from app.runtime.torch_backend import TorchBackend
 
-    module = _build(Chain)
+    module = tm.build("Chain")
     backend = TorchBackend("cpu", 0, 1)
-    backend.load(_config(_save(module, tmp_path / "m.pt")))
+    backend.load(_config(tm.save(module, tmp_path / "m.pt")))
     head = backend._head
     ran: list[int] = []
 
@@ -184,10 +113,10 @@ def test_a_stop_lands_at_the_exit_point_after_the_head(tmp_path):
     backend.reset()
     backend._head = head
     got = backend.run({"a": a, "b": b})
-    np.testing.assert_allclose(got["product"], _eager(module, a, b)["product"], rtol=1e-5)
+    np.testing.assert_allclose(got["product"], tm.eager(module, a, b)["product"], rtol=1e-5)
     # An unstaged model stops only before it starts.
     other = TorchBackend("cpu", 0, 1)
-    other.load(_config(_save(_build(SumProduct), tmp_path / "sp.pt")))
+    other.load(_config(tm.save(tm.build("SumProduct"), tmp_path / "sp.pt")))
     other.terminate()
     with pytest.raises(Terminated, match="before it started"):
         other.run({"a": a, "b": b})
@@ -197,22 +126,23 @@ def test_a_stop_lands_at_the_exit_point_after_the_head(tmp_path):
 @pytest.mark.parametrize(
     ("kind", "change", "message"),
     [
-        (SumProduct, {"outputs": ("sum",)}, "forward returned 2 tensors, the config declares 1"),
-        (SumProduct, {"outputs": ("s", "p", "q")}, "returned 2 tensors, the config declares 3"),
-        (ByName, {"outputs": ("sum", "ratio")}, "forward returned no output 'ratio'"),
-        (SumProduct, {"out_shape": (-1, WIDTH + 1)}, "output 'product' has shape [1, 8]"),
-        (ByName, {"out_dtype": "FP64"}, "output 'sum' is float32, the config says FP64"),
-        (SumProduct, {"inputs": 1}, "takes 2 tensors, the config declares 1 inputs ['a']"),
-        (SumProduct, {"in_shape": (-1, 3)}, "a dry run on zeros of the config's inputs"),
+        ("SumProduct", {"outputs": ("sum",)}, "forward returned 2 tensors, the config declares 1"),
+        ("SumProduct", {"outputs": ("s", "p", "q")}, "returned 2 tensors, the config declares 3"),
+        ("ByName", {"outputs": ("sum", "ratio")}, "forward returned no output 'ratio'"),
+        ("SumProduct", {"out_shape": (-1, WIDTH + 1)}, "output 'product' has shape [1, 8]"),
+        ("ByName", {"out_dtype": "FP64"}, "output 'sum' is float32, the config says FP64"),
+        ("SumProduct", {"inputs": 1}, "takes 2 tensors, the config declares 1 inputs ['a']"),
+        ("SumProduct", {"in_shape": (-1, 3)}, "a dry run on zeros of the config's inputs"),
     ],
 )
-def test_a_model_that_does_not_fit_its_config_fails_at_load(tmp_path, kind, change, message):
+def test_a_model_that_does_not_fit_its_config_fails_at_load(tm, tmp_path, kind, change, message):
     from dataclasses import replace
 
     from app.runtime.torch_backend import TorchBackend
 
     config = _config(
-        _save(_build(kind), tmp_path / "m.pt"), outputs=change.get("outputs", ("sum", "product"))
+        tm.save(tm.build(kind), tmp_path / "m.pt"),
+        outputs=change.get("outputs", ("sum", "product")),
     )
     if "out_shape" in change:
         outputs = (config.outputs[0], TensorSpec("product", "FP32", change["out_shape"]))
@@ -235,8 +165,8 @@ def test_a_model_that_does_not_fit_its_config_fails_at_load(tmp_path, kind, chan
 # ------------------------------------------------------------ a real executor
 @pytest.mark.slow
 @pytest.mark.usefixtures("no_leftover_segments")
-@pytest.mark.parametrize("kind", [Chain, SumProduct])
-def test_a_cancelled_batch_is_reported_once_and_the_executor_serves_on(tmp_path, kind):
+@pytest.mark.parametrize("kind", ["Chain", "SumProduct"])
+def test_a_cancelled_batch_is_reported_once_and_the_executor_serves_on(tm, tmp_path, kind):
     """Batches 1–3 of 3 items in one CPU executor, batch 2 cancelled at
     once: 1 and 3 give eager's outputs in the arena; batch 2 is reported
     exactly once (stopped, or finished if it got there first); the
@@ -247,10 +177,10 @@ def test_a_cancelled_batch_is_reported_once_and_the_executor_serves_on(tmp_path,
     from app.runtime.pool import ExecutorPool
     from tests.fakes import PoolEvents
 
-    module = _build(kind)
-    config = _config(_save(module, tmp_path / "m.pt"))
+    module = tm.build(kind)
+    config = _config(tm.save(module, tmp_path / "m.pt"))
     a, b = _inputs(3)
-    expected = _eager(module, a, b)
+    expected = tm.eager(module, a, b)
 
     async def scenario() -> tuple[list[Any], dict[int, dict[str, np.ndarray]]]:
         arena = Arena.create(config, capacity=4)
@@ -289,11 +219,11 @@ def test_a_cancelled_batch_is_reported_once_and_the_executor_serves_on(tmp_path,
 
 # ------------------------------------------------------------------ the daemon
 @pytest.fixture(scope="module")
-def daemon(tmp_path_factory, launch_daemon):
+def daemon(tm, tmp_path_factory, launch_daemon):
     repo = tmp_path_factory.mktemp("torch-io")
-    for name, kind in (("chain", Chain), ("sumproduct", SumProduct), ("byname", ByName)):
+    for name, kind in (("chain", "Chain"), ("sumproduct", "SumProduct"), ("byname", "ByName")):
         (repo / name).mkdir()
-        _save(_build(kind), repo / name / "model.pt")
+        tm.save(tm.build(kind), repo / name / "model.pt")
         tensor = {"datatype": "FP32", "shape": [-1, WIDTH]}
         config = {
             "backend": "torch",
@@ -320,18 +250,18 @@ def daemon(tmp_path_factory, launch_daemon):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("binary", [True, False])
-def test_tritonclient_two_inputs_two_outputs_equal_torch(daemon, binary):
+def test_tritonclient_two_inputs_two_outputs_equal_torch(tm, daemon, binary):
     import tritonclient.http as th
 
     client = th.InferenceServerClient(daemon.url.split("://", 1)[1], network_timeout=60)
     try:
-        for model, kind in (("chain", Chain), ("sumproduct", SumProduct), ("byname", ByName)):
+        for model, kind in (("chain", "Chain"), ("sumproduct", "SumProduct"), ("byname", "ByName")):
             metadata = client.get_model_metadata(model)
             assert [t["name"] for t in metadata["inputs"]] == ["a", "b"]
             assert [t["name"] for t in metadata["outputs"]] == ["sum", "product"]
             for n in (1, 3):
                 a, b = _inputs(n, seed=n)
-                expected = _eager(_build(kind), a, b)
+                expected = tm.eager(tm.build(kind), a, b)
                 tensors = []
                 for name, x in (("a", a), ("b", b)):
                     tensor = th.InferInput(name, [n, WIDTH], "FP32")
