@@ -166,6 +166,11 @@ def test_unknown_system_is_a_usage_error(capsys):
     assert compare.main(["--systems", "symphony", "--peers", "torchserve"]) == 2
     assert "torchserve" in capsys.readouterr().err
     assert compare.main(["--systems", "none", "--peers", "none"]) == 2
+    for flag, bad in (("--triton-delays", "1,-3"), ("--ray-waits", "two"), ("--ray-waits", "nan")):
+        assert compare.main(["--systems", "symphony", flag, bad]) == 2
+        assert f"{flag} takes milliseconds ≥ 0, comma-separated; got {bad!r}" in (
+            capsys.readouterr().err
+        )
 
 
 @pytest.mark.slow
@@ -222,22 +227,24 @@ def test_a_peer_that_is_not_installed_is_a_usage_error_naming_the_install(
 
 @pytest.mark.slow
 def test_a_peer_is_screened_and_measured_end_to_end(tmp_path, capsys):
-    # The real Triton (it starts in well under a second): its 6 grid points
-    # screened with one 0.5-s probe each, the best measured, the table written.
+    # The real Triton (it starts in well under a second): its grid at two
+    # queue delays (4 points: with and without a queue timeout) screened with
+    # one 0.5-s probe each, the best measured, the table written.
     require_peer("tritonserver")  # else skipped saying what to install (failed under CI)
     code = compare.main(
         [
             "--workload", "ceiling", "--systems", "none", "--peers", "tritonserver",
             "--probe-duration", "0.5", "--max-probes", "1", "--screen-probes", "1",
-            "--out", str(tmp_path),
+            "--triton-delays", "0,0.5", "--out", str(tmp_path),
         ]
     )  # fmt: skip
     assert code == 0
     doc = json.loads((tmp_path / "live-ceiling" / "results.json").read_text())
     jsonschema.validate(doc, SCHEMA)
     (system,) = doc["systems"]
-    assert system["system"] == "tritonserver" and len(system["grid"]) == 6
-    assert len({row["label"] for row in system["grid"]}) == 6
+    assert system["system"] == "tritonserver" and len(system["grid"]) == 4
+    assert len({row["label"] for row in system["grid"]}) == 4
+    assert {row["max_queue_delay_us"] for row in system["grid"]} == {0, 500}
     # The point measured is the first with the highest screened capacity.
     top = max(row["capacity_rps"] for row in system["grid"])
     best = next(row for row in system["grid"] if row["capacity_rps"] == top)

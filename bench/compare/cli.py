@@ -72,6 +72,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="Ray Serve batch_wait_timeout values to try, in ms, comma-separated "
         "(default: 0,1,2,5)",
     )
+    p.add_argument(
+        "--triton-delays",
+        default=None,
+        help="Triton max_queue_delay values to try, in ms, comma-separated (default: 0,1,3)",
+    )
     p.add_argument("--out", type=Path, default=REPO_ROOT / "bench" / "results")
     p.add_argument(
         "--realtime-priority",
@@ -95,6 +100,19 @@ def _names(raw: str) -> list[str]:
     return [] if names == ["none"] else names
 
 
+def _milliseconds(raw: str | None, flag: str) -> tuple[float, ...] | None:
+    """A comma-separated list of milliseconds ≥ 0 (None when not given)."""
+    if not raw:
+        return None
+    try:
+        values = tuple(float(v) for v in raw.split(","))
+    except ValueError:
+        values = ()
+    if not values or not all(v >= 0 for v in values):  # also refuses NaN
+        raise ValueError(f"{flag} takes milliseconds ≥ 0, comma-separated; got {raw!r}")
+    return values
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     systems, peers = _names(args.systems), _names(args.peers)
@@ -111,6 +129,8 @@ def main(argv: list[str] | None = None) -> int:
         print("error: --devices must be ≥ 0 and --screen-probes ≥ 1", file=sys.stderr)
         return 2
     try:
+        ray_waits_ms = _milliseconds(args.ray_waits, "--ray-waits")
+        triton_delays_ms = _milliseconds(args.triton_delays, "--triton-delays")
         check_permitted(args.realtime_priority, "--realtime-priority")
         for name in peers:
             PEERS[name].check()
@@ -124,8 +144,9 @@ def main(argv: list[str] | None = None) -> int:
         cdf_fraction=args.cdf_fraction,
         workers=args.workers,
         screen_probes=args.screen_probes,
-        ray_waits_s=(
-            tuple(float(v) / 1000.0 for v in args.ray_waits.split(",")) if args.ray_waits else None
+        ray_waits_s=None if ray_waits_ms is None else tuple(v / 1000.0 for v in ray_waits_ms),
+        triton_delays_us=(
+            None if triton_delays_ms is None else tuple(round(v * 1000) for v in triton_delays_ms)
         ),
         realtime_priority=args.realtime_priority,
         cpu_rates=tuple(float(v) for v in args.cpu_rates.split(",") if v.strip()),

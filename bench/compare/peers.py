@@ -192,7 +192,10 @@ class TritonServer(Peer):
     def grid(self, setup: Setup, workload: Workload, options: Options) -> list[PeerPoint]:
         from bench.peers.triton_grid import triton_grid
 
-        points = triton_grid(_grid_targets(setup, workload))
+        delays = options.triton_delays_us
+        points = triton_grid(
+            _grid_targets(setup, workload), **({"delays_us": delays} if delays is not None else {})
+        )
         return [PeerPoint(p.label, p.to_dict(), p) for p in points]
 
     def start(self, setup: Setup, workload: Workload, point: PeerPoint) -> Running:
