@@ -3,6 +3,7 @@ plots from measured results, and a short end-to-end run against the daemon."""
 
 from __future__ import annotations
 
+import itertools
 import json
 from pathlib import Path
 
@@ -166,7 +167,8 @@ def test_unknown_system_is_a_usage_error(capsys):
     assert compare.main(["--systems", "symphony", "--peers", "torchserve"]) == 2
     assert "torchserve" in capsys.readouterr().err
     assert compare.main(["--systems", "none", "--peers", "none"]) == 2
-    for flag, bad in (("--triton-delays", "1,-3"), ("--ray-waits", "two"), ("--ray-waits", "nan")):
+    bad_lists = ("1,-3", "two", "nan", "1,inf")
+    for flag, bad in itertools.product(("--triton-delays", "--ray-waits"), bad_lists):
         assert compare.main(["--systems", "symphony", flag, bad]) == 2
         assert f"{flag} takes milliseconds ≥ 0, comma-separated; got {bad!r}" in (
             capsys.readouterr().err

@@ -61,7 +61,7 @@ def _inputs(n: int, seed: int = 3) -> tuple[np.ndarray, np.ndarray]:
 def test_two_inputs_two_outputs_equal_the_eager_module(tm, tmp_path, kind, layers, head):
     from app.runtime.torch_backend import TorchBackend
 
-    module = tm.build(kind)
+    module = tm.build(kind, WIDTH)
     path = tm.save(module, tmp_path / "m.pt")
     a, b = _inputs(5)
     expected = tm.eager(module, a, b)
@@ -93,7 +93,7 @@ def test_a_stop_lands_at_the_exit_point_after_the_head(tm, tmp_path):
     Terminated; after reset() the same backend answers normally."""
     from app.runtime.torch_backend import TorchBackend
 
-    module = tm.build("Chain")
+    module = tm.build("Chain", WIDTH)
     backend = TorchBackend("cpu", 0, 1)
     backend.load(_config(tm.save(module, tmp_path / "m.pt")))
     head = backend._head
@@ -116,7 +116,7 @@ def test_a_stop_lands_at_the_exit_point_after_the_head(tm, tmp_path):
     np.testing.assert_allclose(got["product"], tm.eager(module, a, b)["product"], rtol=1e-5)
     # An unstaged model stops only before it starts.
     other = TorchBackend("cpu", 0, 1)
-    other.load(_config(tm.save(tm.build("SumProduct"), tmp_path / "sp.pt")))
+    other.load(_config(tm.save(tm.build("SumProduct", WIDTH), tmp_path / "sp.pt")))
     other.terminate()
     with pytest.raises(Terminated, match="before it started"):
         other.run({"a": a, "b": b})
@@ -141,7 +141,7 @@ def test_a_model_that_does_not_fit_its_config_fails_at_load(tm, tmp_path, kind, 
     from app.runtime.torch_backend import TorchBackend
 
     config = _config(
-        tm.save(tm.build(kind), tmp_path / "m.pt"),
+        tm.save(tm.build(kind, WIDTH), tmp_path / "m.pt"),
         outputs=change.get("outputs", ("sum", "product")),
     )
     if "out_shape" in change:
@@ -177,7 +177,7 @@ def test_a_cancelled_batch_is_reported_once_and_the_executor_serves_on(tm, tmp_p
     from app.runtime.pool import ExecutorPool
     from tests.fakes import PoolEvents
 
-    module = tm.build(kind)
+    module = tm.build(kind, WIDTH)
     config = _config(tm.save(module, tmp_path / "m.pt"))
     a, b = _inputs(3)
     expected = tm.eager(module, a, b)
@@ -223,7 +223,7 @@ def daemon(tm, tmp_path_factory, launch_daemon):
     repo = tmp_path_factory.mktemp("torch-io")
     for name, kind in (("chain", "Chain"), ("sumproduct", "SumProduct"), ("byname", "ByName")):
         (repo / name).mkdir()
-        tm.save(tm.build(kind), repo / name / "model.pt")
+        tm.save(tm.build(kind, WIDTH), repo / name / "model.pt")
         tensor = {"datatype": "FP32", "shape": [-1, WIDTH]}
         config = {
             "backend": "torch",
@@ -261,7 +261,7 @@ def test_tritonclient_two_inputs_two_outputs_equal_torch(tm, daemon, binary):
             assert [t["name"] for t in metadata["outputs"]] == ["sum", "product"]
             for n in (1, 3):
                 a, b = _inputs(n, seed=n)
-                expected = tm.eager(tm.build(kind), a, b)
+                expected = tm.eager(tm.build(kind, WIDTH), a, b)
                 tensors = []
                 for name, x in (("a", a), ("b", b)):
                     tensor = th.InferInput(name, [n, WIDTH], "FP32")

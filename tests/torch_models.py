@@ -1,6 +1,7 @@
 """TorchScript models with two inputs and two outputs, for tests/test_torch_io.py:
 a module of their own so that collecting the tests (the fast loop) does not
-import torch, 1.3 s a worker."""
+import torch, 1.2 s a worker. The width of their tensors is the tests' own
+(`build`'s argument)."""
 
 from __future__ import annotations
 
@@ -10,8 +11,6 @@ from pathlib import Path
 import numpy as np
 import torch
 from torch import nn
-
-WIDTH = 8
 
 
 class Mix(nn.Module):
@@ -77,11 +76,12 @@ def save(module: nn.Module, path: Path) -> Path:
     return path
 
 
-def build(kind: str, seed: int = 0) -> nn.Module:
-    """A model of the class named `kind`, its weights from `seed`."""
+def build(kind: str, width: int, seed: int = 0) -> nn.Module:
+    """A model of the class named `kind` on tensors [n, width], its weights
+    from `seed`."""
     torch.manual_seed(seed)
     cls = {"Chain": Chain, "SumProduct": SumProduct, "ByName": ByName}[kind]
-    return Chain(WIDTH, 3) if cls is Chain else cls(WIDTH)
+    return Chain(width, 3) if cls is Chain else cls(width)
 
 
 def eager(module: nn.Module, a: np.ndarray, b: np.ndarray) -> dict[str, np.ndarray]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 import time
 from pathlib import Path
@@ -108,7 +109,7 @@ def _milliseconds(raw: str | None, flag: str) -> tuple[float, ...] | None:
         values = tuple(float(v) for v in raw.split(","))
     except ValueError:
         values = ()
-    if not values or not all(v >= 0 for v in values):  # also refuses NaN
+    if not values or not all(math.isfinite(v) and v >= 0 for v in values):
         raise ValueError(f"{flag} takes milliseconds ≥ 0, comma-separated; got {raw!r}")
     return values
 
