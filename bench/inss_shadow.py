@@ -5,10 +5,12 @@ request must be answered exactly once, and the switch must not show.
     python -m bench.inss_shadow              # two 30-s runs (a minute)
     python -m bench.inss_shadow --quick      # two 8-s runs
     python -m bench.inss_shadow --plans      # the same through posted InSS plans
+    python -m bench.inss_shadow --moves      # posted InSS plans that move a model
 
 Options: --duration, --rates (alpha,beta requests/s, default 150,60), --policy
 (default inss), --out-dir (default bench/results/inss; writes shadow.json
-and shadow.md, with --plans plan-switch.json and plan-switch.md).
+and shadow.md, with --plans plan-switch.json and plan-switch.md, with --moves
+plan-moves.json and plan-moves.md).
 
 Setup: one emulated device split `emulated=0.5,0.5`, two emulated models
 (`alpha` on emulated:0/0, `beta` on emulated:0/1; ℓ(b) = 2·b + 5 ms at the
@@ -30,6 +32,13 @@ policy inss), and at 30 % of the run `PLAN_SHIFT` is posted (`POST
 batch sizes take new cores), at 65 % `PLAN_START` again; the steady run
 serves `PLAN_START` throughout. Each switch's answer gives its reshares,
 its core switch and its total time.
+
+With `--moves`, InSS plans that place the models otherwise
+(app/server/inss_layout.py), on two emulated devices: the daemon serves
+`MOVES_START` (alpha on the whole of emulated:0, beta of emulated:1), at 30 %
+of the run `MOVES_TOGETHER` is posted (both on halves of emulated:0: its two
+share executors added, the whole one removed, beta moved off emulated:1),
+at 65 % `MOVES_START` again.
 
 Checked: requests sent = answered (status 200 or an explicit error: none
 without an answer), and the daemon's Triton statistics count each model's
@@ -70,10 +79,13 @@ SCHEDULE = (
     (0.65, "emulated:0/0", 0.5),
     (0.65, "emulated:0/1", 0.5),
 )
-# --plans: (alpha's share, batch), (beta's); posted at 30 % and 65 % of the run.
-PLAN_START = ((0.5, 6), (0.5, 2))
-PLAN_SHIFT = ((0.7, 4), (0.3, 3))
-PLAN_SCHEDULE = ((0.30, PLAN_SHIFT), (0.65, PLAN_START))
+# --plans: model → (device, share, batch); posted at 30 % and 65 % of the run.
+Placed = dict[str, tuple[str, float, int]]
+PLAN_START: Placed = {"alpha": ("emulated:0", 0.5, 6), "beta": ("emulated:0", 0.5, 2)}
+PLAN_SHIFT: Placed = {"alpha": ("emulated:0", 0.7, 4), "beta": ("emulated:0", 0.3, 3)}
+# --moves: apart on two devices, then together on halves of one, then apart.
+MOVES_START: Placed = {"alpha": ("emulated:0", 1.0, 6), "beta": ("emulated:1", 1.0, 2)}
+MOVES_TOGETHER: Placed = PLAN_START
 
 
 def config_text(device: str | None) -> str:
@@ -88,16 +100,26 @@ def config_text(device: str | None) -> str:
     )
 
 
-def plan_file(path: Path, shares: tuple[tuple[float, int], ...]) -> Path:
-    """An InSS plan: alpha and beta on emulated:0 at (share, batch) each."""
+def plan_file(path: Path, placed: Placed) -> Path:
+    """An InSS plan: each model on its (device, share, batch)."""
     from app.planning.inss.plan import DevicePlan, ModelPlan, Plan, write_plan
 
     models = tuple(
-        ModelPlan(name, 0.0, SLO_MS / 1e3, "emulated:0", share, batch, None, 0.0, None, None)
-        for name, (share, batch) in zip(MODELS, shares, strict=True)
+        ModelPlan(name, 0.0, SLO_MS / 1e3, device, share, batch, None, 0.0, None, None)
+        for name, (device, share, batch) in placed.items()
     )
-    device = DevicePlan("emulated:0", "emulated", tuple(MODELS), 1.0, 4e9, 0.0)
-    write_plan(Plan("exact", 0.1, models, (device,), 0.0, True), path)
+    devices = tuple(
+        DevicePlan(
+            device,
+            "emulated",
+            tuple(m for m, p in placed.items() if p[0] == device),
+            sum(p[1] for p in placed.values() if p[0] == device),
+            4e9,
+            0.0,
+        )
+        for device in dict.fromkeys(p[0] for p in placed.values())
+    )
+    write_plan(Plan("exact", 0.1, models, devices, 0.0, True), path)
     return path
 
 
@@ -169,7 +191,7 @@ async def plan_posts(
             answer["asked_at_s"] = asked
             answer["switched_at_s"] = time.monotonic() - started
             done.append(answer)
-            reshared = ", ".join(f"{r['device']} → {r['share']:g}" for r in answer["reshared"])
+            reshared = ", ".join(changes(answer, timed=False))
             log(
                 f"  {path.name}: {reshared}; batches {answer['batch']}, core switch "
                 f"{answer['switch_ms']:.3f} ms, {answer['handed_over']} handed over, total "
@@ -254,6 +276,18 @@ async def one_run(
     }
 
 
+def changes(answer: dict[str, Any], timed: bool) -> list[str]:
+    """A posted plan's executors added and removed, and its reshares."""
+    return (
+        [f"+{name}" for name in answer.get("added", [])]
+        + [f"−{name}" for name in answer.get("removed", [])]
+        + [
+            f"{r['device']} → {r['share']:g}" + (f" ({r['total_s']:.3f})" if timed else "")
+            for r in answer["reshared"]
+        ]
+    )
+
+
 def render(runs: dict[str, dict[str, Any]]) -> str:
     out = [
         "| run | sent | answered | unanswered | answered twice | within SLO | p99 ms |",
@@ -268,15 +302,13 @@ def render(runs: dict[str, dict[str, Any]]) -> str:
     if switches and "reshared" in switches[0]:  # --plans
         out += [
             "",
-            "| plan posted | reshares (s each) | batches | core switch ms | handed over | "
-            "total ms | within SLO 1 s after | same 1 s, steady |",
+            "| plan posted | executors added (+), removed (−), reshared (s each) | batches | "
+            "core switch ms | handed over | total ms | within SLO 1 s after | same 1 s, steady |",
             "|---|---|---|---:|---:|---:|---:|---:|",
         ]
         steady = runs.get("steady", {}).get("after_switch", [{}] * len(switches))
         for s, w, st in zip(switches, runs["reshare"]["after_switch"], steady, strict=True):
-            shares = ", ".join(
-                f"{r['device']} → {r['share']:g} ({r['total_s']:.3f})" for r in s["reshared"]
-            )
+            shares = ", ".join(changes(s, timed=True))
             batches = ", ".join(f"{m} {b}" for m, b in (s["batch"] or {}).items()) or "—"
             cells = [
                 "—" if x.get("within_slo") is None else f"{x['within_slo']:.1%}" for x in (w, st)
@@ -315,6 +347,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--plans", action="store_true", help="switch through posted InSS plans (POST /v2/plan)"
     )
+    parser.add_argument(
+        "--moves",
+        action="store_true",
+        help="switch through posted InSS plans that move a model (executors added and removed)",
+    )
     parser.add_argument("--out-dir", type=Path, default=OUT_DIR)
     return parser
 
@@ -329,21 +366,22 @@ def main(argv: list[str] | None = None) -> int:
     load = workload(rates, args.duration)
     runs: dict[str, dict[str, Any]] = {}
     with tempfile.TemporaryDirectory(prefix="inss-shadow-") as tmp:
-        repo = repository(Path(tmp) / "models", placed=not args.plans)
+        posted = args.plans or args.moves
+        repo = repository(Path(tmp) / "models", placed=not posted)
         env = {"DEVICE_SHARES": "emulated=0.5,0.5", "COLOCATION_PROFILE": "0"}
         plans = None
-        if args.plans:
-            start = plan_file(Path(tmp) / "plan-start.json", PLAN_START)
-            shift = plan_file(Path(tmp) / "plan-shift.json", PLAN_SHIFT)
-            files = {PLAN_START: start, PLAN_SHIFT: shift}
-            plans = [(fraction, files[shares]) for fraction, shares in PLAN_SCHEDULE]
+        if posted:
+            first, then = (MOVES_START, MOVES_TOGETHER) if args.moves else (PLAN_START, PLAN_SHIFT)
+            start = plan_file(Path(tmp) / "plan-start.json", first)
+            shift = plan_file(Path(tmp) / "plan-shift.json", then)
+            plans = [(0.30, shift), (0.65, start)]
             env = {"PLAN": str(start), "COLOCATION_PROFILE": "0"}
         for name in ("reshare", "steady"):
             handle = start_daemon(
                 repo,
                 free_port(),
                 policy=args.policy,
-                emulated_devices=1,
+                emulated_devices=2 if args.moves else 1,
                 cpu_slices=0,
                 extra_env=env,
             )
@@ -366,11 +404,12 @@ def main(argv: list[str] | None = None) -> int:
             "rates": rates,
             "policy": args.policy,
             "plans": args.plans,
+            "moves": args.moves,
         },
         "runs": runs,
     }
     args.out_dir.mkdir(parents=True, exist_ok=True)
-    stem = "plan-switch" if args.plans else "shadow"
+    stem = "plan-moves" if args.moves else "plan-switch" if args.plans else "shadow"
     (args.out_dir / f"{stem}.json").write_text(json.dumps(document, indent=2) + "\n")
     (args.out_dir / f"{stem}.md").write_text(shown + "\n")
     bad = [n for n, r in runs.items() if r["unanswered"] or r["answered_twice"]]

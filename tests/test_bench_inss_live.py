@@ -78,6 +78,32 @@ def test_shadow_quick_run_answers_every_request_once(tmp_path: Path) -> None:
     assert (tmp_path / "shadow.md").read_text().startswith("| run |")
 
 
+def test_the_moves_plans_put_the_models_apart_then_on_halves_of_one_device(
+    tmp_path: Path,
+) -> None:
+    from app.planning.plan_files import read_plan_file
+    from app.server.plans import inss_placement
+    from bench.inss_shadow import MOVES_START, MOVES_TOGETHER, changes, plan_file
+
+    apart = inss_placement(read_plan_file(plan_file(tmp_path / "a.json", MOVES_START)))
+    assert apart.shares == {} and apart.device_of == {"alpha": "emulated:0", "beta": "emulated:1"}
+    together = inss_placement(read_plan_file(plan_file(tmp_path / "t.json", MOVES_TOGETHER)))
+    assert together.shares == {"emulated:0": (0.5, 0.5)}
+    assert together.device_of == {"alpha": "emulated:0/0", "beta": "emulated:0/1"}
+    assert together.batch == {"alpha": 6, "beta": 2}
+    answer = {
+        "added": ["emulated:0/0", "emulated:0/1"],
+        "removed": ["emulated:0"],
+        "reshared": [{"device": "emulated:1/0", "share": 0.3, "total_s": 0.2}],
+    }
+    assert changes(answer, timed=True) == [
+        "+emulated:0/0",
+        "+emulated:0/1",
+        "−emulated:0",
+        "emulated:1/0 → 0.3 (0.200)",
+    ]
+
+
 @pytest.mark.slow
 def test_plans_quick_run_takes_up_both_posted_plans_and_answers_every_request_once(
     tmp_path: Path,

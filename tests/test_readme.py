@@ -231,6 +231,9 @@ NOT_RUN = {
     "simulations, ~30 s (tests/test_inss_measured.py loads PPipe's curves)",
     "python -m bench.inss_shadow": "two 30-s daemon runs under load "
     "(tests/test_bench_inss_live.py runs its --quick form)",
+    "python -m bench.inss_shadow --moves": "two 30-s daemon runs under load "
+    "(tests/test_inss_switch.py moves models under load; tests/test_bench_inss_live.py checks "
+    "its plans)",
     "python -m bench.inss_live": "five live capacity searches, minutes of load "
     "(tests/test_bench_inss_live.py runs one --quick probe)",
     "python -m bench.autoscale": "a simulated load step, seconds (tests/test_autoscaler.py runs "

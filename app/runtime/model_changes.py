@@ -114,20 +114,27 @@ class ModelChanges:
             log.warning("executor %s: model %s failed to load: %s", device, name, error)
         return error
 
-    async def replace_config(self, config: ModelConfig) -> dict[int, str | None]:
+    async def replace_config(
+        self, config: ModelConfig, on: Iterable[int] | None = None
+    ) -> dict[int, str | None]:
         """Serve model `config.name` (in the pool) by `config` from now on:
         loaded on each serving executor that its config now allows and that
-        does not hold it yet. Per device tried, why it failed there, or None;
-        where it fails, the old config is back."""
+        does not hold it yet (of the devices `on`, when given). Per device
+        tried, why it failed there, or None; where it fails, the old config
+        is back."""
         host = self._host
         name = config.name
         if name not in host.configs:
             raise ValueError(f"model {name!r} is not in the pool")
         old, host.configs[name] = host.configs[name], config
+        wanted = None if on is None else set(on)
         tries = [
             e
             for e in host.executor_records()
-            if model_allowed_on(config, e.device) and name not in e.models and host.serves(e)
+            if model_allowed_on(config, e.device)
+            and name not in e.models
+            and host.serves(e)
+            and (wanted is None or e.device.id in wanted)
         ]
         arena = host.arenas[name]
         errors = await asyncio.gather(*(self._load(e, config, arena) for e in tries))

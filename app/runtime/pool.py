@@ -170,6 +170,7 @@ class ExecutorPool(DeviceRecords):
         self.realtime_priority = realtime_priority  # the event loop's; see app.runtime.realtime
         self._tasks: set[asyncio.Task] = set()
         self._gpu_sharing = GpuSharing()  # MPS for GPU shares, while running
+        self._retired: set[int] = set()  # ids of executors removed for good
 
     # ----------------------------------------------------------- placement
     def _records(self) -> Mapping[int, ExecutorRecord]:
@@ -540,6 +541,61 @@ class ExecutorPool(DeviceRecords):
         fut = self._expect(req, w)
         self._send(w, Unload(req, [name]))
         await fut
+
+    # ------------------------------------------------------- executors added
+    # An InSS plan that splits devices otherwise, taken up while serving
+    # (app/server/inss_layout.py), adds share executors and removes others.
+
+    def next_device_id(self) -> int:
+        """An id no executor of this pool has had."""
+        return max([*self.devices, *self._retired], default=-1) + 1
+
+    async def add_executor(self, device: ExecutorDevice) -> None:
+        """Start an executor for `device` (a new id, `next_device_id`) and
+        load the models its configs allow there; ExecutorFailed (or
+        TimeoutError) when it does not come up, and then nothing is kept."""
+        if not self.running:
+            raise ValueError("the pool is not running")
+        if device.id < self.next_device_id():
+            raise ValueError(f"device id {device.id} is taken; use next_device_id()")
+        w = Worker(device)
+        w.loading = True  # its death while starting is no fault of a device
+        self.devices[device.id] = device
+        self._workers[device.id] = w
+        if self._gpu_sharing.directory is None:  # the first GPU share: MPS for it
+            self._gpu_sharing = GpuSharing.start([device])
+        try:
+            self._spawn(w)
+            await asyncio.wait_for(self._load(w), self.load_timeout_s)
+        except BaseException:
+            if w.process is not None and w.process.is_alive():
+                w.process.kill()
+            self._mark_dead(w, f"executor {device.name} failed to start")
+            reap(w.process)
+            del self._workers[device.id], self.devices[device.id]
+            self._retired.add(device.id)
+            raise
+        w.loading = False
+        log.info(
+            "executor %s added (pid %s): %s",
+            device.name,
+            w.process.pid,
+            ", ".join(w.models) or "no models",
+        )
+
+    async def remove_executor(self, device_id: int, timeout: float = 5.0) -> None:
+        """Stop the device's executor for good once it has run the batches
+        it holds (their events posted as usual; no DeviceDown), and forget
+        the device: its id is not used again."""
+        w = self._worker_for(device_id)
+        if self.reshares.in_progress(device_id):
+            raise ValueError(f"{w.device.name} is being reshared")
+        if w.process is not None and not w.dead:
+            await self.stop_parked(device_id, timeout)
+        w.stopping = True
+        del self._workers[device_id], self.devices[device_id]
+        self._retired.add(device_id)
+        log.info("executor %s removed", w.device.name)
 
     # ------------------------------------------------------------- parking
 

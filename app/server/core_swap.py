@@ -34,12 +34,16 @@ class Swapped:
 
 
 async def swap_cores(
-    service: ControlHost, settings: Settings, states: Mapping[str, ModelState]
+    service: ControlHost,
+    settings: Settings,
+    states: Mapping[str, ModelState],
+    speeds: Mapping[int, float] | None = None,
 ) -> Swapped:
-    """Serve `states` from new cores made under `settings` (module docstring)."""
+    """Serve `states` from new cores made under `settings` (module
+    docstring); `speeds`: each device's, when not those in force."""
     pool, dispatcher = service.pool, service.dispatcher
     assert pool is not None and dispatcher is not None
-    speeds = dispatcher.device_speeds()
+    speeds = dispatcher.device_speeds() if speeds is None else speeds
     groups = await asyncio.to_thread(
         build_groups, settings, dict(states), service.devices, pool, speeds
     )

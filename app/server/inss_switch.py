@@ -5,12 +5,13 @@ InSS plans again when the rates change, and mostly keeps its placement —
 the same models on the same devices, at other shares and batch sizes. That
 is what is taken up while serving:
 
-* the plan is checked as at start-up (app/server/plan_checks.py);
-* its placement — which model runs on which share of which device — must be
-  the one in force (the server started with an InSS plan, `PLAN=FILE`, or
-  took one up since): a plan that moves a model, or splits a device into
-  another number of shares, is 501 naming each difference and the restart
-  that serves it, since share executors are made at start-up;
+* the plan is checked as at start-up (app/server/plan_checks.py), against
+  an InSS plan in force (the server started with one, `PLAN=FILE`, or took
+  one up since);
+* a plan that places models otherwise — moves a model, splits a device into
+  another number of shares — is taken up by app/server/inss_layout.py
+  (share executors added and removed); what follows is a plan with the
+  placement in force;
 * each share that changes is reshared (app/server/reallocation.py: a shadow
   executor at the new share takes over, the old one ends its batches). The
   shrinking shares go first, so a device's shares sum to ≤ 1 at every step;
@@ -33,13 +34,17 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
+from collections.abc import Mapping
 from typing import Any
 
+from app.repository.config import ModelConfig
 from app.runtime.shares import SHARE_SEP
 from app.server import reallocation
 from app.server.control_host import ControlHost
 from app.server.core_swap import swap_cores
+from app.server.inss_layout import switch_layout
 from app.server.plans import BATCH_OPTION, InssPlacement, PlanInForce, time_shared_batches
+from app.server.settings import Settings
 
 log = logging.getLogger("app.server")
 
@@ -82,28 +87,21 @@ def reshare_steps(in_force: InssPlacement, posted: InssPlacement) -> list[tuple[
 
 
 async def switch_inss(
-    service: ControlHost, plan: PlanInForce, in_force: InssPlacement
+    service: ControlHost,
+    plan: PlanInForce,
+    in_force: InssPlacement,
+    own: Mapping[str, ModelConfig],
 ) -> dict[str, Any]:
-    """Take up InSS `plan` (its placement `in_force`'s, checked by the
-    caller) while serving (module docstring); what changed."""
+    """Take up InSS `plan` while serving, the plan `in_force` its placement
+    (module docstring); `own`: each model's config before a plan placed it.
+    What changed."""
     posted = plan.inss
     assert posted is not None
-    began = time.monotonic()
-    reshared = []
-    for name, share in reshare_steps(in_force, posted):
-        done = await reallocation.reshare(service, name, share)
-        reshared.append({"device": name, "share": share, "total_s": done.get("total_s")})
+    option = BATCH_OPTION.get(service.settings.policy)
     settings = service.settings
-    option = BATCH_OPTION.get(settings.policy)
-    rebuilt = option is not None and posted.batch != in_force.batch
-    handed, switch_s = 0, 0.0
-    if rebuilt:
-        assert option is not None
+    if option is not None:
         options = {**settings.policy_options, option: dict(posted.batch)}
         settings = dataclasses.replace(settings, policy_options=options)
-        swapped = await swap_cores(service, settings, service.models)
-        handed, switch_s = swapped.handed_over, swapped.switch_s
-        service.settings = settings  # a model loaded later gets the plan's batch too
     kept = caps_kept(in_force, posted, settings.policy)
     if kept:
         log.warning(
@@ -112,6 +110,31 @@ async def switch_inss(
             ", ".join(f"{m} ≤ {b}" for m, b in kept.items()),
             settings.policy,
         )
+    head = {"kind": plan.file.kind, "version": plan.file.version}
+    if placement_differences(in_force, posted):
+        done = await switch_layout(service, plan, settings, own)
+        batch = dict(posted.batch) if option is not None else None
+        return {**head, **done, "batch": batch, "caps_kept": kept}
+    return {**head, **await _switch_shares(service, plan, in_force, settings), "caps_kept": kept}
+
+
+async def _switch_shares(
+    service: ControlHost, plan: PlanInForce, in_force: InssPlacement, settings: Settings
+) -> dict[str, Any]:
+    """The same placement at new shares and batch sizes (module docstring)."""
+    posted = plan.inss
+    assert posted is not None
+    began = time.monotonic()
+    reshared = []
+    for name, share in reshare_steps(in_force, posted):
+        done = await reallocation.reshare(service, name, share)
+        reshared.append({"device": name, "share": share, "total_s": done.get("total_s")})
+    rebuilt = settings.policy in BATCH_OPTION and posted.batch != in_force.batch
+    handed, switch_s = 0, 0.0
+    if rebuilt:
+        swapped = await swap_cores(service, settings, service.models)
+        handed, switch_s = swapped.handed_over, swapped.switch_s
+        service.settings = settings  # a model loaded later gets the plan's batch too
     service.plan_applied(plan)
     log.info(
         "plan inss-plan in force: %d share(s) reshared, batch sizes %s, %d queued requests "
@@ -121,11 +144,8 @@ async def switch_inss(
         handed,
     )
     return {
-        "kind": plan.file.kind,
-        "version": plan.file.version,
         "reshared": reshared,
         "batch": dict(posted.batch) if rebuilt else None,
-        "caps_kept": kept,
         "handed_over": handed,
         "switch_ms": round(switch_s * 1e3, 3),
         "total_ms": round((time.monotonic() - began) * 1e3, 3),

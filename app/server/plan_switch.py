@@ -22,15 +22,14 @@ Under AUTOSCALE each new group gets an autoscaler from its devices serving
 at the switch (app/server/autoscaling.py, `regroup`). The new cores plan
 each device at the speed the old ones did (a reshared device's share).
 
-An InSS plan with the placement in force (new shares, new batch sizes) is
-taken up by app/server/inss_switch.py; one that places models otherwise,
-and a PPipe plan (its pipelines' executors), answer 501 naming the restart
-that serves them.
+An InSS plan is taken up by app/server/inss_switch.py (new shares and batch
+sizes) and app/server/inss_layout.py (models placed otherwise: share
+executors added and removed); a PPipe plan (its pipelines' executors)
+answers 501 naming the restart that serves it.
 """
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import json
 import logging
@@ -47,8 +46,14 @@ from app.runtime.devices import model_allowed_on
 from app.server.control_host import ControlHost
 from app.server.core_groups import CoreGroupsError, apply_core_groups
 from app.server.core_swap import swap_cores
-from app.server.inss_switch import placement_differences, switch_inss
+from app.server.inss_switch import switch_inss
 from app.server.plan_checks import check_plan
+from app.server.plan_moves import (
+    PlanNotSwitchable,
+    PlanRefused,
+    load_where_moved,
+    unload_where_moved_off,
+)
 from app.server.plans import WHAT, InssPlacement, PlanInForce, PlanMismatch, inss_placement
 from app.server.startup import ModelState
 
@@ -58,25 +63,11 @@ SWITCHED_KINDS = ("herd-plan", "symphony-partition", "inss-plan")
 SETTING = "POST /v2/plan"
 
 
-class PlanRefused(ServingError):
-    """The plan does not fit this server, or cannot be taken up now."""
-
-    status = 409
-    reason = "plan_refused"
-
-
 class NotAPlan(ServingError):
     """Well-formed JSON that is not a plan file."""
 
     status = 422
     reason = "invalid_request"
-
-
-class PlanNotSwitchable(ServingError):
-    """A plan of a kind that is taken up only at start-up."""
-
-    status = 501
-    reason = "not_supported"
 
 
 def read_posted_plan(body: bytes, directory: Path) -> PlanInForce:
@@ -120,7 +111,8 @@ async def switch_plan(service: ControlHost, plan: PlanInForce) -> dict[str, Any]
             "restart (with PLAN=FILE)"
         )
     if plan.inss is not None:
-        return await switch_inss(service, plan, _inss_in_force(service, plan))
+        in_force = _inss_in_force(service, plan)
+        return await switch_inss(service, plan, in_force, _own_configs(service))
     if service.plan is not None and service.plan.inss is not None:
         raise PlanNotSwitchable(
             "the server serves an InSS plan, whose share executors are made at start-up: "
@@ -128,7 +120,7 @@ async def switch_plan(service: ControlHost, plan: PlanInForce) -> dict[str, Any]
         )
     began = time.monotonic()
     states = _placed(service, plan)
-    loaded = await _load_where_moved(service, states)
+    loaded = await load_where_moved(service, states)
     swapped = await swap_cores(service, service.settings, states)
     groups, handed, switch_s = swapped.groups, swapped.handed_over, swapped.switch_s
     service.models.update(states)
@@ -144,9 +136,7 @@ async def switch_plan(service: ControlHost, plan: PlanInForce) -> dict[str, Any]
         handed,
         switch_s * 1e3,
     )
-    trims = [pool.model_changes.trim(name) for name in states]
-    background = asyncio.ensure_future(asyncio.gather(*trims))
-    background.add_done_callback(_log_failure)
+    unload_where_moved_off(service, states)
     return {
         "kind": plan.file.kind,
         "version": plan.file.version,
@@ -169,8 +159,8 @@ def _own_configs(service: ControlHost) -> dict[str, ModelConfig]:
 
 
 def _inss_in_force(service: ControlHost, plan: PlanInForce) -> InssPlacement:
-    """The InSS placement in force, once `plan` fits this server and places
-    its models as that one does (PlanRefused, PlanNotSwitchable otherwise)."""
+    """The InSS placement in force, once `plan` fits this server
+    (PlanRefused otherwise; PlanNotSwitchable without an InSS plan in force)."""
     assert plan.inss is not None
     in_force = service.plan.inss if service.plan is not None else None
     if in_force is None:
@@ -184,13 +174,6 @@ def _inss_in_force(service: ControlHost, plan: PlanInForce) -> InssPlacement:
         check_plan(plan, service.settings, index)
     except PlanMismatch as exc:
         raise PlanRefused(str(exc)) from None
-    differences = placement_differences(in_force, plan.inss)
-    if differences:
-        raise PlanNotSwitchable(
-            "the posted InSS plan places models otherwise than the one in force ("
-            + "; ".join(differences)
-            + "): share executors are made at start-up; restart with PLAN=FILE to serve it"
-        )
     return in_force
 
 
@@ -225,43 +208,3 @@ def _placed(service: ControlHost, plan: PlanInForce) -> dict[str, ModelState]:
     if problems:
         raise PlanRefused(f"{WHAT[plan.file.kind]} cannot be taken up: " + "; ".join(problems))
     return states
-
-
-async def _load_where_moved(
-    service: ControlHost, states: dict[str, ModelState]
-) -> dict[str, list[str]]:
-    """Each model loaded on the devices the plan newly gives it (before the
-    switch, so that the switch itself waits for nothing); PlanRefused, the
-    configs as they were, when a load fails."""
-    pool = service.pool
-    assert pool is not None
-    names = {d.id: d.name for d in service.devices}
-    loaded: dict[str, list[str]] = {}
-    changed: list[ModelConfig] = []
-    for key, state in states.items():
-        # A parked executor loads the model when it is started (the pool's
-        # configs); one restarting might come back without it.
-        down = [names[d] for d in state.devices if not pool.alive(d) and not pool.parking.parked(d)]
-        if down:
-            raise PlanRefused(
-                f"model {state.config.model_name!r}: the executors of {', '.join(down)} are "
-                "restarting; retry once they serve"
-            )
-        old = service.models[key].config
-        results = await pool.model_changes.replace_config(state.config)
-        changed.append(old)
-        failed = {names[d]: e for d, e in results.items() if e is not None}
-        if failed:
-            for config in changed:  # back to the configs in force
-                await pool.model_changes.replace_config(config)
-                await pool.model_changes.trim(config.name)
-            reasons = "; ".join(f"{n}: {e}" for n, e in failed.items())
-            raise PlanRefused(f"model {state.config.model_name!r} did not load: {reasons}")
-        if results:
-            loaded[state.config.model_name] = sorted(names[d] for d in results)
-    return loaded
-
-
-def _log_failure(task: asyncio.Future) -> None:
-    if not task.cancelled() and task.exception() is not None:
-        log.error("unloading models the plan moved failed: %s", task.exception())
