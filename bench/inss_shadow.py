@@ -51,6 +51,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import json
 import platform
 import sys
@@ -273,7 +274,26 @@ async def one_run(
         "answered_twice": sum(successes[n] - received[n] for n in MODELS),
         "switches": switches,
         "after_switch": windows,
+        "between_switches": between(records, slo_ok, starts, load.duration_s),
     }
+
+
+def between(records: Any, slo_ok: np.ndarray, starts: list[float], end_s: float) -> list[dict]:
+    """Within SLO of the requests sent from each switch to the next (the
+    first from the run's start): each plan's own figure."""
+    edges = [0.0, *starts, end_s]
+    out = []
+    for lo, hi in itertools.pairwise(edges):
+        part = (records.intended >= lo) & (records.intended < hi)
+        out.append(
+            {
+                "from_s": lo,
+                "to_s": hi,
+                "requests": int(part.sum()),
+                "within_slo": float(slo_ok[part].mean()) if part.any() else None,
+            }
+        )
+    return out
 
 
 def changes(answer: dict[str, Any], timed: bool) -> list[str]:
@@ -298,6 +318,16 @@ def render(runs: dict[str, dict[str, Any]]) -> str:
             f"| {name} | {r['sent']} | {r['answered']} | {r['unanswered']} | "
             f"{r['answered_twice']} | {r['within_slo']:.2%} | {r['latency_ms_p50_p99'][1]:.1f} |"
         )
+    spans = {name: r.get("between_switches", []) for name, r in runs.items()}
+    if any(len(v) > 1 for v in spans.values()):
+        out += ["", "| run | within SLO from each switch to the next |", "|---|---|"]
+        for name, parts in spans.items():
+            shown = ", ".join(
+                f"{p['from_s']:.1f}–{p['to_s']:.1f} s: "
+                + ("—" if p["within_slo"] is None else f"{p['within_slo']:.2%}")
+                for p in parts
+            )
+            out.append(f"| {name} | {shown} |")
     switches = runs.get("reshare", {}).get("switches", [])
     if switches and "reshared" in switches[0]:  # --plans
         out += [
