@@ -40,18 +40,15 @@ of the run `MOVES_TOGETHER` is posted (both on halves of emulated:0: its two
 share executors added, the whole one removed, beta moved off emulated:1),
 at 65 % `MOVES_START` again.
 
-Checked: requests sent = answered (status 200 or an explicit error: none
-without an answer), and the daemon's Triton statistics count each model's
-successes exactly as many times as the load generator received an answer
-with outputs — none answered twice. Reported: within-SLO fraction of each
-run, and of the requests sent within 1 s after each switch.
+Checked and reported as bench/switch_run.py says: every request answered
+once; the within-SLO fraction of each run, of the requests sent within 1 s
+after each switch, and from each switch to the next.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import itertools
 import json
 import platform
 import sys
@@ -61,18 +58,23 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-import numpy as np
 
 from app.scheduling.profile import LatencyProfile
 from app.workloads.spec import ArrivalSpec, DeviceSpec, ModelSpec, Workload
 from bench.daemon_launcher import free_port, start_daemon, stop_daemon
-from bench.loadgen import prepare_targets, run_load
+from bench.switch_run import (
+    Switching,
+    log,
+    one_run,
+    plan_posts,
+    render_runs,
+    window_cells,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 OUT_DIR = ROOT / "bench" / "results" / "inss"
 MODELS = {"alpha": "emulated:0/0", "beta": "emulated:0/1"}
 ALPHA_MS, BETA_MS, SLO_MS, MAX_BATCH = 2.0, 5.0, 100.0, 16
-WINDOW_S = 1.0  # "right after a switch"
 # (fraction of the run, device, share): shrink first, then grow.
 SCHEDULE = (
     (0.30, "emulated:0/1", 0.3),
@@ -124,10 +126,6 @@ def plan_file(path: Path, placed: Placed) -> Path:
     return path
 
 
-def log(message: str) -> None:
-    print(message, file=sys.stderr, flush=True)
-
-
 def repository(root: Path, placed: bool = True) -> Path:
     """The two models, on their shares (`placed`) or where a plan puts them."""
     for name, device in MODELS.items():
@@ -173,127 +171,22 @@ async def reshares(url: str, duration_s: float, started: float) -> list[dict[str
     return done
 
 
-async def plan_posts(
-    url: str, duration_s: float, started: float, plans: list[tuple[float, Path]]
-) -> list[dict[str, Any]]:
-    """Post each plan of `plans` (fraction of the run, file); each answer
-    with when it was asked and when it was in force, from `started`."""
-    done = []
-    async with httpx.AsyncClient(base_url=url, timeout=60.0) as client:
-        for fraction, path in plans:
-            wait = started + fraction * duration_s - time.monotonic()
-            if wait > 0:
-                await asyncio.sleep(wait)
-            asked = time.monotonic() - started
-            reply = await client.post("/v2/plan", content=path.read_bytes())
-            if reply.status_code != 200:
-                raise RuntimeError(f"posting {path.name}: {reply.text}")
-            answer = reply.json()
-            answer["asked_at_s"] = asked
-            answer["switched_at_s"] = time.monotonic() - started
-            done.append(answer)
-            reshared = ", ".join(changes(answer, timed=False))
-            log(
-                f"  {path.name}: {reshared}; batches {answer['batch']}, core switch "
-                f"{answer['switch_ms']:.3f} ms, {answer['handed_over']} handed over, total "
-                f"{answer['total_ms']:.0f} ms"
-            )
-    return done
+def switches(url: str, duration_s: float, plans: list[tuple[float, Path]] | None) -> Switching:
+    """SCHEDULE's reshares, or `plans` posted, from a run's start."""
 
-
-async def one_run(
-    url: str,
-    load: Workload,
-    reshare: bool,
-    windows_at: list[float] | None = None,
-    plans: list[tuple[float, Path]] | None = None,
-) -> dict[str, Any]:
-    """One run; the within-SLO windows start at each switch (`reshare`:
-    SCHEDULE's reshares, or `plans` posted) or at `windows_at` (the other
-    run's switches, seconds from the start)."""
-    targets = await prepare_targets(url, load)  # checks each model with a request
-    async with httpx.AsyncClient(base_url=url) as client:
-        before = (await client.get("/v2/models/stats")).json()
-    started = time.monotonic()
-    running = asyncio.create_task(run_load(url, load, targets=targets))
-    switches = []
-    if reshare:
-        switches = await (
-            plan_posts(url, load.duration_s, started, plans)
-            if plans
-            else reshares(url, load.duration_s, started)
+    def describe(answer: dict[str, Any]) -> str:
+        return (
+            f"{', '.join(changes(answer, timed=False))}; batches {answer['batch']}, core "
+            f"switch {answer['switch_ms']:.3f} ms, {answer['handed_over']} handed over, total "
+            f"{answer['total_ms']:.0f} ms"
         )
-    result = await running
-    async with httpx.AsyncClient(base_url=url) as client:
-        after = (await client.get("/v2/models/stats")).json()
-    records = result.records
-    answered = records.status != 0
-    ok = records.status == 200
-    slo_ok = ok & (records.latency_ms <= SLO_MS)
-    successes = {}
-    for name in MODELS:
-        count = [
-            sum(
-                int(m["inference_stats"]["success"]["count"])
-                for m in doc["model_stats"]
-                if m["name"] == name
-            )
-            for doc in (before, after)
-        ]
-        successes[name] = count[1] - count[0]
-    received = {name: int((ok & (records.model_index == i)).sum()) for i, name in enumerate(MODELS)}
-    windows = []
-    starts = [s["switched_at_s"] for s in switches] if reshare else (windows_at or [])
-    for at in starts:
-        near = (records.intended >= at) & (records.intended < at + WINDOW_S)
-        windows.append(
-            {
-                "from_s": at,
-                "requests": int(near.sum()),
-                "within_slo": float(slo_ok[near].mean()) if near.any() else None,
-            }
-        )
-    errors: dict[str, int] = {}
-    for status, reason in zip(
-        records.status[~ok & answered], records.reason[~ok & answered], strict=True
-    ):
-        key = f"{status} {records.reasons[reason] if reason >= 0 else ''}".strip()
-        errors[key] = errors.get(key, 0) + 1
-    return {
-        "sent": int(np.isfinite(records.sent).sum()),
-        "answered": int(answered.sum()),
-        "unanswered": int((~answered).sum()),
-        "ok": int(ok.sum()),
-        "errors": errors,
-        "within_slo": float(slo_ok.mean()),
-        "latency_ms_p50_p99": [
-            float(np.nanpercentile(records.latency_ms[ok], q)) for q in (50, 99)
-        ],
-        "server_successes": successes,
-        "client_answers_with_outputs": received,
-        "answered_twice": sum(successes[n] - received[n] for n in MODELS),
-        "switches": switches,
-        "after_switch": windows,
-        "between_switches": between(records, slo_ok, starts, load.duration_s),
-    }
 
+    async def run(started: float) -> list[dict[str, Any]]:
+        if plans:
+            return await plan_posts(url, duration_s, started, plans, describe)
+        return await reshares(url, duration_s, started)
 
-def between(records: Any, slo_ok: np.ndarray, starts: list[float], end_s: float) -> list[dict]:
-    """Within SLO of the requests sent from each switch to the next (the
-    first from the run's start): each plan's own figure."""
-    edges = [0.0, *starts, end_s]
-    out = []
-    for lo, hi in itertools.pairwise(edges):
-        part = (records.intended >= lo) & (records.intended < hi)
-        out.append(
-            {
-                "from_s": lo,
-                "to_s": hi,
-                "requests": int(part.sum()),
-                "within_slo": float(slo_ok[part].mean()) if part.any() else None,
-            }
-        )
-    return out
+    return run
 
 
 def changes(answer: dict[str, Any], timed: bool) -> list[str]:
@@ -309,25 +202,7 @@ def changes(answer: dict[str, Any], timed: bool) -> list[str]:
 
 
 def render(runs: dict[str, dict[str, Any]]) -> str:
-    out = [
-        "| run | sent | answered | unanswered | answered twice | within SLO | p99 ms |",
-        "|---|---:|---:|---:|---:|---:|---:|",
-    ]
-    for name, r in runs.items():
-        out.append(
-            f"| {name} | {r['sent']} | {r['answered']} | {r['unanswered']} | "
-            f"{r['answered_twice']} | {r['within_slo']:.2%} | {r['latency_ms_p50_p99'][1]:.1f} |"
-        )
-    spans = {name: r.get("between_switches", []) for name, r in runs.items()}
-    if any(len(v) > 1 for v in spans.values()):
-        out += ["", "| run | within SLO from each switch to the next |", "|---|---|"]
-        for name, parts in spans.items():
-            shown = ", ".join(
-                f"{p['from_s']:.1f}–{p['to_s']:.1f} s: "
-                + ("—" if p["within_slo"] is None else f"{p['within_slo']:.2%}")
-                for p in parts
-            )
-            out.append(f"| {name} | {shown} |")
+    out = render_runs(runs)
     switches = runs.get("reshare", {}).get("switches", [])
     if switches and "reshared" in switches[0]:  # --plans
         out += [
@@ -340,9 +215,7 @@ def render(runs: dict[str, dict[str, Any]]) -> str:
         for s, w, st in zip(switches, runs["reshare"]["after_switch"], steady, strict=True):
             shares = ", ".join(changes(s, timed=True))
             batches = ", ".join(f"{m} {b}" for m, b in (s["batch"] or {}).items()) or "—"
-            cells = [
-                "—" if x.get("within_slo") is None else f"{x['within_slo']:.1%}" for x in (w, st)
-            ]
+            cells = window_cells(w, st)
             out.append(
                 f"| at {s['asked_at_s']:.1f} s | {shares} | {batches} | {s['switch_ms']:.3f} | "
                 f"{s['handed_over']} | {s['total_ms']:.0f} | {cells[0]} | {cells[1]} |"
@@ -357,9 +230,7 @@ def render(runs: dict[str, dict[str, Any]]) -> str:
         steady = runs.get("steady", {}).get("after_switch", [{}] * len(switches))
         for s, w, st in zip(switches, runs["reshare"]["after_switch"], steady, strict=True):
             up = s["spawn_s"] + s["load_s"] + s["warmup_s"]
-            cells = [
-                "—" if x.get("within_slo") is None else f"{x['within_slo']:.1%}" for x in (w, st)
-            ]
+            cells = window_cells(w, st)
             out.append(
                 f"| {s['name']} | {s['old_share']:g} → {s['new_share']:g} | {up:.3f} | "
                 f"{s['switch_s'] * 1e6:.0f} | {s['drain_s']:.3f} ({s['old_batches']}) | "
@@ -418,7 +289,8 @@ def main(argv: list[str] | None = None) -> int:
             log(f"{name}: daemon ready in {handle.startup_s:.1f} s")
             try:
                 at = [w["switched_at_s"] for w in runs["reshare"]["switches"]] if runs else None
-                runs[name] = asyncio.run(one_run(handle.url, load, name == "reshare", at, plans))
+                switching = switches(handle.url, load.duration_s, plans) if not runs else None
+                runs[name] = asyncio.run(one_run(handle.url, load, switching, at))
             finally:
                 stop_daemon(handle)
             r = runs[name]

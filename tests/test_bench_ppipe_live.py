@@ -125,3 +125,48 @@ def test_the_plan_simulator_names_bad_input_instead_of_a_traceback(
             ppipe_plan_sim.main(argv)
         assert stopped.value.code == 2
         assert message in capsys.readouterr().err
+
+
+def test_the_switch_bench_plans_the_model_cut_and_whole_and_shows_each_switch(tmp_path):
+    from bench.ppipe_switch import describe, make_plans, render
+
+    plans = make_plans(tmp_path)
+    stages = {
+        name: [
+            [(s["device_class"], s["start"], s["end"]) for s in p["stages"]]
+            for p in json.loads(path.read_text())["plan"]["pipelines"]
+        ]
+        for name, path in plans.items()
+    }
+    # cut over both classes (the slow class cannot run the model whole in
+    # time); whole on the two fast executors
+    assert {c for p in stages["cut"] for c, _, _ in p} == {"fast", "slow"}
+    assert stages["whole"] == [[("fast", 0, 10)]]
+    assert (tmp_path / "timings" / "models" / "chain" / "model.onnx").is_file()
+
+    answer = {
+        "pipelines": [
+            {"model": "chain", "batch": 1,
+             "stages": [{"blocks": [0, 10], "devices": ["fast:0", "fast:1"]}]}
+        ],
+        "started_s": 0.365, "old_held": 1, "old_drained_s": 0.01, "total_s": 0.47,
+        "asked_at_s": 9.0, "switched_at_s": 9.365,
+    }  # fmt: skip
+    assert describe(answer) == (
+        "[0,10) on fast:0,fast:1; started in 0.365 s, old pipelines held 1 and drained in "
+        "0.010 s, total 0.470 s"
+    )
+    run = {
+        "sent": 10, "answered": 10, "unanswered": 0, "answered_twice": 0, "within_slo": 0.9,
+        "latency_ms_p50_p99": [10.0, 50.0], "switches": [answer],
+        "after_switch": [{"within_slo": 1.0}],
+        "between_switches": [
+            {"from_s": 0.0, "to_s": 9.365, "within_slo": 0.8},
+            {"from_s": 9.365, "to_s": 30.0, "within_slo": 1.0},
+        ],
+    }  # fmt: skip
+    steady = {**run, "switches": [], "after_switch": [{"within_slo": None}]}
+    table = render({"switched": run, "steady": steady, "steady whole": steady})
+    assert "| switched | 10 | 10 | 0 | 0 | 90.00% | 50.0 |" in table
+    assert "| switched | 0.0–9.4 s: 80.00%, 9.4–30.0 s: 100.00% |" in table
+    assert "| at 9.0 s | fast:0,fast:1 | 0.365 | 1 | 0.010 | 0.470 | 100.0% | — |" in table

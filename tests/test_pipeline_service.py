@@ -192,3 +192,125 @@ def test_a_plan_that_cannot_be_served_stops_start_up_naming_why(planned, tmp_pat
         asyncio.run(start())
     assert str(failed.value).startswith(f"PPIPE_PLAN {plan}: ")
     assert message in str(failed.value)
+
+
+def _plan_for(root: Path, timings: Path, classes: dict[str, int], slo_ms: float) -> Path:
+    """A PPipe plan of `chain` over `classes` (count per class)."""
+    config = root / f"cluster-{'-'.join(classes)}.yaml"
+    config.write_text(
+        yaml.safe_dump(
+            {
+                "cluster": {"classes": classes, "bandwidth_gbps": 1e6},
+                "timings": str(timings),
+                "models": [{"name": "chain", "weight": 1.0, "slo_ms": slo_ms}],
+                "planner": {"time_limit_s": 30},
+            }
+        )
+    )
+    plan = root / f"plan-{'-'.join(classes)}.json"
+    assert plan_cli.main(["ppipe", str(config), "--out", str(plan)]) == 0
+    return plan
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("no_leftover_segments")
+def test_a_ppipe_plan_posted_under_load_takes_over_and_every_request_is_answered_once(
+    planned, tmp_path
+):
+    """The server serves the plan over 1 fast + 2 slow instances; a plan
+    over two fast instances only is posted while clients send requests:
+    every request gets one answer, equal to the uncut model's; those sent
+    after the switch run on the new plan's instances; the old pipelines'
+    executors are gone. A plan that pipelines another set of models is a
+    501 and changes nothing."""
+    import onnxruntime as ort
+
+    from app.api import create_api
+    from app.server.live import LiveService
+
+    repository, timings, plan = planned
+    slo_ms = json.loads(plan.read_text())["plan"]["models"][0]["slo_s"] * 1e3
+    fast_only = _plan_for(tmp_path, timings, {"fast": 2}, slo_ms)
+    settings = Settings.from_env(
+        {"MODEL_REPOSITORY": str(repository), "PLAN": str(plan), "PPIPE_CLASSES": CLASSES,
+         "CPU_SLICES": "0", "EMULATED_DEVICES": "1", "RESPAWN": "0"}
+    )  # fmt: skip
+    whole = ort.InferenceSession(str(repository / "chain" / "model.onnx"))
+    rng = np.random.default_rng(5)
+    inputs = [rng.standard_normal((1, 3, 32, 32)).astype(np.float32) for _ in range(4)]
+    expected = [whole.run(None, {"input": x})[0] for x in inputs]
+
+    async def scenario():
+        service = LiveService(settings, Metrics())
+        await service.start()
+        answers: list[tuple[float, int, object]] = []
+        try:
+            api = create_api(lambda: service, Metrics())
+            transport = httpx.ASGITransport(app=api, raise_app_exceptions=False)
+            async with httpx.AsyncClient(transport=transport, base_url="http://t") as client:
+                old_devices = (await client.get("/v2/devices")).json()["devices"]
+
+                async def load(n: int) -> None:
+                    for i in range(n):
+                        try:
+                            result = await service.infer("chain", {"input": inputs[i % 4]})
+                            answers.append((time.monotonic(), i % 4, result))
+                        except Exception as exc:  # counted: one answer each
+                            answers.append((time.monotonic(), i % 4, exc))
+                        await asyncio.sleep(0.01)
+
+                clients = [asyncio.ensure_future(load(40)) for _ in range(3)]
+                await asyncio.sleep(0.3)
+                reply = await client.post("/v2/plan", content=fast_only.read_bytes())
+                switched_at = time.monotonic()
+                await asyncio.gather(*clients)
+                new_devices = (await client.get("/v2/devices")).json()["devices"]
+                empty = json.loads(fast_only.read_text())
+                empty["plan"]["models"] = []
+                refused = [await client.post("/v2/plan", content=json.dumps(empty).encode())]
+                unknown = json.loads(plan.read_text())
+                for pipeline in unknown["plan"]["pipelines"]:
+                    for stage in pipeline["stages"]:
+                        stage["device_class"] = "medium"
+                refused.append(await client.post("/v2/plan", content=json.dumps(unknown).encode()))
+                in_force = (await client.get("/v2/plan")).json()
+                served = await service.infer("chain", {"input": inputs[0]})
+            return reply, switched_at, answers, old_devices, new_devices, refused, in_force, served
+        finally:
+            await service.stop()
+
+    reply, switched_at, answers, old_devices, new_devices, refused, in_force, served = asyncio.run(
+        scenario()
+    )
+    assert reply.status_code == 200, reply.text
+    body = reply.json()
+    assert body["kind"] == "ppipe-plan" and body["models"] == ["chain"]
+    assert body["old_failed"] == 0 and body["old_drained_s"] < 5
+    assert {d for p in body["pipelines"] for s in p["stages"] for d in s["devices"]} <= {
+        "fast:0",
+        "fast:1",
+    }
+    assert len(answers) == 120
+    failures = [a for _, _, a in answers if isinstance(a, Exception)]
+    assert failures == []
+    for _, i, result in answers:
+        got = np.asarray(result.outputs["output"], np.float32).reshape(1, 10)
+        np.testing.assert_allclose(got, expected[i], rtol=1e-4, atol=1e-5)
+    after = [result.device for at, _, result in answers if at > switched_at + 0.05]
+    assert after and all(part.split(":")[0] == "fast" for path in after for part in path.split(">"))
+    classes = lambda devices: sorted(  # noqa: E731
+        d["class"] for d in devices if d["name"].split(":")[0] in ("fast", "slow")
+    )
+    assert classes(old_devices) == ["fast", "slow", "slow"]
+    assert classes(new_devices) == ["fast", "fast"]
+    # the answers after the switch ran on every instance of the new plan
+    assert {part for path in after for part in path.split(">")} == {"fast:0", "fast:1"}
+    other_models, unknown_class = refused
+    assert other_models.status_code == 501, other_models.text
+    assert "a model moves between a pipeline and the dispatcher's cores" in other_models.text
+    assert unknown_class.status_code == 409, unknown_class.text
+    assert "its classes ['medium'] are not live classes" in unknown_class.text
+    # the refused plans changed nothing: the posted one serves on
+    assert in_force["setting"] == "POST /v2/plan" and in_force["kind"] == "ppipe-plan"
+    assert in_force["plan"] == json.loads(fast_only.read_text())["plan"]
+    assert served.device.split(":")[0] == "fast"

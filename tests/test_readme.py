@@ -199,6 +199,9 @@ NOT_RUN = {
     "python -m bench.ppipe_sim": "6 groups × 4 clusters × 3 variants × 2 arrival processes, "
     "capacity searches of 30-s simulations, ~20 min (tests/test_ppipe_simulation.py runs plans)",
     "python -m bench.ppipe_live": "block profiling and live capacity searches, minutes of load",
+    "python -m bench.ppipe_switch": "block profiling and three 30-s daemon runs under load "
+    "(tests/test_pipeline_service.py posts a PPipe plan under load; tests/test_bench_ppipe_live.py "
+    "checks the bench's plans and tables)",
     "python -m bench.ppipe_plan_sim /tmp/ppipe-chain/plan.json --timings /tmp/ppipe-chain "
     "--slo-ms 100": "two capacity searches of 30-s simulations, ~10 s, on the plan the commands "
     "above write (tests/test_bench_ppipe_live.py runs it on a reference plan)",

@@ -13,6 +13,7 @@ from app.runtime.devices import ExecutorDevice
 from app.runtime.pool import ExecutorPool
 from app.server.autoscaling import DeviceScaling
 from app.server.dispatcher import Dispatcher
+from app.server.metrics import Metrics
 from app.server.pipeline_service import PipelineService
 from app.server.plans import PlanInForce
 from app.server.settings import Settings
@@ -37,6 +38,9 @@ class ControlHost(Protocol):
     pool: ExecutorPool | None  # None until started
     dispatcher: Dispatcher | None
     pipelines: PipelineService | None
+    # Pipelines a posted PPipe plan replaced, answering what they accepted.
+    retiring_pipelines: list[PipelineService]
+    metrics: Metrics
     ready: bool
     closing: bool
     plan: PlanInForce | None  # the plan in force (PLAN or POST /v2/plan)

@@ -116,6 +116,7 @@ class LiveService:
         self.dispatcher: Dispatcher | None = None
         # Models served as PPipe pipelines (PPIPE_PLAN; app/server/pipeline_service.py).
         self.pipelines: PipelineService | None = None
+        self.retiring_pipelines: list[PipelineService] = []  # replaced by a posted plan
         self.plan: PlanInForce | None = None  # PLAN (app/server/plans.py)
         self._plan_loaded_at = 0.0
         self._preemptions = PreemptionLog()
@@ -381,17 +382,17 @@ class LiveService:
             return
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.settings.shutdown_grace_s
-        pipelines = self.pipelines
+        pipelines = [*self.retiring_pipelines, *([self.pipelines] if self.pipelines else [])]
         while (
-            (dispatcher.pending or (pipelines is not None and pipelines.pending))
+            (dispatcher.pending or any(p.pending for p in pipelines))
             and not self._hurried
             and loop.time() < deadline
         ):
             await asyncio.sleep(0.01)
         error = ShuttingDown("server shut down before this request finished")
         failed = dispatcher.fail_all(error)
-        if pipelines is not None:
-            failed += pipelines.fail_all(error)
+        for served in pipelines:
+            failed += served.fail_all(error)
         if failed:
             log.warning("shutdown: answered %d unfinished requests with 503 shutting_down", failed)
 
@@ -412,8 +413,8 @@ class LiveService:
             await self.pool.stop(timeout=_EXECUTOR_STOP_S)
         for state in self.models.values():
             state.arena.close_and_unlink()
-        if self.pipelines is not None:
-            await self.pipelines.stop()
+        for served in [*self.retiring_pipelines, *([self.pipelines] if self.pipelines else [])]:
+            await served.stop()
         thaw_heap()
         if self._sched_before is not None:
             restore(self._sched_before)

@@ -89,6 +89,15 @@ class PipelineService:
         self.route = PipelineRoute(live.driver, max_items, self._names)
 
     @property
+    def layout(self) -> Layout:
+        """The plan's pipelines over their device instances."""
+        return self.live.driver.core.layout
+
+    def device_name(self, device_id: int) -> str:
+        """An instance's executor name (`CLASS:i`)."""
+        return self._names[device_id]
+
+    @property
     def pending(self) -> int:
         """Requests accepted and not answered yet."""
         return len(self.live.driver.pending)

@@ -220,6 +220,20 @@ class LivePipelines:
             errors = {d.name: self.pool.load_errors(d.id) for d in self.devices}
             raise RuntimeError(f"partitions failed to load: {missing}: {errors}")
 
+    async def warm_up(self, timeout: float = 30.0) -> None:
+        """Run each partition once at batch 1 on each executor holding it:
+        a fresh session's first run costs more (its memory, its kernels'
+        first calls), and pipelines started while serving take traffic at
+        once (app/server/pipeline_switch.py)."""
+        workers = self.pool.workers
+        await asyncio.gather(
+            *(
+                self.pool.warm_up(workers[d.id], model, timeout)
+                for d in self.devices
+                for model in self.pool.models_on(d.id)
+            )
+        )
+
     async def stop(self) -> None:
         from app.errors import ShuttingDown
 

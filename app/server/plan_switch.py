@@ -24,8 +24,10 @@ each device at the speed the old ones did (a reshared device's share).
 
 An InSS plan is taken up by app/server/inss_switch.py (new shares and batch
 sizes) and app/server/inss_layout.py (models placed otherwise: share
-executors added and removed); a PPipe plan (its pipelines' executors)
-answers 501 naming the restart that serves it.
+executors added and removed); a PPipe plan by app/server/pipeline_switch.py
+(new pipelines started beside those in force). A HERD or partition plan
+posted to a server serving a PPipe plan is a 501 naming the restart that
+serves it.
 """
 
 from __future__ import annotations
@@ -47,6 +49,7 @@ from app.server.control_host import ControlHost
 from app.server.core_groups import CoreGroupsError, apply_core_groups
 from app.server.core_swap import swap_cores
 from app.server.inss_switch import switch_inss
+from app.server.pipeline_switch import switch_pipelines
 from app.server.plan_checks import check_plan
 from app.server.plan_moves import (
     PlanNotSwitchable,
@@ -59,7 +62,7 @@ from app.server.startup import ModelState
 
 log = logging.getLogger("app.server")
 
-SWITCHED_KINDS = ("herd-plan", "symphony-partition", "inss-plan")
+SWITCHED_KINDS = ("herd-plan", "symphony-partition", "inss-plan", "ppipe-plan")
 SETTING = "POST /v2/plan"
 
 
@@ -105,10 +108,12 @@ async def switch_plan(service: ControlHost, plan: PlanInForce) -> dict[str, Any]
     """Take up `plan` while serving (module docstring); what changed."""
     pool = service.pool
     assert pool is not None
+    if plan.file.kind == "ppipe-plan":
+        return await switch_pipelines(service, plan)
     if service.pipelines is not None:
         raise PlanNotSwitchable(
-            "the server serves a PPipe plan, whose pipelines are taken down only by a "
-            "restart (with PLAN=FILE)"
+            f"the server serves a PPipe plan, whose models {WHAT[plan.file.kind]} would take "
+            "out of their pipelines only by a restart (with PLAN=FILE)"
         )
     if plan.inss is not None:
         in_force = _inss_in_force(service, plan)
