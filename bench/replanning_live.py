@@ -5,6 +5,7 @@ daemon itself, and replaced with hindsight at the shift.
     python -m bench.replanning_live            # 2 phases of 15 s per run, 3 runs (~2 min)
     python -m bench.replanning_live --quick    # phases of 6 s
     python -m bench.replanning_live --herd     # HERD's groups instead of the partition
+    python -m bench.replanning_live --inss     # InSS's placement on 2 devices
 
 Four emulated models (`m0` … `m3`: ℓ(b) = 8·b + 8 ms, SLO 100 ms, max batch
 16) on 4 emulated devices, policy `symphony`, a partition plan of 2
@@ -26,6 +27,13 @@ the plans are HERD's groups (its ILP, `shared` burst tolerance, groups of
 at most 2 devices) for each phase's rates, served under policy `flex`; phase
 1's pairs a busy model with a quiet one in each group, and in phase 2 the
 group holding m0 and m1 gets both busy models.
+
+With `--inss`, the same through InSS's placement (app/server/inss_replanning.py):
+the four models are lighter (ℓ(b) = 4·b + 5 ms at the whole device) and
+share 2 emulated devices, policy `inss`; the plans are InSS's exact
+placement for each phase's rates — phase 1's puts m1 (quiet then) on a
+share too small for its phase-2 rate — taken up while serving with their
+reshares, and share executors added and removed when they move models.
 
 Reported per run and phase: within SLO and goodput; the re-planned run's
 re-plans (when, from the daemon's log); requests sent and answered.
@@ -75,11 +83,15 @@ outputs: [{{name: x, datatype: FP32, shape: [-1, 4]}}]
 """
 
 
-def repository(root: Path) -> Path:
+# --inss: lighter models on fewer devices, so that they share them.
+INSS_ALPHA_MS, INSS_BETA_MS, INSS_DEVICES = 4.0, 5.0, 2
+
+
+def repository(root: Path, alpha_ms: float = ALPHA_MS, beta_ms: float = BETA_MS) -> Path:
     for name in MODELS:
         (root / name).mkdir(parents=True)
         (root / name / "config.yaml").write_text(
-            CONFIG.format(max_batch=MAX_BATCH, slo=SLO_MS, alpha=ALPHA_MS, beta=BETA_MS)
+            CONFIG.format(max_batch=MAX_BATCH, slo=SLO_MS, alpha=alpha_ms, beta=beta_ms)
         )
     return root
 
@@ -112,9 +124,45 @@ def herd_plan(rates: tuple[float, ...]) -> dict[str, Any]:
     return herd_solve(problem, SolveOptions(objective, 10.0)).to_dict()
 
 
+def inss_plan(rates: tuple[float, ...]) -> dict[str, Any]:
+    """InSS's exact placement of the lighter models on 2 emulated devices for `rates`."""
+    from app.planning.inss.config import problem_from_dict as inss_problem
+    from app.planning.inss.placement import solve_exact
+    from app.planning.inss.plan import plan_to_dict as inss_to_dict
+
+    linear = {"alpha": INSS_ALPHA_MS, "beta": INSS_BETA_MS}
+    body = {
+        "share_step": 0.1,
+        "devices": [
+            {
+                "name": f"emulated:{i}",
+                "kind": "emulated",
+                "memory_mb": 16000,
+                "bandwidth_gb_per_s": 1000,
+            }
+            for i in range(INSS_DEVICES)
+        ],
+        "models": [
+            {
+                "name": n,
+                "rate": r,
+                "slo_ms": SLO_MS,
+                "memory_mb": {1: 1, MAX_BATCH: 1},
+                "latency_per_kind": {"emulated": {"running_time": {"linear_ms": linear}}},
+            }
+            for n, r in zip(MODELS, rates, strict=True)
+        ],
+    }
+    return inss_to_dict(solve_exact(inss_problem(body, "the bench")))
+
+
 def groups_of(plan: dict[str, Any]) -> list[list[str]]:
-    """The models of each group (HERD) or sub-cluster (partition) of a plan file."""
+    """The models of each group (HERD), sub-cluster (partition) or device
+    (InSS, with their shares) of a plan file."""
     body = plan["plan"]
+    if "devices" in body and "models" in body:  # InSS
+        share = {m["model"]: m["share"] for m in body["models"]}
+        return [[f"{m} {share[m]:g}" for m in d["models"]] for d in body["devices"]]
     return [g["models"] for g in body.get("groups", body.get("sub_clusters", []))]
 
 
@@ -181,7 +229,12 @@ async def _load(url: str, phase_s: float, hindsight: dict[str, Any] | None) -> d
 
 
 def _run(
-    name: str, phase_s: float, root: Path, plans: list[dict[str, Any]], policy: str
+    name: str,
+    phase_s: float,
+    root: Path,
+    plans: list[dict[str, Any]],
+    policy: str,
+    devices: int = DEVICES,
 ) -> dict[str, Any]:
     plan_path = root / "plan.json"
     plan_path.write_text(json.dumps(plans[0]))
@@ -192,7 +245,7 @@ def _run(
         root / "models",
         free_port(),
         policy=policy,
-        emulated_devices=DEVICES,
+        emulated_devices=devices,
         extra_env=env,
         log_level="info",
     )
@@ -215,20 +268,27 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--phase-s", type=float, default=15.0)
     parser.add_argument("--quick", action="store_true", help="phases of 6 s")
     parser.add_argument("--json", type=Path, help="write the report here too")
-    parser.add_argument("--herd", action="store_true", help="HERD's groups, policy flex")
+    mode = parser.add_mutually_exclusive_group()
+    mode.add_argument("--herd", action="store_true", help="HERD's groups, policy flex")
+    mode.add_argument("--inss", action="store_true", help="InSS's placement, policy inss")
     args = parser.parse_args(argv)
     phase_s = 6.0 if args.quick else args.phase_s
-    make = herd_plan if args.herd else partition_plan
+    make = herd_plan if args.herd else inss_plan if args.inss else partition_plan
+    policy = "flex" if args.herd else "inss" if args.inss else "symphony"
+    devices = INSS_DEVICES if args.inss else DEVICES
     plans = [make(rates) for rates in PHASE_RATES]
     for k, plan in enumerate(plans):
         say(f"phase {k + 1}'s plan: {groups_of(plan)}")
     report: dict[str, Any] = {}
     with tempfile.TemporaryDirectory() as scratch:
         root = Path(scratch)
-        repository(root / "models")
+        if args.inss:
+            repository(root / "models", INSS_ALPHA_MS, INSS_BETA_MS)
+        else:
+            repository(root / "models")
         for name in RUNS:
             say(f"{name}: 2 phases of {phase_s:g} s")
-            report[name] = _run(name, phase_s, root, plans, "flex" if args.herd else "symphony")
+            report[name] = _run(name, phase_s, root, plans, policy, devices)
     print(
         "| run | phase 1 within SLO | phase 2 within SLO | phase 2 goodput r/s | answered / sent |"
     )

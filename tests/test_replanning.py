@@ -71,7 +71,7 @@ async def test_replan_s_without_a_partition_plan_is_said_not_acted_on(tmp_path: 
     try:
         assert service._replanning is None
         assert "REPLAN_S=5 is not acted on" in caplog.text
-        assert "it re-plans a partition or HERD plan in force" in caplog.text
+        assert "it re-plans a partition, HERD or InSS plan in force" in caplog.text
         assert "this server serves none" in caplog.text
     finally:
         await service.stop()
@@ -126,6 +126,73 @@ async def test_herd_groups_are_made_again_when_the_rates_leave_one_group_short(t
         await service.stop()
 
 
+@pytest.mark.slow
+@pytest.mark.anyio
+@pytest.mark.usefixtures("no_leftover_segments")
+async def test_an_inss_placement_short_of_a_measured_rate_is_made_again_and_moves_models(
+    tmp_path: Path,
+):
+    """a and b on halves of emulated:0, c alone on emulated:1; then a gets
+    200 r/s, more than half a device serves (8 / 56 ms = 143 r/s at its
+    largest batch) and less than a whole one (286 r/s). InSS's placement on
+    the measured rates serves all three, so it is taken up — a model moved,
+    share executors added and removed — and the same rates again keep it."""
+    from app.server.inss_replanning import IDLE_RATE, inss_replan
+    from tests.fakes import inss_plan
+
+    repository = emulated_repository(tmp_path / "models", dict.fromkeys("abc", 1.0), slo_ms=200)
+    plan = inss_plan(
+        tmp_path / "inss.json",
+        {"a": ("emulated:0", 0.5, 8), "b": ("emulated:0", 0.5, 1), "c": ("emulated:1", 1.0, 1)},
+    )
+    settings = dataclasses.replace(_settings(repository, plan=plan), policy="inss")
+    service = LiveService(settings, Metrics())
+    await service.start()
+    try:
+        replanner = Replanner(
+            service, service.apply_plan, 1.0, 0.1, service.profile_index,
+            devices=service.device_index,
+        )  # fmt: skip
+        rates = {"a": 200.0, "b": 1.0, "c": 0.0}
+        found = inss_replan(
+            plan, service.device_index(), service.profile_index(), rates, dict.fromkeys("abc")
+        )
+        assert found.rates == {"a": 200.0, "b": 1.0, "c": IDLE_RATE}
+        assert found.kept.served == 2 and found.found.served == 3, (found.kept, found.found)
+        assert found.better_by(0.1)
+        placed = {m.model: (m.device, m.share) for m in found.plan.models}
+        assert placed["a"][1] == 1.0, placed  # a has a device of its own
+        switched = await replanner.replan(rates)
+        assert switched is not None and switched["kind"] == "inss-plan"
+        assert switched["added"] or switched["removed"], switched
+        in_force = service.plan_in_force()
+        assert in_force is not None and in_force["setting"] == "POST /v2/plan"
+        assert in_force["made_from"]["command"] == "REPLAN_S=1 REPLAN_GAIN=0.1"
+        assert service.plan is not None and service.plan.inss is not None
+        a_on = service.plan.inss.device_of["a"]
+        assert "/" not in a_on, a_on  # a on a whole device
+        assert await replanner.replan(rates) is None  # as good as itself: kept
+        assert replanner.taken_up == 1
+        x = np.ones((1, 4), dtype=np.float32)
+        answers = {m: await service.infer(m, {"x": x}) for m in "abc"}
+        assert answers["a"].device == a_on
+        assert {answers["b"].device, answers["c"].device}.isdisjoint({a_on})
+    finally:
+        await service.stop()
+
+
+def test_an_inss_re_plan_wins_by_models_served_first_then_by_its_gain_in_throughput():
+    from app.server.inss_replanning import InssReplan, Score
+
+    def replan(kept: Score, found: Score) -> InssReplan:
+        return InssReplan(kept, found, {}, None)  # type: ignore[arg-type]
+
+    assert replan(Score(2, 500.0), Score(3, 100.0)).better_by(0.1)  # one more at its rate
+    assert not replan(Score(3, 100.0), Score(2, 500.0)).better_by(0.1)
+    assert replan(Score(3, 100.0), Score(3, 110.0)).better_by(0.1)  # +10 %: taken up
+    assert not replan(Score(3, 100.0), Score(3, 109.0)).better_by(0.1)  # within the noise
+
+
 def test_the_live_benchs_herd_plans_pair_a_busy_model_with_a_quiet_one_in_each_phase():
     from bench.replanning_live import PHASE_RATES, groups_of, herd_plan
 
@@ -133,6 +200,17 @@ def test_the_live_benchs_herd_plans_pair_a_busy_model_with_a_quiet_one_in_each_p
     assert groups_of(first) == [["m0", "m1"], ["m2", "m3"]]
     assert groups_of(second) == [["m0", "m2"], ["m1", "m3"]]
     assert first["plan"]["objective"] == "shared"
+
+
+def test_the_live_benchs_inss_plans_put_the_two_busy_models_apart_in_each_phase():
+    from bench.replanning_live import PHASE_RATES, groups_of, inss_plan
+
+    first, second = (inss_plan(rates) for rates in PHASE_RATES)
+    # phase 1: m0 and m2 busy, each beside a quiet model, in turn on the
+    # whole device; phase 2 (m1 busy, m2 quiet): m0 and m1 apart
+    assert groups_of(first) == [["m0 1", "m1 1"], ["m2 1", "m3 1"]]
+    assert groups_of(second) == [["m0 1", "m2 1"], ["m1 1", "m3 1"]]
+    assert first["plan"]["feasible"] and second["plan"]["feasible"]
 
 
 @pytest.mark.slow

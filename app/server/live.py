@@ -262,14 +262,15 @@ class LiveService:
         self._replanning = self._start_replanning(settings)
 
     def _start_replanning(self, settings: Settings) -> asyncio.Task | None:
-        """REPLAN_S's loop, with a partition or HERD plan in force (else a warning)."""
+        """REPLAN_S's loop, with a partition, HERD or InSS plan in force (else
+        a warning)."""
         if not settings.replan_s:
             return None
         if self.plan is None or self.plan.file.kind not in REPLANNED_KINDS:
             log.warning(
-                "REPLAN_S=%g is not acted on: it re-plans a partition or HERD plan in force "
-                "(PLAN=FILE from `python -m app plan partition` or `plan herd`), and this "
-                "server serves %s",
+                "REPLAN_S=%g is not acted on: it re-plans a partition, HERD or InSS plan in "
+                "force (PLAN=FILE from `python -m app plan partition`, `plan herd` or `plan "
+                "inss`), and this server serves %s",
                 settings.replan_s,
                 "none" if self.plan is None else f"a {self.plan.file.kind}",
             )

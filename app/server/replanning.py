@@ -1,10 +1,11 @@
 """Re-planning while serving (`REPLAN_S`): Symphony's partitioning into
-sub-clusters (symphony.txt §4.7), or Shepherd's HERD groups
-(app/server/herd_replanning.py), made again from the rates the server
+sub-clusters (symphony.txt §4.7), Shepherd's HERD groups
+(app/server/herd_replanning.py) or InSS's placement
+(app/server/inss_replanning.py), made again from the rates the server
 measures, and taken up while serving when it is better enough.
 
-Every `REPLAN_S` seconds, with a partition plan in force (a HERD plan: the
-same loop, its own planner and score):
+Every `REPLAN_S` seconds, with a partition plan in force (a HERD or InSS
+plan: the same loop, its own planner and score):
 
 1. each model's rate over the last epoch, from the statistics' request
    counts (answered and failed);
@@ -26,6 +27,7 @@ epoch. Symphony's autoscaler (AUTOSCALE) keeps acting within each core.
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import logging
 import time
@@ -42,13 +44,13 @@ from app.planning.partition.milp import solve
 from app.planning.partition.plan import plan_to_dict, read_plan
 from app.planning.partition.problem import measure
 from app.planning.plan_files import MadeFrom
-from app.server import herd_replanning
+from app.server import herd_replanning, inss_replanning
 from app.server.control_host import ControlHost
 
 log = logging.getLogger("app.server")
 
 KIND = "symphony-partition"
-KINDS = (KIND, herd_replanning.KIND)  # the plans REPLAN_S re-plans
+KINDS = (KIND, herd_replanning.KIND, inss_replanning.KIND)  # the plans REPLAN_S re-plans
 SOLVE_LIMIT_S = 2.0
 MB = 1e6
 
@@ -107,8 +109,8 @@ class Replanner:
         """Plan on `rates` (requests/s per model) and take the plan up when
         it is better enough; what the switch did, or None (plan kept)."""
         plan = self.service.plan
-        if plan is not None and plan.file.kind == herd_replanning.KIND:
-            return await self.replan_herd(plan.path, rates)
+        if plan is not None and plan.file.kind in PLACED:
+            return await self.replan_placed(plan.file.kind, plan.path, rates)
         if plan is None or plan.file.kind != KIND:
             return None
         in_force = read_plan(plan.path)
@@ -157,34 +159,41 @@ class Replanner:
         )
         return switched
 
-    async def replan_herd(self, path: Path, rates: dict[str, float]) -> dict[str, Any] | None:
-        """HERD's groups on `rates`, taken up when their least burst
-        tolerance is `gain` above the plan in force's (herd_replanning.py)."""
-        assert self.devices is not None, "HERD re-plans over the server's devices"
+    async def replan_placed(
+        self, kind: str, path: Path, rates: dict[str, float]
+    ) -> dict[str, Any] | None:
+        """HERD's groups (herd_replanning.py) or InSS's placement
+        (inss_replanning.py) on `rates`, taken up when the planner's score
+        says it is `gain` better than the plan in force's."""
+        assert self.devices is not None, "HERD and InSS re-plan over the server's devices"
         service = self.service
         own = {
             state.config.model_name: service.own_devices.get(key, state.config.devices)
             for key, state in service.models.items()
         }
-        found = await asyncio.to_thread(
-            herd_replanning.herd_replan, path, self.devices(), self.profiles(), rates, own
-        )
+        planner, measure = PLACED[kind]
+        if kind == inss_replanning.KIND:  # InSS plans with room above the rates
+            planner = functools.partial(planner, headroom=1.0 + self.gain)
+        found = await asyncio.to_thread(planner, path, self.devices(), self.profiles(), rates, own)
         shown = ", ".join(f"{m} {r:.1f}" for m, r in found.rates.items())
+        scores = f"{measure} {_shown(found.found)} against {_shown(found.kept)} in force"
         if not found.better_by(self.gain):
-            log.info(
-                "re-plan on rates %s: least burst tolerance %.3f against %.3f in force; plan kept",
-                shown,
-                found.found,
-                found.kept,
-            )
+            log.info("re-plan on rates %s: %s; plan kept", shown, scores)
             return None
         command = f"REPLAN_S={self.every_s:g} REPLAN_GAIN={self.gain:g}"
         switched = await self.apply(json.dumps(found.document(command)).encode())
         self.taken_up += 1
-        log.info(
-            "re-plan on rates %s: least burst tolerance %.3f against %.3f in force; taken up",
-            shown,
-            found.found,
-            found.kept,
-        )
+        log.info("re-plan on rates %s: %s; taken up", shown, scores)
         return switched
+
+
+# Plans whose re-planner works over the server's devices: kind → (the
+# re-planner, what its score measures).
+PLACED: dict[str, tuple[Callable[..., Any], str]] = {
+    herd_replanning.KIND: (herd_replanning.herd_replan, "least burst tolerance"),
+    inss_replanning.KIND: (inss_replanning.inss_replan, "models at their rates and throughput"),
+}
+
+
+def _shown(value: object) -> str:
+    return f"{value:.3f}" if isinstance(value, float) else str(value)

@@ -242,10 +242,11 @@ class Settings:
         metadata=_setting(
             "REPLAN_S",
             Number(metavar="S"),
-            "with a partition or HERD plan in force, every S seconds plan the sub-clusters "
-            "(HERD: the serving groups) again from the rates measured over the last S seconds "
-            "and take the new plan up while serving when it is `REPLAN_GAIN` better "
-            "(app/server/replanning.py); 0: the plan stays",
+            "with a partition, HERD or InSS plan in force, every S seconds plan the "
+            "sub-clusters (HERD: the serving groups; InSS: the placement, shares and batches) "
+            "again from the rates measured over the last S seconds and take the new plan up "
+            "while serving when it is `REPLAN_GAIN` better (app/server/replanning.py); 0: the "
+            "plan stays",
             shown="0 (off)",
         ),
     )
@@ -258,7 +259,9 @@ class Settings:
             "rates just measured, to be taken up; the objective is the largest sub-cluster's "
             "deviation from the average rate as a fraction of it (plus w × the same for "
             "memory): 0.2 is 20 points; for HERD, how much higher its least burst tolerance "
-            "must be (hysteresis: the plan does not flap)",
+            "must be; for InSS, by what fraction its Σ throughput must be higher when it "
+            "serves as many models at their rates (one serving more is always taken up) "
+            "(hysteresis: the plan does not flap)",
         ),
     )
     autoscale: tuple[int, int] | None = field(
