@@ -161,14 +161,7 @@ def summarise(run: dict[str, Any], phase_s: float) -> dict[str, Any]:
     at_step = devices_at(samples, step_up)
     first_up = next((t for t, n in samples if t > step_up and n > at_step), None)
     peak = max((n for t, n in samples if step_up < t <= end), default=at_step)
-    errors: dict[str, int] = {}
-    for status, reason in zip(
-        records.status[answered & (records.status != 200)],
-        records.reason[answered & (records.status != 200)],
-        strict=True,
-    ):
-        key = f"{status} {records.reasons[reason] if reason >= 0 else ''}".strip()
-        errors[key] = errors.get(key, 0) + 1
+    errors = records.errors()
     return {
         "sent": int(np.isfinite(records.sent).sum()),
         "requests": len(records.status),

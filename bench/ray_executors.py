@@ -312,12 +312,7 @@ async def kill_step(
         after = await successes(client, model)
     answered = records.status != 0
     ok = records.status == 200
-    errors: dict[str, int] = {}
-    for status, reason in zip(
-        records.status[~ok & answered], records.reason[~ok & answered], strict=True
-    ):
-        key = f"{status} {records.reasons[reason] if reason >= 0 else ''}".strip()
-        errors[key] = errors.get(key, 0) + 1
+    errors = records.errors()
     return {
         "duration_s": load.duration_s,
         "rate_scale": KILL_RATE_SCALE,

@@ -107,12 +107,7 @@ async def one_run(
                 "within_slo": float(slo_ok[near].mean()) if near.any() else None,
             }
         )
-    errors: dict[str, int] = {}
-    for status, reason in zip(
-        records.status[~ok & answered], records.reason[~ok & answered], strict=True
-    ):
-        key = f"{status} {records.reasons[reason] if reason >= 0 else ''}".strip()
-        errors[key] = errors.get(key, 0) + 1
+    errors = records.errors()
     return {
         "sent": int(np.isfinite(records.sent).sum()),
         "answered": int(answered.sum()),

@@ -558,6 +558,14 @@ def test_end_to_end_against_the_daemon(daemon, tmp_path):
     assert parts["outside"]["p50_ms"] >= 0
 
 
+def test_records_count_their_errors_by_status_and_reason():
+    rec = lg.Records.empty(np.zeros(5), np.zeros(5, dtype=np.int32))
+    rec.reasons[:] = ["deadline", "queue_full"]
+    rec.status[:] = [200, 503, 503, 429, 0]  # the last one never answered
+    rec.reason[:] = [-1, 0, 0, 1, -1]
+    assert rec.errors() == {"503 deadline": 2, "429 queue_full": 1}
+
+
 def test_timing_breakdown_splits_each_latency_and_picks_the_late_ones():
     rec = lg.Records.empty(np.array([0.0, 0.01, 0.02, 0.03]), np.zeros(4, dtype=np.int32))
     rec.sent[:] = rec.intended + 0.001  # 1 ms send lag each

@@ -68,6 +68,15 @@ class Records:
     def __len__(self) -> int:
         return len(self.intended)
 
+    def errors(self) -> dict[str, int]:
+        """Answers other than 200, counted by "STATUS reason" (`503 deadline`)."""
+        failed = (self.status != 0) & (self.status != 200)
+        counts: dict[str, int] = {}
+        for status, reason in zip(self.status[failed], self.reason[failed], strict=True):
+            key = f"{status} {self.reasons[reason] if reason >= 0 else ''}".strip()
+            counts[key] = counts.get(key, 0) + 1
+        return counts
+
     @property
     def send_lag_ms(self) -> np.ndarray:
         return (self.sent - self.intended) * 1000.0
