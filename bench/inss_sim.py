@@ -234,7 +234,11 @@ def inss_plan(problem: Problem) -> tuple[Plan, float]:
 def inss_layout(problem: Problem) -> Layout:
     """The exact plan (with headroom): one partition per served model, or
     one per time-shared device holding its models (whole-device profiles)."""
-    plan, headroom = inss_plan(problem)
+    return plan_layout(problem, *inss_plan(problem))
+
+
+def plan_layout(problem: Problem, plan: Plan, headroom: float | None = None) -> Layout:
+    """`plan` served on `problem`'s devices and latency models (inss_layout)."""
     evaluator = DeviceEvaluator(problem)
     devices = {d.name: d for d in problem.devices}
     parts = []
@@ -314,9 +318,14 @@ def shares_layout(problem: Problem, system: str) -> Layout:
     """The inss plan's placement and shares, batches left to the policy —
     up to the plan's batch on a time-shared device, as the daemon serves a
     plan (app/server/plans.py, `place_inss`)."""
-    plan = inss_layout(problem)
-    parts = tuple(p if len(p.models) > 1 else replace(p, batch=None) for p in plan.partitions)
-    return replace(plan, system=system, policy=SYSTEMS[system], partitions=parts)
+    return as_served(inss_layout(problem), system)
+
+
+def as_served(layout: Layout, system: str = "inss") -> Layout:
+    """An InSS plan's layout under `system`'s policy, which forms its own
+    batches on a share (shares_layout)."""
+    parts = tuple(p if len(p.models) > 1 else replace(p, batch=None) for p in layout.partitions)
+    return replace(layout, system=system, policy=SYSTEMS[system], partitions=parts)
 
 
 def layout_for(problem: Problem, system: str) -> Layout:

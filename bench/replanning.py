@@ -6,6 +6,7 @@ hindsight for each phase.
     python -m bench.replanning            # 3 phases of 30 s, epochs of 5 s (~2 min)
     python -m bench.replanning --quick    # 3 phases of 10 s, epochs of 2.5 s
     python -m bench.replanning --herd     # HERD's groups under flex instead
+    python -m bench.replanning --inss     # InSS's placement on its paper setting
 
 The Table 5 zoo (bench/workloads/symphony-table5-zoo.yaml: 35 models, 64
 emulated devices, Γ(0.5) arrivals, 4,800 r/s × `--rate-scale`, 1.4 by
@@ -25,6 +26,16 @@ bench/workloads/herd/zoo-memory.yaml; the partition MILP (HiGHS, 2 s) as
   in force's under the same rates — above the noise of an epoch's measured
   rates, so the plan does not flap — as REPLAN_GAIN does in the daemon;
 * **hindsight** — each phase served by the plan of that phase's rates.
+
+With `--inss`, InSS's placement instead (app/server/inss_replanning.py),
+on its paper setting (bench/workloads/inss/paper-setting.yaml: 6 models on
+4 GPUs of two kinds, the latency model's fits): each phase's rates are the
+file's × a factor from 0.4 to 1.6 dealt to the models in an order drawn per
+phase; each plan is InSS's exact placement for the rates × (1 + `--gain`),
+taken up when it serves more models at the measured rates than the plan in
+force, or as many with a Σ throughput `--gain` higher; each epoch simulated
+as bench/inss_sim.py serves a plan (each share its own core and device at
+its share's ℓ(b), policy `symphony`).
 
 With `--herd`, Shepherd's HERD instead (app/server/herd_replanning.py):
 each plan is HERD's ILP (2 s) on the zoo's models (bench/herd.py's
@@ -46,6 +57,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import math
 import sys
 import time
 from pathlib import Path
@@ -61,18 +73,27 @@ from app.planning.herd.problem import Cluster as HerdCluster
 from app.planning.herd.problem import Problem as HerdProblem
 from app.planning.herd.problem import Stream as HerdStream
 from app.planning.herd.problem import model_streams
+from app.planning.inss.config import load_problem as load_inss_problem
+from app.planning.inss.placement import solve_exact
+from app.planning.inss.plan import Plan as InssPlan
+from app.planning.inss.problem import Problem as InssProblem
 from app.planning.partition.config import problem_from_dict
 from app.planning.partition.milp import solve
 from app.planning.partition.problem import PartitionProblem, measure
+from app.server.inss_replanning import IDLE_RATE
+from app.server.inss_replanning import score as inss_score
 from app.simulation.grouped import GroupSpec, simulate_groups
 from app.simulation.partitioned import simulate_partitioned
 from app.workloads.arrivals import generate_arrivals
 from app.workloads.spec import Workload, load_workload
+from bench.inss_sim import SystemRun, as_served, plan_layout, simulate_layout
+from bench.inss_sim import workload as inss_workload
 from bench.progress import say
 
 ROOT = Path(__file__).resolve().parents[1]
 ZOO = ROOT / "bench" / "workloads" / "symphony-table5-zoo.yaml"
 MEMORY = ROOT / "bench" / "workloads" / "herd" / "zoo-memory.yaml"
+INSS_SETTING = ROOT / "bench" / "workloads" / "inss" / "paper-setting.yaml"
 SUB_CLUSTERS = 4
 SKEW = 0.9
 MIB = 1 << 20
@@ -190,6 +211,54 @@ class HerdPlans:
         return simulate_groups(workload, groups, self.policy, arrivals=arrivals)
 
 
+class InssPlans:
+    """InSS's placement, as the daemon re-plans it (app/server/inss_replanning.py):
+    planned for the rates × (1 + gain), scored on the measured rates (the
+    models served at them first, then Σ throughput), simulated as the daemon
+    serves a plan (bench/inss_sim.py: each share its own core, policy
+    `symphony`)."""
+
+    def __init__(self, setup: Setup, problem: InssProblem) -> None:
+        self.setup = setup
+        self.problem = problem
+
+    def at(self, rates: np.ndarray) -> InssProblem:
+        models = tuple(
+            dataclasses.replace(m, rate=max(float(r), IDLE_RATE))
+            for m, r in zip(self.problem.models, rates, strict=True)
+        )
+        return dataclasses.replace(self.problem, models=models)
+
+    def plan(self, rates: np.ndarray, current: InssPlan | None) -> InssPlan:
+        return solve_exact(self.at(np.asarray(rates) * (1.0 + self.setup.gain)))
+
+    def gain(self, current: InssPlan, proposed: InssPlan, rates: np.ndarray) -> float:
+        """The Σ throughput's gain, as a fraction, when both serve as many
+        models at `rates`; ±inf when one serves more."""
+        problem = self.at(rates)
+        kept, found = inss_score(current, problem), inss_score(proposed, problem)
+        if found.served != kept.served:
+            return math.inf if found.served > kept.served else -math.inf
+        return found.throughput / kept.throughput - 1.0 if kept.throughput > 0 else 0.0
+
+    def moves(self, current: InssPlan, proposed: InssPlan) -> int:
+        return sum(current.model(m.model).device != m.device for m in proposed.models)
+
+    def simulate(self, workload: Workload, in_force: InssPlan, arrivals: Any) -> Any:
+        problem = self.at(np.array([m.rate for m in workload.models]))
+        layout = as_served(plan_layout(problem, in_force))
+        return SystemRun(simulate_layout(problem, layout, arrivals, workload.duration_s), layout)
+
+
+def inss_phase_rates(problem: InssProblem, phases: int, seed: int) -> list[np.ndarray]:
+    """Per phase, each model's rate: the file's × a factor from 0.4 to 1.6,
+    the factors dealt to the models in an order drawn per phase."""
+    base = np.array([m.rate for m in problem.models])
+    factors = np.linspace(0.4, 1.6, len(base))
+    rng = np.random.default_rng(seed)
+    return [base * factors[rng.permutation(len(base))] for _ in range(phases)]
+
+
 def run(setup: Setup, phases: int, plans: Any = None) -> dict[str, Any]:
     plans = plans or PartitionPlans(setup)
     per_phase = round(setup.phase_s / setup.epoch_s)
@@ -276,7 +345,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--quick", action="store_true", help="phases of 10 s, epochs of 2.5 s")
     parser.add_argument("--json", type=Path, help="write the report here too")
-    parser.add_argument("--herd", action="store_true", help="HERD's groups under flex")
+    mode = parser.add_mutually_exclusive_group()
+    mode.add_argument("--herd", action="store_true", help="HERD's groups under flex")
+    mode.add_argument("--inss", action="store_true", help="InSS's placement (its paper setting)")
     parser.add_argument(
         "--time-limit-s", type=float, default=2.0, help="per plan's MILP solve (default 2)"
     )
@@ -287,12 +358,20 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--time-limit-s must be > 0")
     if args.phase_s < args.epoch_s or args.phases < 1:
         parser.error("a phase holds at least one epoch, and there is at least one phase")
-    workload = load_workload(ZOO)
-    memory = {str(k): float(v) for k, v in yaml.safe_load(MEMORY.read_text()).items()}
+    if args.inss:
+        inss_problem = load_inss_problem(INSS_SETTING)
+        workload = inss_workload(inss_problem, "poisson", args.phase_s, 0.0, args.seed)
+        rates = inss_phase_rates(inss_problem, args.phases, args.seed)
+        memory: dict[str, float] = {}
+        args.rate_scale = 1.0
+    else:
+        workload = load_workload(ZOO)
+        memory = {str(k): float(v) for k, v in yaml.safe_load(MEMORY.read_text()).items()}
+        rates = phase_rates(workload, args.phases, args.seed)
     setup = Setup(
         workload,
         memory,
-        phase_rates(workload, args.phases, args.seed),
+        rates,
         args.rate_scale,
         args.phase_s,
         args.epoch_s,
@@ -302,10 +381,16 @@ def main(argv: list[str] | None = None) -> int:
     )
     say(
         f"{args.phases} phases of {args.phase_s:g} s, epochs of {args.epoch_s:g} s, "
-        f"{len(workload.models)} models on {len(workload.devices)} devices"
+        f"{len(workload.models)} models on "
+        + (f"{len(inss_problem.devices)} GPUs" if args.inss else f"{len(workload.devices)} devices")
     )
-    report = run(setup, args.phases, HerdPlans(setup) if args.herd else None)
-    report["planner"] = "herd" if args.herd else "partition"
+    plans: Any = None
+    if args.herd:
+        plans = HerdPlans(setup)
+    elif args.inss:
+        plans = InssPlans(setup, inss_problem)
+    report = run(setup, args.phases, plans)
+    report["planner"] = "herd" if args.herd else "inss" if args.inss else "partition"
     report["date"] = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     print(_table(report))
     if args.json is not None:

@@ -314,3 +314,91 @@ def test_a_ppipe_plan_posted_under_load_takes_over_and_every_request_is_answered
     assert in_force["setting"] == "POST /v2/plan" and in_force["kind"] == "ppipe-plan"
     assert in_force["plan"] == json.loads(fast_only.read_text())["plan"]
     assert served.device.split(":")[0] == "fast"
+
+
+@pytest.fixture(scope="module")
+def twins(tmp_path_factory) -> tuple[Path, Path, float]:
+    """(repository, plan, SLO ms): `chain` and a copy of it, `twin`, each
+    profiled on `fast` and `slow`, planned with equal weights over 1 fast +
+    2 slow executors."""
+    root = tmp_path_factory.mktemp("ppipe-twins")
+    timings = root / "timings"
+    classes = [arg for cls in CLASSES.split(",") for arg in ("--class", cls)]
+    common = ["--out", str(timings), "--max-batch", "2", "--repeats", "1", *classes]
+    assert block_profile.main(["--chain", *common]) == 0
+    repository = timings / "models"
+    chain = repository / "chain" / "model.onnx"
+    assert block_profile.main([str(chain), "--name", "twin", *common]) == 0
+    (repository / "twin").mkdir()
+    for name in ("model.onnx", "config.yaml"):
+        (repository / "twin" / name).write_bytes((repository / "chain" / name).read_bytes())
+    # A budget (the SLO less the 40 % margin) of 4 × the whole model on
+    # `fast`: a slow executor runs it whole too, so both models get pipelines.
+    fast_ms = load_profile("chain", timings, ["fast"]).whole_latency(1, "fast") * 1e3
+    slo_ms = round(4 * fast_ms / 0.6, 2)
+    config = root / "cluster.yaml"
+    config.write_text(
+        yaml.safe_dump(
+            {
+                "cluster": {"classes": {"fast": 1, "slow": 2}, "bandwidth_gbps": 1e6},
+                "timings": str(timings),
+                "models": [
+                    {"name": name, "weight": 1.0, "slo_ms": slo_ms} for name in ("chain", "twin")
+                ],
+                "planner": {"time_limit_s": 30},
+            }
+        )
+    )
+    plan = root / "plan.json"
+    assert plan_cli.main(["ppipe", str(config), "--out", str(plan)]) == 0
+    return repository, plan, slo_ms
+
+
+@pytest.mark.slow
+@pytest.mark.anyio
+@pytest.mark.usefixtures("no_leftover_segments")
+async def test_ppipe_pipelines_are_made_again_for_the_measured_rates_and_taken_up(twins):
+    """chain and twin planned for equal weights; then chain gets 100 r/s and
+    twin none: the MILP for those rates carries more times the load, so the
+    re-plan is taken up while serving (new pipelines, one instant); the same
+    rates again keep it. Both models answer as the uncut model does."""
+    import onnxruntime as ort
+
+    from app.server.live import LiveService
+    from app.server.ppipe_replanning import IDLE_RATE, load_factor, ppipe_replan
+    from app.server.replanning import Replanner
+
+    repository, plan, _ = twins
+    settings = Settings.from_env(
+        {"MODEL_REPOSITORY": str(repository), "PLAN": str(plan), "PPIPE_CLASSES": CLASSES,
+         "CPU_SLICES": "0", "EMULATED_DEVICES": "1", "RESPAWN": "0"}
+    )  # fmt: skip
+    service = LiveService(settings, Metrics())
+    await service.start()
+    try:
+        replanner = Replanner(
+            service, service.apply_plan, 1.0, 0.2, service.profile_index,
+            devices=service.device_index,
+        )  # fmt: skip
+        rates = {"chain": 100.0, "twin": 0.0}
+        found = ppipe_replan(plan, [], [], rates, {})
+        assert found.rates == {"chain": 100.0, "twin": IDLE_RATE}
+        assert found.found >= 1.2 * found.kept, (found.kept, found.found)
+        assert found.found == pytest.approx(load_factor(found.plan, found.rates))
+        switched = await replanner.replan(rates)
+        assert switched is not None and switched["kind"] == "ppipe-plan"
+        assert switched["old_failed"] == 0
+        in_force = service.plan_in_force()
+        assert in_force is not None and in_force["setting"] == "POST /v2/plan"
+        assert in_force["made_from"]["command"] == "REPLAN_S=1 REPLAN_GAIN=0.2"
+        assert await replanner.replan(rates) is None  # made for these rates: kept
+        assert replanner.taken_up == 1
+        whole = ort.InferenceSession(str(repository / "chain" / "model.onnx"))
+        x = np.random.default_rng(9).standard_normal((1, 3, 32, 32)).astype(np.float32)
+        (expected,) = whole.run(None, {"input": x})
+        for model in ("chain", "twin"):
+            answer = await service.infer(model, {"input": x})
+            got = np.asarray(answer.outputs["output"], np.float32).reshape(1, 10)
+            np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-5)
+    finally:
+        await service.stop()

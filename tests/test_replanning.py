@@ -71,7 +71,7 @@ async def test_replan_s_without_a_partition_plan_is_said_not_acted_on(tmp_path: 
     try:
         assert service._replanning is None
         assert "REPLAN_S=5 is not acted on" in caplog.text
-        assert "it re-plans a partition, HERD or InSS plan in force" in caplog.text
+        assert "it re-plans the plan in force" in caplog.text
         assert "this server serves none" in caplog.text
     finally:
         await service.stop()
@@ -233,6 +233,24 @@ def test_the_simulated_herd_replanning_bench_takes_up_a_better_plan_at_the_shift
     assert report["switches"] and all(s["gain"] >= 0.2 for s in report["switches"])
     goodput = report["goodput_rps"]
     assert goodput["re-planned"] > goodput["fixed"]
+
+
+def test_the_simulated_inss_replanning_bench_takes_up_a_placement_serving_more_at_the_shift(
+    tmp_path: Path,
+):
+    from bench.replanning import main
+
+    out = tmp_path / "inss.json"
+    argv = ["--inss", "--phases", "2", "--phase-s", "2", "--epoch-s", "1", "--json", str(out)]
+    assert main(argv) == 0
+    report = json.loads(out.read_text())
+    assert report["planner"] == "inss" and report["sent"] > 5_000
+    # phase 2's rates: the placement in force serves fewer models at them
+    # than InSS's new one (a gain of +inf: models served come first)
+    (switch,) = report["switches"]
+    assert switch["after_epoch"] == 3 and switch["gain"] == float("inf") and switch["moves"] > 0
+    goodput = report["goodput_rps"]
+    assert goodput["fixed"] < goodput["re-planned"] <= goodput["hindsight"]
 
 
 @pytest.mark.anyio

@@ -262,15 +262,14 @@ class LiveService:
         self._replanning = self._start_replanning(settings)
 
     def _start_replanning(self, settings: Settings) -> asyncio.Task | None:
-        """REPLAN_S's loop, with a partition, HERD or InSS plan in force (else
-        a warning)."""
+        """REPLAN_S's loop, with a plan in force (else a warning)."""
         if not settings.replan_s:
             return None
         if self.plan is None or self.plan.file.kind not in REPLANNED_KINDS:
             log.warning(
-                "REPLAN_S=%g is not acted on: it re-plans a partition, HERD or InSS plan in "
-                "force (PLAN=FILE from `python -m app plan partition`, `plan herd` or `plan "
-                "inss`), and this server serves %s",
+                "REPLAN_S=%g is not acted on: it re-plans the plan in force (PLAN=FILE from "
+                "`python -m app plan partition`, `herd`, `inss` or `ppipe`), and this server "
+                "serves %s",
                 settings.replan_s,
                 "none" if self.plan is None else f"a {self.plan.file.kind}",
             )

@@ -1,11 +1,12 @@
 """Re-planning while serving (`REPLAN_S`): Symphony's partitioning into
 sub-clusters (symphony.txt §4.7), Shepherd's HERD groups
-(app/server/herd_replanning.py) or InSS's placement
-(app/server/inss_replanning.py), made again from the rates the server
+(app/server/herd_replanning.py), InSS's placement
+(app/server/inss_replanning.py) or PPipe's pipelines
+(app/server/ppipe_replanning.py), made again from the rates the server
 measures, and taken up while serving when it is better enough.
 
-Every `REPLAN_S` seconds, with a partition plan in force (a HERD or InSS
-plan: the same loop, its own planner and score):
+Every `REPLAN_S` seconds, with a partition plan in force (a HERD, InSS or
+PPipe plan: the same loop, its own planner and score):
 
 1. each model's rate over the last epoch, from the statistics' request
    counts (answered and failed);
@@ -44,13 +45,14 @@ from app.planning.partition.milp import solve
 from app.planning.partition.plan import plan_to_dict, read_plan
 from app.planning.partition.problem import measure
 from app.planning.plan_files import MadeFrom
-from app.server import herd_replanning, inss_replanning
+from app.server import herd_replanning, inss_replanning, ppipe_replanning
 from app.server.control_host import ControlHost
 
 log = logging.getLogger("app.server")
 
 KIND = "symphony-partition"
-KINDS = (KIND, herd_replanning.KIND, inss_replanning.KIND)  # the plans REPLAN_S re-plans
+# The plans REPLAN_S re-plans.
+KINDS = (KIND, herd_replanning.KIND, inss_replanning.KIND, ppipe_replanning.KIND)
 SOLVE_LIMIT_S = 2.0
 MB = 1e6
 
@@ -162,9 +164,10 @@ class Replanner:
     async def replan_placed(
         self, kind: str, path: Path, rates: dict[str, float]
     ) -> dict[str, Any] | None:
-        """HERD's groups (herd_replanning.py) or InSS's placement
-        (inss_replanning.py) on `rates`, taken up when the planner's score
-        says it is `gain` better than the plan in force's."""
+        """HERD's groups (herd_replanning.py), InSS's placement
+        (inss_replanning.py) or PPipe's pipelines (ppipe_replanning.py) on
+        `rates`, taken up when the planner's score says it is `gain` better
+        than the plan in force's."""
         assert self.devices is not None, "HERD and InSS re-plan over the server's devices"
         service = self.service
         own = {
@@ -192,6 +195,7 @@ class Replanner:
 PLACED: dict[str, tuple[Callable[..., Any], str]] = {
     herd_replanning.KIND: (herd_replanning.herd_replan, "least burst tolerance"),
     inss_replanning.KIND: (inss_replanning.inss_replan, "models at their rates and throughput"),
+    ppipe_replanning.KIND: (ppipe_replanning.ppipe_replan, "load factor"),
 }
 
 

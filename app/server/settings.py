@@ -242,11 +242,10 @@ class Settings:
         metadata=_setting(
             "REPLAN_S",
             Number(metavar="S"),
-            "with a partition, HERD or InSS plan in force, every S seconds plan the "
-            "sub-clusters (HERD: the serving groups; InSS: the placement, shares and batches) "
-            "again from the rates measured over the last S seconds and take the new plan up "
-            "while serving when it is `REPLAN_GAIN` better (app/server/replanning.py); 0: the "
-            "plan stays",
+            "with a plan in force, every S seconds plan the sub-clusters (HERD: the serving "
+            "groups; InSS: the placement, shares and batches; PPipe: the pipelines) again from "
+            "the rates measured over the last S seconds and take the new plan up while serving "
+            "when it is `REPLAN_GAIN` better (app/server/replanning.py); 0: the plan stays",
             shown="0 (off)",
         ),
     )
@@ -260,8 +259,9 @@ class Settings:
             "deviation from the average rate as a fraction of it (plus w × the same for "
             "memory): 0.2 is 20 points; for HERD, how much higher its least burst tolerance "
             "must be; for InSS, by what fraction its Σ throughput must be higher when it "
-            "serves as many models at their rates (one serving more is always taken up) "
-            "(hysteresis: the plan does not flap)",
+            "serves as many models at their rates (one serving more is always taken up); for "
+            "PPipe, by what fraction its load factor (the least over the models of planned "
+            "throughput ÷ measured rate) (hysteresis: the plan does not flap)",
         ),
     )
     autoscale: tuple[int, int] | None = field(
