@@ -84,6 +84,10 @@ class Parking:
     def parked(self, device_id: int) -> bool:
         return device_id in self._parked
 
+    def forget(self, device_id: int) -> None:
+        """The device is gone for good (its executor removed)."""
+        self._parked.discard(device_id)
+
     async def park(self, device_id: int, timeout: float = 5.0) -> None:
         """Stop the device's executor and keep it down (module docstring)."""
         name = self._pool.executor_name(device_id)

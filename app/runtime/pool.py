@@ -46,6 +46,12 @@ shares of a device summing past 1 (ValueError), or a reshare while that
 device is reshared or respawned (ReshareRefused) are refused before
 anything starts. It returns a `Reshared` with the time of each phase.
 
+Executors added and removed (an InSS plan that splits devices otherwise,
+app/server/inss_layout.py): `await pool.add_executor(device)` starts one
+for a new device id (`next_device_id`) and loads the models its configs
+allow there; `await pool.remove_executor(device_id)` stops one for good
+after the batches it holds, and its id is never used again.
+
 Parking (app.runtime.parking, the pool's `parking`, over the executor
 lifecycle it implements below). `await pool.parking.park(device_id)` stops a
 device's executor on purpose (autoscaling) after posting DeviceParked — no
@@ -592,6 +598,7 @@ class ExecutorPool(DeviceRecords):
             raise ValueError(f"{w.device.name} is being reshared")
         if w.process is not None and not w.dead:
             await self.stop_parked(device_id, timeout)
+        self.parking.forget(device_id)
         w.stopping = True
         del self._workers[device_id], self.devices[device_id]
         self._retired.add(device_id)

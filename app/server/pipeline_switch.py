@@ -15,8 +15,8 @@ server goes from one plan to the other blue-green:
    it, since the dispatcher's cores are made for their models at start-up;
 2. its pipelines are started — their executors, partitions and arenas,
    each partition run once on each of its executors — while those in force
-   serve on; a plan that does not start is a 409 (409:
-   it does not fit; 503: its executors did not come up) and nothing changes;
+   serve on; a plan that does not fit is a 409, one whose executors do not
+   come up a 503, and then nothing changes;
 3. at one instant the plan's models' requests go to the new pipelines;
 4. the old pipelines serve every request they accepted — batches in flight
    and queued requests alike, each answered once by the core that took it —
