@@ -163,6 +163,23 @@ def test_a_moved_model_is_planned_on_its_new_share_by_the_speed_it_ran_at():
     assert problems == ["model 'b': the plan leaves it no device"]
 
 
+@pytest.mark.anyio
+async def test_a_plan_moving_models_on_ray_executors_is_a_501_naming_the_restart(tmp_path: Path):
+    from types import SimpleNamespace
+
+    from app.server.inss_layout import switch_layout
+    from app.server.plan_moves import PlanNotSwitchable
+    from app.server.plans import PlanInForce
+
+    placement = _placement({}, {"a": "gpu:0"}, {"a": 1})
+    plan = PlanInForce("POST /v2/plan", tmp_path / "plan.json", None, placement)  # type: ignore[arg-type]
+    service = SimpleNamespace(pool=object(), dispatcher=object())  # a pool that is not ours
+    with pytest.raises(PlanNotSwitchable) as refused:
+        await switch_layout(service, plan, Settings(), {})  # type: ignore[arg-type]
+    assert refused.value.status == 501
+    assert "executors on Ray are placed at start-up: restart with PLAN=FILE" in str(refused.value)
+
+
 def _settings(repository: Path, plan: Path) -> Settings:
     return Settings.from_env(
         {"MODEL_REPOSITORY": str(repository), "PLAN": str(plan), "CPU_SLICES": "0",
