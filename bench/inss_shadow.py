@@ -105,24 +105,9 @@ def config_text(device: str | None) -> str:
 
 def plan_file(path: Path, placed: Placed) -> Path:
     """An InSS plan: each model on its (device, share, batch)."""
-    from app.planning.inss.plan import DevicePlan, ModelPlan, Plan, write_plan
+    from app.planning.inss.plan import placement_plan, write_plan
 
-    models = tuple(
-        ModelPlan(name, 0.0, SLO_MS / 1e3, device, share, batch, None, 0.0, None, None)
-        for name, (device, share, batch) in placed.items()
-    )
-    devices = tuple(
-        DevicePlan(
-            device,
-            "emulated",
-            tuple(m for m, p in placed.items() if p[0] == device),
-            sum(p[1] for p in placed.values() if p[0] == device),
-            4e9,
-            0.0,
-        )
-        for device in dict.fromkeys(p[0] for p in placed.values())
-    )
-    write_plan(Plan("exact", 0.1, models, devices, 0.0, True), path)
+    write_plan(placement_plan(placed, "emulated", SLO_MS / 1e3, 4e9), path)
     return path
 
 

@@ -21,7 +21,7 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from app.errors import Dropped, ModelNotFound, Overloaded
-from app.planning.inss.plan import DevicePlan, ModelPlan, Plan, write_plan
+from app.planning.inss.plan import placement_plan, write_plan
 from app.repository.config import ModelConfig, ProfileSpec, TensorSpec
 from app.runtime.arena import SEGMENT_PREFIX
 from app.runtime.events import (
@@ -456,20 +456,5 @@ class SyncASGITransport(httpx.BaseTransport):
 
 def inss_plan(path: Path, placed: dict[str, tuple[str, float, int]]) -> Path:
     """An InSS plan: model → (device, share, batch)."""
-    models = tuple(
-        ModelPlan(name, 10.0, 1.0, device, share, batch, 0.01, 50.0, 0.02, 1e8)
-        for name, (device, share, batch) in placed.items()
-    )
-    devices = tuple(
-        DevicePlan(
-            device,
-            "emulated",
-            tuple(n for n, p in placed.items() if p[0] == device),
-            sum(p[1] for p in placed.values() if p[0] == device),
-            4e9,
-            1e8,
-        )
-        for device in dict.fromkeys(p[0] for p in placed.values())
-    )
-    write_plan(Plan("exact", 0.1, models, devices, 150.0, True), path)
+    write_plan(placement_plan(placed, "emulated", 1.0, 4e9), path)
     return path

@@ -55,19 +55,7 @@ def planned(tmp_path_factory) -> tuple[Path, Path, Path]:
     # Served with the repository's SLO of 100 ms, for a busy test box.
     fast_ms = load_profile("chain", timings, ["fast"]).whole_latency(1, "fast") * 1e3
     slo_ms = round(1.5 * fast_ms / 0.6, 2)
-    config = root / "cluster.yaml"
-    config.write_text(
-        yaml.safe_dump(
-            {
-                "cluster": {"classes": {"fast": 1, "slow": 2}, "bandwidth_gbps": 1e6},
-                "timings": str(timings),
-                "models": [{"name": "chain", "weight": 1.0, "slo_ms": slo_ms}],
-                "planner": {"time_limit_s": 30},
-            }
-        )
-    )
-    plan = root / "plan.json"
-    assert plan_cli.main(["ppipe", str(config), "--out", str(plan)]) == 0
+    plan = plan_for(root, timings, {"fast": 1, "slow": 2}, slo_ms)
     assert json.loads(plan.read_text())["plan"]["details"]["timings"] == str(timings.resolve())
     return repository, timings, plan
 
@@ -82,6 +70,32 @@ def even_timings(timings: Path, model: str) -> None:
         blocks = len(path.read_text().splitlines())
         row = f"{800.0 * factor:.3f},{1200.0 * factor:.3f}\n"
         path.write_text(row * blocks)
+
+
+def plan_for(
+    root: Path,
+    timings: Path,
+    classes: dict[str, int],
+    slo_ms: float,
+    models: tuple[str, ...] = ("chain",),
+) -> Path:
+    """A PPipe plan of `models` (equal weights) over `classes` (count per
+    class), written by `python -m app plan ppipe` under `root`."""
+    stem = "-".join(f"{c}{n}" for c, n in classes.items())
+    config = root / f"cluster-{stem}.yaml"
+    config.write_text(
+        yaml.safe_dump(
+            {
+                "cluster": {"classes": classes, "bandwidth_gbps": 1e6},
+                "timings": str(timings),
+                "models": [{"name": m, "weight": 1.0, "slo_ms": slo_ms} for m in models],
+                "planner": {"time_limit_s": 30},
+            }
+        )
+    )
+    plan = root / f"plan-{stem}.json"
+    assert plan_cli.main(["ppipe", str(config), "--out", str(plan)]) == 0
+    return plan
 
 
 def infer(url: str, model: str, inputs: dict[str, np.ndarray]) -> httpx.Response:
@@ -207,24 +221,6 @@ def test_a_plan_that_cannot_be_served_stops_start_up_naming_why(planned, tmp_pat
     assert message in str(failed.value)
 
 
-def _plan_for(root: Path, timings: Path, classes: dict[str, int], slo_ms: float) -> Path:
-    """A PPipe plan of `chain` over `classes` (count per class)."""
-    config = root / f"cluster-{'-'.join(classes)}.yaml"
-    config.write_text(
-        yaml.safe_dump(
-            {
-                "cluster": {"classes": classes, "bandwidth_gbps": 1e6},
-                "timings": str(timings),
-                "models": [{"name": "chain", "weight": 1.0, "slo_ms": slo_ms}],
-                "planner": {"time_limit_s": 30},
-            }
-        )
-    )
-    plan = root / f"plan-{'-'.join(classes)}.json"
-    assert plan_cli.main(["ppipe", str(config), "--out", str(plan)]) == 0
-    return plan
-
-
 @pytest.mark.slow
 @pytest.mark.usefixtures("no_leftover_segments")
 def test_a_ppipe_plan_posted_under_load_takes_over_and_every_request_is_answered_once(
@@ -243,7 +239,7 @@ def test_a_ppipe_plan_posted_under_load_takes_over_and_every_request_is_answered
 
     repository, timings, plan = planned
     slo_ms = json.loads(plan.read_text())["plan"]["models"][0]["slo_s"] * 1e3
-    fast_only = _plan_for(tmp_path, timings, {"fast": 2}, slo_ms)
+    fast_only = plan_for(tmp_path, timings, {"fast": 2}, slo_ms)
     settings = Settings.from_env(
         {"MODEL_REPOSITORY": str(repository), "PLAN": str(plan), "PPIPE_CLASSES": CLASSES,
          "CPU_SLICES": "0", "EMULATED_DEVICES": "1", "RESPAWN": "0"}
@@ -351,21 +347,7 @@ def twins(tmp_path_factory) -> tuple[Path, Path, float]:
     # `fast`: a slow executor runs it whole too, so both models get pipelines.
     fast_ms = load_profile("chain", timings, ["fast"]).whole_latency(1, "fast") * 1e3
     slo_ms = round(4 * fast_ms / 0.6, 2)
-    config = root / "cluster.yaml"
-    config.write_text(
-        yaml.safe_dump(
-            {
-                "cluster": {"classes": {"fast": 1, "slow": 2}, "bandwidth_gbps": 1e6},
-                "timings": str(timings),
-                "models": [
-                    {"name": name, "weight": 1.0, "slo_ms": slo_ms} for name in ("chain", "twin")
-                ],
-                "planner": {"time_limit_s": 30},
-            }
-        )
-    )
-    plan = root / "plan.json"
-    assert plan_cli.main(["ppipe", str(config), "--out", str(plan)]) == 0
+    plan = plan_for(root, timings, {"fast": 1, "slow": 2}, slo_ms, ("chain", "twin"))
     return repository, plan, slo_ms
 
 

@@ -8,6 +8,7 @@ round-trip a `Plan` exactly. Units: seconds, bytes, requests/s; shares are fract
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -143,6 +144,31 @@ def plan_from_body(body: dict[str, Any], source: str = "plan") -> Plan:
         )
     except (KeyError, TypeError) as error:
         raise ValueError(f"{source}: malformed plan: {error}") from error
+
+
+def placement_plan(
+    placed: Mapping[str, tuple[str, float, int]], kind: str, slo_s: float, memory_bytes: float
+) -> Plan:
+    """A plan placing each model on its (device, share, batch) as given, on
+    devices of `kind` with `memory_bytes` each: a plan made by hand (a
+    bench's or a test's, posted as any plan is). What a planner predicts —
+    running times, throughputs — is left out; the server does not read it."""
+    models = tuple(
+        ModelPlan(name, 0.0, slo_s, device, share, batch, None, 0.0, None, None)
+        for name, (device, share, batch) in placed.items()
+    )
+    devices = tuple(
+        DevicePlan(
+            device,
+            kind,
+            tuple(name for name, where in placed.items() if where[0] == device),
+            sum(where[1] for where in placed.values() if where[0] == device),
+            memory_bytes,
+            0.0,
+        )
+        for device in dict.fromkeys(where[0] for where in placed.values())
+    )
+    return Plan("exact", 0.1, models, devices, 0.0, True)
 
 
 def write_plan(plan: Plan, path: Path, made_from: MadeFrom | None = None) -> None:
