@@ -52,6 +52,8 @@ async def test_a_re_plan_is_taken_up_when_the_rates_unbalance_the_plan_and_kept_
         assert in_force is not None and in_force["setting"] == "POST /v2/plan"
         assert in_force["made_from"]["command"] == "REPLAN_S=1 REPLAN_GAIN=0.2"
         assert in_force["made_from"]["rates"] == {"a": 100.0, "b": 90.0, "c": 1.0, "d": 2.0}
+        assert in_force["made_from"]["inputs"] == ["REPLAN_S"]
+        assert in_force["made_from"]["made_at"].endswith("Z")  # as a planner's, UTC
         # the same rates again: the plan in force is as good, so it is kept
         assert await replanner.replan({"a": 100.0, "b": 90.0, "c": 1.0, "d": 2.0}) is None
         assert replanner.taken_up == 1

@@ -70,6 +70,19 @@ class MadeFrom:
             made_at.replace("+00:00", "Z"),
         )
 
+    @classmethod
+    def replanned(cls, planner: str, command: str, rates: Mapping[str, float]) -> MadeFrom:
+        """Made now while serving (`REPLAN_S`: `command` names the settings)
+        from the rates the server measured."""
+        made_at = datetime.now(timezone.utc).replace(microsecond=0).isoformat()
+        return cls(
+            planner,
+            ("REPLAN_S",),
+            command,
+            {str(k): float(v) for k, v in rates.items()},
+            made_at.replace("+00:00", "Z"),
+        )
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "planner": self.planner,

@@ -29,7 +29,6 @@ models (one stream each, at its measured rate), as `python -m app plan herd
 from __future__ import annotations
 
 import dataclasses
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -61,8 +60,7 @@ class HerdReplan:
         return self.found - self.kept >= gain
 
     def document(self, command: str) -> dict[str, Any]:
-        made_at = datetime.now(timezone.utc).replace(microsecond=0).isoformat()
-        made_from = MadeFrom("herd", ("REPLAN_S",), command, dict(self.rates), made_at)
+        made_from = MadeFrom.replanned("herd", command, self.rates)
         return self.plan.to_dict(made_from)
 
 

@@ -33,7 +33,6 @@ always replaced by one that does.
 from __future__ import annotations
 
 import dataclasses
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -78,8 +77,7 @@ class InssReplan:
         return self.found.throughput >= self.kept.throughput * (1.0 + gain) - 1e-9
 
     def document(self, command: str) -> dict[str, Any]:
-        made_at = datetime.now(timezone.utc).replace(microsecond=0).isoformat()
-        made_from = MadeFrom("inss", ("REPLAN_S",), command, dict(self.rates), made_at)
+        made_from = MadeFrom.replanned("inss", command, self.rates)
         return plan_to_dict(self.plan, made_from)
 
 

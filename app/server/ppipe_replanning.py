@@ -23,7 +23,6 @@ Each epoch, from app/server/replanning.py's loop:
 from __future__ import annotations
 
 import dataclasses
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -54,8 +53,7 @@ class PpipeReplan:
         return self.found >= self.kept * (1.0 + gain) - 1e-9
 
     def document(self, command: str) -> dict[str, Any]:
-        made_at = datetime.now(timezone.utc).replace(microsecond=0).isoformat()
-        made_from = MadeFrom("ppipe", ("REPLAN_S",), command, dict(self.rates), made_at)
+        made_from = MadeFrom.replanned("ppipe", command, self.rates)
         return plan_to_dict(self.plan, made_from)
 
 

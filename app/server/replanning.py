@@ -33,7 +33,6 @@ import json
 import logging
 import time
 from collections.abc import Awaitable, Callable
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -142,13 +141,10 @@ class Replanner:
                 kept,
             )
             return None
-        made_at = datetime.now(timezone.utc).replace(microsecond=0).isoformat()
-        made_from = MadeFrom(
+        made_from = MadeFrom.replanned(
             "partition",
-            ("REPLAN_S",),
             f"REPLAN_S={self.every_s:g} REPLAN_GAIN={self.gain:g}",
             {m["name"]: m["rate"] for m in models},
-            made_at,
         )
         switched = await self.apply(json.dumps(plan_to_dict(new, made_from)).encode())
         self.taken_up += 1
