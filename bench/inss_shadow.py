@@ -66,7 +66,7 @@ from bench.switch_run import (
     Switching,
     log,
     one_run,
-    plan_posts,
+    posting_plans,
     render_runs,
     window_cells,
 )
@@ -166,9 +166,10 @@ def switches(url: str, duration_s: float, plans: list[tuple[float, Path]] | None
             f"{answer['total_ms']:.0f} ms"
         )
 
+    if plans:
+        return posting_plans(url, duration_s, plans, describe)
+
     async def run(started: float) -> list[dict[str, Any]]:
-        if plans:
-            return await plan_posts(url, duration_s, started, plans, describe)
         return await reshares(url, duration_s, started)
 
     return run

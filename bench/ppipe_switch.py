@@ -52,7 +52,7 @@ from app.repository import block_profile
 from app.scheduling.profile import LatencyProfile
 from app.workloads.spec import ArrivalSpec, DeviceSpec, ModelSpec, Workload
 from bench.daemon_launcher import free_port, start_daemon, stop_daemon
-from bench.switch_run import Switching, log, one_run, plan_posts, render_runs, window_cells
+from bench.switch_run import log, one_run, posting_plans, render_runs, window_cells
 
 ROOT = Path(__file__).resolve().parent.parent
 OUT_DIR = ROOT / "bench" / "results" / "ppipe"
@@ -160,7 +160,9 @@ def main(argv: list[str] | None = None) -> int:
             log(f"{name}: daemon ready in {handle.startup_s:.1f} s")
             try:
                 at = [w["switched_at_s"] for w in runs["switched"]["switches"]] if runs else None
-                switching = None if runs else _posting(handle.url, load.duration_s, posts)
+                switching = (
+                    None if runs else posting_plans(handle.url, load.duration_s, posts, describe)
+                )
                 runs[name] = asyncio.run(one_run(handle.url, load, switching, at))
             finally:
                 stop_daemon(handle)
@@ -180,13 +182,6 @@ def main(argv: list[str] | None = None) -> int:
     (args.out_dir / "plan-switch.md").write_text(shown + "\n")
     bad = [n for n, r in runs.items() if r["unanswered"] or r["answered_twice"]]
     return 1 if bad else 0
-
-
-def _posting(url: str, duration_s: float, posts: list[tuple[float, Path]]) -> Switching:
-    async def run(started: float) -> list[dict[str, Any]]:
-        return await plan_posts(url, duration_s, started, posts, describe)
-
-    return run
 
 
 if __name__ == "__main__":

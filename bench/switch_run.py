@@ -70,6 +70,20 @@ async def plan_posts(
     return done
 
 
+def posting_plans(
+    url: str,
+    duration_s: float,
+    plans: list[tuple[float, Path]],
+    describe: Callable[[dict[str, Any]], str],
+) -> Switching:
+    """The switches of `plan_posts`, for `one_run`."""
+
+    async def run(started: float) -> list[dict[str, Any]]:
+        return await plan_posts(url, duration_s, started, plans, describe)
+
+    return run
+
+
 async def one_run(
     url: str,
     load: Workload,
