@@ -89,6 +89,41 @@ def test_fewer_devices_scale_the_rates_in_proportion():
     assert four.workload_on_devices(file).offered_rate() == pytest.approx(2 * file.offered_rate())
 
 
+@pytest.mark.parametrize("key", ["zoo8", "zoo8-bursty"])
+def test_the_many_model_setups_are_table_5_models_on_the_files_eight_devices(key):
+    """zoo8: 8 models of the Table 5 zoo, their profiles and SLOs the zoo's in
+    the workload and in the repository the systems serve; run on the file's
+    8 devices unless --devices says otherwise."""
+    from bench.compare.cli import build_parser
+
+    setup = SETUPS[key]
+    assert setup.default_devices == 0 and setup.on_devices(0).devices == 8
+    workload = load_workload(setup.workload)
+    zoo = {
+        m.name.lower(): m
+        for m in load_workload(compare.setups.WORKLOADS / "symphony-table5-zoo.yaml").models
+    }
+    index = load_repository(setup.repository)
+    assert len(workload.models) == 8 and sorted(index.models) == sorted(
+        m.name for m in workload.models
+    )
+    for model in workload.models:
+        row = zoo[model.name.removesuffix("-1080ti")]
+        config = index.models[model.name]
+        assert (model.profile.alpha, model.profile.beta, model.slo_ms) == (
+            row.profile.alpha,
+            row.profile.beta,
+            row.slo_ms,
+        )
+        assert config.profile is not None and config.slo_ms == row.slo_ms
+        assert (config.profile.alpha_ms, config.profile.beta_ms) == pytest.approx(
+            (row.profile.alpha * 1000.0, row.profile.beta * 1000.0)
+        )
+    assert workload.offered_rate() == pytest.approx(720.0)
+    assert build_parser().parse_args(["--workload", key]).devices is None
+    assert SETUPS["a"].default_devices == 1
+
+
 def test_a_peer_grid_is_screened_at_each_points_own_capacity(monkeypatch):
     from bench.compare import peers as peers_mod
     from bench.compare.measure import Options
@@ -271,3 +306,30 @@ def test_a_missing_peer_skips_with_one_message_naming_its_install_once(monkeypat
     monkeypatch.setenv("CI", "1")  # CI installs every peer: there it fails
     with pytest.raises(pytest.fail.Exception):
         require_peer("tritonserver")
+
+
+def test_peers_with_several_models_on_the_devices_are_tried_shared_and_partitioned():
+    from bench.compare.peers import PeerPoint, placed, placements_for
+
+    zoo8 = SETUPS["zoo8"]
+    assert placements_for(zoo8, load_workload(zoo8.workload)) == ("shared", "partition")
+    # One model, or models on a CPU executor: only the shared layout.
+    assert placements_for(SETUPS["a"], load_workload(SETUPS["a"].workload)) == ("shared",)
+    assert placements_for(SETUPS["b"], load_workload(SETUPS["b"].workload)) == ("shared",)
+    one = SETUPS["c"].on_devices(1)
+    assert placements_for(one, load_workload(SETUPS["c"].workload)) == ("shared",)
+    points = [PeerPoint("p1", {"k": 1}, 1), PeerPoint("p2", {"k": 2}, 2)]
+    both = placed(points, ("shared", "partition"))
+    assert [(p.label, p.placement, p.settings.get("device_sharing")) for p in both] == [
+        ("p1", "shared", None),
+        ("p2", "shared", None),
+        ("p1 placement=partition", "partition", "partition"),
+        ("p2 placement=partition", "partition", "partition"),
+    ]
+    with pytest.raises(ValueError, match="placement must be one of"):
+        placed(points, ("spread",))
+
+
+def test_placements_flag_is_checked(capsys):
+    assert compare.main(["--placements", "spread", "--peers", "none"]) == 2
+    assert "--placements takes shared, partition" in capsys.readouterr().err

@@ -4,7 +4,7 @@ BentoML, each at the best point of its own small configuration grid — on the
 same live workloads, devices and load generator.
 
     python -m bench.compare [--workload a b c] [--systems symphony,triton,clockwork]
-                            [--peers ray,tritonserver,bentoml] [--devices 1]
+                            [--peers ray,tritonserver,bentoml] [--devices N]
                             [--probe-duration 5] [--max-probes 8] [--screen-probes 4]
                             [--out bench/results] [--realtime-priority N]
 
@@ -13,9 +13,10 @@ capacity (highest offered load with ≥ 99 % of requests within SLO) is found by
 bisection over short open-loop runs of `bench.loadgen`, one more run at the
 workload's nominal rate (`--cdf-scale`, or `--cdf-fraction` of each system's
 own capacity) gives the latency CDF, and the system is stopped. `--devices N`
-(default 1) gives every system N emulated devices and scales the workload's
-rates by N / (the file's devices), so the nominal load per device is the
-file's; the CPU workload (b) keeps its one CPU executor.
+(default 1; for the many-model workloads zoo8 and zoo8-bursty, the file's 8)
+gives every system N emulated devices and scales the workload's rates by N /
+(the file's devices), so the nominal load per device is the file's; the CPU
+workload (b) keeps its one CPU executor.
 
 Each peer's grid (`bench.compare.peers`) is screened point by point at the
 point's own capacity (`--screen-probes` probes), and the best point gets the

@@ -15,7 +15,7 @@ from app.runtime.realtime import RealtimeUnavailable, check_permitted
 from app.workloads.spec import load_workload
 from bench.compare.measure import Options, SystemResult, run_daemon
 from bench.compare.output import write_outputs
-from bench.compare.peers import PEERS, PeerUnavailable, run_peer
+from bench.compare.peers import PEERS, PLACEMENTS, PeerUnavailable, run_peer
 from bench.compare.setups import REPO_ROOT, SETUPS
 from bench.progress import Status, about_subject
 
@@ -31,7 +31,8 @@ def build_parser() -> argparse.ArgumentParser:
         nargs="+",
         default=["a", "b", "c"],
         choices=list(SETUPS),
-        help="live workloads (a: emulated ResNet50, b: ONNX MLP, c: bursty mix, ceiling: ℓ(b) ≈ 0)",
+        help="live workloads (a: emulated ResNet50, b: ONNX MLP, c: bursty mix, ceiling: "
+        "ℓ(b) ≈ 0, zoo8 / zoo8-bursty: 8 Table 5 models on 8 devices, Poisson / Γ(0.5))",
     )
     p.add_argument(
         "--systems",
@@ -47,9 +48,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--devices",
         type=int,
-        default=1,
+        default=None,
         help="emulated devices for every system (rates scaled in proportion to the "
-        "workload file's devices; 0: the file's own count; a CPU workload keeps its executor)",
+        "workload file's devices; 0: the file's own count; a CPU workload keeps its executor); "
+        "default 1, and the file's 8 for zoo8 and zoo8-bursty",
     )
     p.add_argument("--probe-duration", type=float, default=5.0, help="seconds per probe")
     p.add_argument("--max-probes", type=int, default=8, help="capacity probes per system")
@@ -77,6 +79,13 @@ def build_parser() -> argparse.ArgumentParser:
         "--triton-delays",
         default=None,
         help="Triton max_queue_delay values to try, in ms, comma-separated (default: 0,1,3)",
+    )
+    p.add_argument(
+        "--placements",
+        default=None,
+        help="Triton's and Ray Serve's model placements to try, comma-separated, from "
+        "shared (every model on every device) and partition (each model on devices of its "
+        "own); default: both where several emulated models can each have a device, else shared",
     )
     p.add_argument("--out", type=Path, default=REPO_ROOT / "bench" / "results")
     p.add_argument(
@@ -114,6 +123,19 @@ def _milliseconds(raw: str | None, flag: str) -> tuple[float, ...] | None:
     return values
 
 
+def _placements(raw: str | None) -> tuple[str, ...] | None:
+    """--placements as a tuple (None when not given)."""
+    if raw is None:
+        return None
+    names = tuple(_names(raw))
+    bad = [n for n in names if n not in PLACEMENTS]
+    if not names or bad:
+        raise ValueError(
+            f"--placements takes {', '.join(PLACEMENTS)}, comma-separated; got {raw!r}"
+        )
+    return names
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     systems, peers = _names(args.systems), _names(args.peers)
@@ -126,12 +148,13 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 2
-    if args.devices < 0 or args.screen_probes < 1:
+    if (args.devices is not None and args.devices < 0) or args.screen_probes < 1:
         print("error: --devices must be ≥ 0 and --screen-probes ≥ 1", file=sys.stderr)
         return 2
     try:
         ray_waits_ms = _milliseconds(args.ray_waits, "--ray-waits")
         triton_delays_ms = _milliseconds(args.triton_delays, "--triton-delays")
+        placements = _placements(args.placements)
         check_permitted(args.realtime_priority, "--realtime-priority")
         for name in peers:
             PEERS[name].check()
@@ -149,6 +172,7 @@ def main(argv: list[str] | None = None) -> int:
         triton_delays_us=(
             None if triton_delays_ms is None else tuple(round(v * 1000) for v in triton_delays_ms)
         ),
+        placements=placements,
         realtime_priority=args.realtime_priority,
         cpu_rates=tuple(float(v) for v in args.cpu_rates.split(",") if v.strip()),
     )
@@ -159,7 +183,8 @@ def main(argv: list[str] | None = None) -> int:
 
 def _compare(args: Any, systems: list[str], peers: list[str], options: Options) -> int:
     for key in args.workload:
-        setup = SETUPS[key].on_devices(args.devices)
+        setup = SETUPS[key]
+        setup = setup.on_devices(setup.default_devices if args.devices is None else args.devices)
         workload = setup.workload_on_devices(load_workload(setup.workload))
         print(
             f"== workload ({key}) {workload.name} on {setup.devices} device(s): "

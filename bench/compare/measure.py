@@ -59,6 +59,8 @@ class Options:
     screen_probes: int = 4  # capacity probes per peer grid point
     ray_waits_s: tuple[float, ...] | None = None  # None: ray_grid.WAITS_S
     triton_delays_us: tuple[int, ...] | None = None  # None: triton_grid.DELAYS_US
+    # Triton's and Ray Serve's model placements to try (None: peers.placements_for).
+    placements: tuple[str, ...] | None = None
     realtime_priority: int = 0  # SCHED_FIFO of the daemon and the generator (0: off)
     cpu_rates: tuple[float, ...] = ()  # offered r/s of the CPU-per-request probes (none: off)
 

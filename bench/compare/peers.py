@@ -10,6 +10,14 @@ lower load is not ranked by how badly it fails at the daemon's. The point
 with the highest screened capacity (ties: the earlier point) then gets the
 same full capacity search and CDF run as the daemon.
 
+Where several models share the emulated devices, Triton's and Ray Serve's
+grids are tried under two placements (`placements_for`): ``shared``, every
+model on every device (Triton's own layout: an instance of each model on
+each GPU), the instances of one device taking turns on it; and
+``partition``, each model on devices of its own (model k on the devices d
+with d mod n = k), which a user who sees the models queue behind each other
+would try next.
+
 A peer's extra is imported only when the peer is run; a missing extra is a
 `PeerUnavailable` naming what to install.
 """
@@ -48,6 +56,45 @@ class PeerPoint:
     label: str
     settings: dict[str, Any]  # what the results JSON records
     config: Any  # the peer's own point object
+    placement: str = "shared"  # the models' devices: "shared" or "partition"
+
+
+PLACEMENTS = ("shared", "partition")
+
+
+def placements_for(setup: Setup, workload: Workload) -> tuple[str, ...]:
+    """Both placements where several emulated models could each have a
+    device of their own; else only ``shared`` (partitioning one model, or
+    more models than devices, is the same layout or none)."""
+    models = len(workload.models)
+    if models > 1 and setup.emulated_devices >= models:
+        return PLACEMENTS
+    return ("shared",)
+
+
+def placed(points: Sequence[PeerPoint], placements: Sequence[str]) -> list[PeerPoint]:
+    """Every point under each placement, shared first (ties go to it)."""
+    out = []
+    for placement in placements:
+        if placement not in PLACEMENTS:
+            raise ValueError(f"placement must be one of {PLACEMENTS}, got {placement!r}")
+        for point in points:
+            if placement == "shared":
+                out.append(point)
+                continue
+            out.append(
+                PeerPoint(
+                    f"{point.label} placement={placement}",
+                    {**point.settings, "device_sharing": placement},
+                    point.config,
+                    placement,
+                )
+            )
+    return out
+
+
+def _placements(setup: Setup, workload: Workload, options: Options) -> Sequence[str]:
+    return options.placements or placements_for(setup, workload)
 
 
 @dataclass(frozen=True)
@@ -133,7 +180,10 @@ class RayServe(Peer):
             _grid_targets(setup, workload),
             **({"waits_s": options.ray_waits_s} if options.ray_waits_s is not None else {}),
         )
-        return [PeerPoint(p.label, p.to_dict(), p) for p in points]
+        return placed(
+            [PeerPoint(p.label, p.to_dict(), p) for p in points],
+            _placements(setup, workload, options),
+        )
 
     def start(self, setup: Setup, workload: Workload, point: PeerPoint) -> Running:
         from bench.peers.ray_serve_launcher import start_ray_serve
@@ -147,6 +197,7 @@ class RayServe(Peer):
             batch_wait_timeout_s=point.config.batch_wait_timeout_s,
             cpu_threads=setup.cpu_threads,
             models=[m.name for m in workload.models],
+            device_sharing=point.placement,
         )
         return Running(handle.url, handle.startup_s, handle)
 
@@ -196,7 +247,10 @@ class TritonServer(Peer):
         points = triton_grid(
             _grid_targets(setup, workload), **({"delays_us": delays} if delays is not None else {})
         )
-        return [PeerPoint(p.label, p.to_dict(), p) for p in points]
+        return placed(
+            [PeerPoint(p.label, p.to_dict(), p) for p in points],
+            _placements(setup, workload, options),
+        )
 
     def start(self, setup: Setup, workload: Workload, point: PeerPoint) -> Running:
         from bench.peers.triton_launcher import start_triton
@@ -208,6 +262,7 @@ class TritonServer(Peer):
             models=[m.name for m in workload.models],
             cpu_threads=setup.cpu_threads,
             cpu_slices=max(setup.cpu_slices, 1),
+            device_sharing=point.placement,
             **point.config.launch_options(),
         )
         return Running(handle.url, handle.startup_s, handle)
@@ -336,6 +391,7 @@ def run_peer(peer: Peer, setup: Setup, workload: Workload, options: Options) -> 
 
 __all__ = [
     "PEERS",
+    "PLACEMENTS",
     "BentoML",
     "Peer",
     "PeerPoint",
@@ -343,6 +399,8 @@ __all__ = [
     "RayServe",
     "Running",
     "TritonServer",
+    "placed",
+    "placements_for",
     "run_peer",
     "screen",
 ]

@@ -11,6 +11,7 @@ from app.workloads.spec import Workload
 
 REPO_ROOT = Path(__file__).resolve().parent.parent.parent
 LIVE = REPO_ROOT / "bench" / "repositories" / "live"
+ZOO8 = REPO_ROOT / "bench" / "repositories" / "zoo8"
 WORKLOADS = REPO_ROOT / "bench" / "workloads"
 
 
@@ -24,6 +25,10 @@ class Setup:
     emulated_devices: int  # the daemon's emulated devices (= peer replicas per model)
     cpu_slices: int = 0  # the daemon's CPU executors
     cpu_threads: int = 2  # ONNX threads per CPU executor / peer replica
+    # Devices when --devices is not given: one, where one model's batching is
+    # compared; the file's own count where many models share many devices
+    # (0), since one device would serialise eight models' batches.
+    default_devices: int = 1
 
     @property
     def devices(self) -> int:
@@ -63,4 +68,16 @@ SETUPS = {
     "c": Setup("c", WORKLOADS / "live-c-bursty-mix.yaml", LIVE, emulated_devices=4),
     # The daemon's own ceiling: a model of ℓ(b) ≈ 0 (run with --cdf-fraction 0.5).
     "ceiling": Setup("ceiling", WORKLOADS / "live-ceiling.yaml", LIVE, emulated_devices=1),
+    # Many models on many devices: 8 of the Table 5 zoo on 8 emulated devices,
+    # every system's instances of a device taking turns on it (one lock each).
+    "zoo8": Setup(
+        "zoo8", WORKLOADS / "live-zoo8-poisson.yaml", ZOO8, emulated_devices=8, default_devices=0
+    ),
+    "zoo8-bursty": Setup(
+        "zoo8-bursty",
+        WORKLOADS / "live-zoo8-bursty.yaml",
+        ZOO8,
+        emulated_devices=8,
+        default_devices=0,
+    ),
 }
