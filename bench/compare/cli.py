@@ -69,6 +69,27 @@ def build_parser() -> argparse.ArgumentParser:
         help="run the CDF at this fraction of each system's own capacity instead",
     )
     p.add_argument("--workers", type=int, default=1, help="load-generator processes")
+    _add_grid_options(p)
+    p.add_argument("--out", type=Path, default=REPO_ROOT / "bench" / "results")
+    p.add_argument(
+        "--realtime-priority",
+        type=int,
+        default=0,
+        metavar="N",
+        help="SCHED_FIFO priority of the daemon (REALTIME_PRIORITY) and the generator "
+        "(0: off; needs root or CAP_SYS_NICE)",
+    )
+    p.add_argument(
+        "--cpu-rates",
+        default="",
+        help="offered r/s, comma-separated: after its CDF run, each system's CPU ms per "
+        "answered request at each, per process (bench.cpu_per_request; default: none)",
+    )
+    return p
+
+
+def _add_grid_options(p: argparse.ArgumentParser) -> None:
+    """The options that narrow or widen the peers' grids."""
     p.add_argument(
         "--ray-waits",
         default=None,
@@ -87,22 +108,6 @@ def build_parser() -> argparse.ArgumentParser:
         "shared (every model on every device) and partition (each model on devices of its "
         "own); default: both where several emulated models can each have a device, else shared",
     )
-    p.add_argument("--out", type=Path, default=REPO_ROOT / "bench" / "results")
-    p.add_argument(
-        "--realtime-priority",
-        type=int,
-        default=0,
-        metavar="N",
-        help="SCHED_FIFO priority of the daemon (REALTIME_PRIORITY) and the generator "
-        "(0: off; needs root or CAP_SYS_NICE)",
-    )
-    p.add_argument(
-        "--cpu-rates",
-        default="",
-        help="offered r/s, comma-separated: after its CDF run, each system's CPU ms per "
-        "answered request at each, per process (bench.cpu_per_request; default: none)",
-    )
-    return p
 
 
 def _names(raw: str) -> list[str]:
