@@ -16,6 +16,7 @@ from app.workloads.spec import Workload
 from bench.compare.setups import Setup
 from bench.daemon_launcher import free_port, start_daemon, stop_daemon
 from bench.loadgen import LiveResult, ModelTarget, find_live_capacity, prepare_targets, run_load
+from bench.loadgen.capacity import wait_drained
 from bench.progress import say
 
 
@@ -148,6 +149,7 @@ def measure(
         cdf_scale = options.cdf_scale
         if options.cdf_fraction is not None and capacity.rate_scale is not None:
             cdf_scale = capacity.rate_scale * options.cdf_fraction
+        wait_drained(url, targets)  # the last probe may have left a backlog
         say(f"latency CDF run at ×{cdf_scale:.3g}")
         cdf = asyncio.run(
             run_load(

@@ -2,6 +2,13 @@
 requests within SLO, by bisection over short runs (`probe_duration_s`, 5 s),
 reusing the simulator's `find_capacity`. `search_capacity` takes any probe
 runner, so `bench.inprocess` searches its service the same way.
+
+Before each probe the server must have drained the previous one
+(`wait_drained`): a server that queues without bound (Triton with no queue
+timeout, BentoML, Ray Serve) is still working through an overloaded probe's
+backlog when the next one starts, and a fixed pause would charge that backlog
+to the next, lower rate. One request of each model answered within its SLO
+says the queues are empty.
 """
 
 from __future__ import annotations
@@ -12,6 +19,8 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import httpx
+
 from app.simulation.capacity_search import CapacityResult, find_capacity
 from app.workloads.spec import Workload
 from bench.loadgen.results import LiveResult
@@ -19,6 +28,49 @@ from bench.loadgen.run import DEFAULT_MAX_REQUESTS, ProgressCallback, run_load
 from bench.loadgen.targets import ModelTarget, prepare_targets
 
 DEFAULT_PROBE_DURATION_S = 5.0
+DRAIN_TIMEOUT_S = 30.0  # the longest wait for a server to drain before a probe
+
+
+def wait_drained(
+    url: str,
+    targets: Sequence[ModelTarget],
+    *,
+    timeout_s: float = DRAIN_TIMEOUT_S,
+    client: httpx.Client | None = None,
+    clock: Callable[[], float] = time.monotonic,
+    pause: Callable[[float], None] = time.sleep,
+) -> float | None:
+    """Send one request of each target, in turn, until a round comes back
+    with every answer within its SLO: the server holds no backlog. Returns
+    the seconds it took, or None when `timeout_s` passed first (the probe
+    then runs anyway)."""
+    own = client is None
+    http = client or httpx.Client(base_url=url, timeout=timeout_s)
+    started = clock()
+    try:
+        while True:
+            drained = True
+            for target in targets:
+                sent = clock()
+                try:
+                    http.post(
+                        target.path,
+                        content=target.body,
+                        headers={"content-type": "application/json"},
+                    )
+                except httpx.HTTPError:
+                    drained = False
+                    continue
+                if (clock() - sent) * 1000.0 > target.slo_ms:
+                    drained = False
+            if drained:
+                return clock() - started
+            if clock() - started >= timeout_s:
+                return None
+            pause(0.1)
+    finally:
+        if own:
+            http.close()
 
 
 def find_live_capacity(
@@ -61,6 +113,7 @@ def find_live_capacity(
     return search_capacity(
         run_probe,
         workload,
+        drain=lambda: wait_drained(url, targets),
         target=target,
         lo=lo,
         hi=hi,
@@ -95,10 +148,12 @@ def search_capacity(
     settle_s: float,
     max_requests: int,
     on_probe: Callable[[float], ProgressCallback | None] | None,
+    drain: Callable[[], object] | None = None,
 ) -> tuple[CapacityResult, dict[float, LiveResult]]:
     """The simulator's `find_capacity` over live probes: `run_probe(short,
     scale, progress)` runs `short` (the workload cut to one probe) at a rate
-    scale, synchronously. Each probe waits `settle_s` first; no rate scale
+    scale, synchronously. Each probe waits `settle_s`, then for `drain()`
+    (the server's backlog gone, `wait_drained`) first; no rate scale
     whose probe would exceed `max_requests` is tried. Returns the search and
     every probe's LiveResult by scale."""
     short = probe_workload(workload, probe_duration_s)
@@ -106,6 +161,8 @@ def search_capacity(
 
     def probe(scale: float) -> LiveResult:
         time.sleep(settle_s)  # let the server drain the previous probe
+        if drain is not None:
+            drain()
         progress = on_probe(scale) if on_probe is not None else None
         results[scale] = run_probe(short, scale, progress)
         return results[scale]
