@@ -183,6 +183,9 @@ NOT_RUN = {
     LOADGEN: "a capacity bisection of 15-s open-loop runs, minutes of load; the server the "
     "README starts for it is checked to serve its workload (loadgen's own check)",
     "python -m bench.compare": "every system on workloads a, b and c, ~45 min, the peers",
+    "python -m bench.compare --workload zoo8 zoo8-bursty --peers tritonserver,bentoml,ray "
+    "--ray-waits 2,5": "8 models on 8 devices, every system and peer grid, ~70 min "
+    "(tests/test_compare.py checks the setups and runs the daemon and a peer end to end)",
     "python -m bench.compare --workload ceiling --systems symphony --peers none "
     "--cdf-fraction 0.5": (
         "a capacity bisection and a latency CDF of the live daemon, minutes of load"
