@@ -6,6 +6,7 @@ same live workloads, devices and load generator.
     python -m bench.compare [--workload a b c] [--systems symphony,triton,clockwork]
                             [--peers ray,tritonserver,bentoml] [--devices N]
                             [--probe-duration 5] [--max-probes 8] [--screen-probes 4]
+                            [--placements shared,partition]
                             [--out bench/results] [--realtime-priority N]
 
 For each workload every system is started on a free loopback port, its

@@ -51,12 +51,17 @@ def wait_drained(
         while True:
             drained = True
             for target in targets:
+                left = timeout_s - (clock() - started)
+                if left <= 0:
+                    return None
                 sent = clock()
                 try:
+                    # A hung server holds no request past the timeout.
                     http.post(
                         target.path,
                         content=target.body,
                         headers={"content-type": "application/json"},
+                        timeout=left,
                     )
                 except httpx.HTTPError:
                     drained = False
