@@ -363,7 +363,6 @@ async def test_ppipe_pipelines_are_made_again_for_the_measured_rates_and_taken_u
 
     from app.server.live import LiveService
     from app.server.ppipe_replanning import IDLE_RATE, load_factor, ppipe_replan
-    from app.server.replanning import Replanner
 
     repository, plan, _ = twins
     settings = Settings.from_env(
@@ -373,10 +372,7 @@ async def test_ppipe_pipelines_are_made_again_for_the_measured_rates_and_taken_u
     service = LiveService(settings, Metrics())
     await service.start()
     try:
-        replanner = Replanner(
-            service, service.apply_plan, 1.0, 0.2, service.profile_index,
-            devices=service.device_index,
-        )  # fmt: skip
+        replanner = service.replanner(1.0, 0.2)
         rates = {"chain": 100.0, "twin": 0.0}
         found = ppipe_replan(plan, [], [], rates, {})
         assert found.rates == {"chain": 100.0, "twin": IDLE_RATE}

@@ -101,10 +101,7 @@ async def test_herd_groups_are_made_again_when_the_rates_leave_one_group_short(t
     service = LiveService(settings, Metrics())
     await service.start()
     try:
-        replanner = Replanner(
-            service, service.apply_plan, 1.0, 0.2, service.profile_index,
-            devices=service.device_index,
-        )  # fmt: skip
+        replanner = service.replanner(1.0, 0.2)
         rates = {"a": 300.0, "b": 250.0, "c": 1.0, "d": 0.0}
         found = herd_replan(
             plan, service.device_index(), service.profile_index(), rates, dict.fromkeys("abcd")
@@ -151,10 +148,7 @@ async def test_an_inss_placement_short_of_a_measured_rate_is_made_again_and_move
     service = LiveService(settings, Metrics())
     await service.start()
     try:
-        replanner = Replanner(
-            service, service.apply_plan, 1.0, 0.1, service.profile_index,
-            devices=service.device_index,
-        )  # fmt: skip
+        replanner = service.replanner(1.0, 0.1)
         rates = {"a": 200.0, "b": 1.0, "c": 0.0}
         found = inss_replan(
             plan, service.device_index(), service.profile_index(), rates, dict.fromkeys("abc")

@@ -274,14 +274,7 @@ class LiveService:
                 "none" if self.plan is None else f"a {self.plan.file.kind}",
             )
             return None
-        replanner = Replanner(
-            self,
-            self.apply_plan,
-            settings.replan_s,
-            settings.replan_gain,
-            self.profile_index,
-            devices=self.device_index,
-        )
+        replanner = self.replanner(settings.replan_s, settings.replan_gain)
         log.info(
             "re-planning the %s every %g s (taken up when %g better)",
             self.plan.file.kind,
@@ -289,6 +282,13 @@ class LiveService:
             settings.replan_gain,
         )
         return asyncio.create_task(replanner.run())
+
+    def replanner(self, every_s: float, gain: float) -> Replanner:
+        """REPLAN_S's re-planner of this service: it takes plans up as
+        `POST /v2/plan` does, from the profiles and devices the API lists."""
+        return Replanner(
+            self, self.apply_plan, every_s, gain, self.profile_index, devices=self.device_index
+        )
 
     def _take_plan(self, index: RepositoryIndex) -> Settings:
         """PLAN (or its older names): checked, the settings it sets, and an
