@@ -472,8 +472,9 @@ def test_capacity_search_against_a_stub(tmp_path):
         tight = dataclasses.replace(
             workload, models=[dataclasses.replace(workload.models[0], slo_ms=25.0)]
         )
+        # Nothing ever comes back within 25 ms, so the drain waits its whole timeout.
         cap, _ = lg.find_live_capacity(
-            stub.url, tight, probe_duration_s=0.3, max_runs=1, settle_s=0.0
+            stub.url, tight, probe_duration_s=0.3, max_runs=1, settle_s=0.0, drain_timeout_s=0.5
         )
         assert cap.capacity_rps == 0.0 and cap.rate_scale is None
         doc = lg.build_document(tight, path, probes[max(probes)], cap)

@@ -89,6 +89,7 @@ def find_live_capacity(
     max_runs: int = 12,
     probe_duration_s: float | None = DEFAULT_PROBE_DURATION_S,
     settle_s: float = 0.5,
+    drain_timeout_s: float = DRAIN_TIMEOUT_S,
     max_requests: int = DEFAULT_MAX_REQUESTS,
     targets: Sequence[ModelTarget] | None = None,
     on_probe: Callable[[float], ProgressCallback | None] | None = None,
@@ -98,8 +99,10 @@ def find_live_capacity(
     over short live runs (`find_capacity` of the simulator). Synchronous: each
     probe is an `asyncio.run(run_load(...))`; from async code call it through
     `asyncio.to_thread`. Returns the search and every probe's LiveResult by
-    scale. `on_probe(scale)` may return a progress callback for that probe;
-    `run_kwargs` go to every `run_load` (workers, client, ...)."""
+    scale. Each probe first waits for the server to drain, at most
+    `drain_timeout_s` (`wait_drained`). `on_probe(scale)` may return a
+    progress callback for that probe; `run_kwargs` go to every `run_load`
+    (workers, client, ...)."""
     if targets is None:
         targets = asyncio.run(prepare_targets(url, probe_workload(workload, probe_duration_s)))
 
@@ -118,7 +121,7 @@ def find_live_capacity(
     return search_capacity(
         run_probe,
         workload,
-        drain=lambda: wait_drained(url, targets),
+        drain=lambda: wait_drained(url, targets, timeout_s=drain_timeout_s),
         target=target,
         lo=lo,
         hi=hi,
