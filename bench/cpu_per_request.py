@@ -1,7 +1,7 @@
 """CPU milliseconds per answered request, per process, for the daemon and each peer.
 
     python -m bench.cpu_per_request [--workload a] [--devices 1] [--rates 250]
-                                    [--duration 10] [--systems symphony]
+                                    [--duration 10] [--rounds 1] [--systems symphony]
                                     [--peers tritonserver,ray,bentoml] [--out FILE]
 
 Every system is started in turn on the same setup as `bench.compare`
@@ -13,6 +13,14 @@ main process (the daemon's event loop; a peer's server or launcher) and
 every descendant (the daemon's executors, Triton's Python-backend stubs,
 Ray's and BentoML's workers). The figure is the CPU each process used
 during the run divided by the requests answered (HTTP 200) in it.
+
+With `--rounds N` the whole set is measured N times, each system started
+afresh every round and the order reversed every other round (A B, B A,
+…), so that a drift of the machine's speed falls on every system alike;
+the table gives each figure's median over the rounds and every round's
+total, and each row of the output carries its `round`. On a shared VM one
+run's figure moves by a quarter from one minute to the next: compare
+medians.
 
 A peer runs at the first point of its grid (its settings are in the
 output). A peer that is not installed is reported as such, with the
@@ -26,7 +34,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 import dataclasses
+import functools
 import json
+import statistics
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -108,26 +118,73 @@ def cpu_probes(
 
 
 def table(results: Sequence[dict[str, Any]]) -> str:
-    """One row per system and rate: CPU ms per answered request, main process, the rest."""
+    """One row per system and rate: CPU ms per answered request, main process,
+    the rest — each the median over the rounds — and every round's total."""
     lines = [
-        "| system | offered r/s | answered r/s | CPU ms / request | main process | children |",
-        "|---|---|---|---|---|---|",
+        "| system | offered r/s | answered r/s | CPU ms / request | main process | children "
+        "| each round |",
+        "|---|---|---|---|---|---|---|",
     ]
     for system in results:
         if "unavailable" in system:
-            lines.append(f"| {system['system']} | not installed: {system['unavailable']} |||||")
+            lines.append(f"| {system['system']} | not installed: {system['unavailable']} ||||||")
             continue
+        by_rate: dict[float, list[dict[str, Any]]] = {}
         for row in system["cpu_per_request"]:
-            total = row["cpu_ms_per_request"]
-            main = sum(p["cpu_s"] for p in row["processes"] if p["role"] == "main")
-            rest = sum(p["cpu_s"] for p in row["processes"] if p["role"] != "main")
-            n = row["answered"] or 1
+            by_rate.setdefault(row["offered_rps"], []).append(row)
+        for rate, rows in by_rate.items():
+            totals = [row["cpu_ms_per_request"] for row in rows]
+            answered = [row for row in rows if row["answered"]]
+            main = [_role_ms(row, "main") for row in answered]
+            rest = [_role_ms(row, "child") for row in answered]
             lines.append(
-                f"| {system['label']} | {row['offered_rps']:,.0f} | {row['answered_rps']:,.0f} "
-                f"| {'—' if total is None else f'{total:.3f}'} | {1000 * main / n:.3f} "
-                f"| {1000 * rest / n:.3f} |"
+                f"| {system['label']} | {rate:,.0f} "
+                f"| {statistics.median(r['answered_rps'] for r in rows):,.0f} "
+                f"| {_ms(_median(totals))} | {_ms(_median(main))} | {_ms(_median(rest))} "
+                f"| {' / '.join(_ms(t) for t in totals)} |"
             )
     return "\n".join(lines)
+
+
+def _role_ms(row: dict[str, Any], role: str) -> float:
+    return 1000.0 * sum(p["cpu_s"] for p in row["processes"] if p["role"] == role) / row["answered"]
+
+
+def _median(values: Sequence[float | None]) -> float | None:
+    known = [v for v in values if v is not None]
+    return statistics.median(known) if known else None
+
+
+def _ms(value: float | None) -> str:
+    return "—" if value is None else f"{value:.3f}"
+
+
+# One system's measurement, started afresh: its result document.
+Measure = Callable[[], dict[str, Any]]
+
+
+def measure_rounds(measures: Sequence[tuple[str, Measure]], rounds: int) -> list[dict[str, Any]]:
+    """Each of `measures` `rounds` times, the order reversed every other
+    round; one result per system (in the order given) whose rows carry their
+    `round`. A system reported unavailable is not tried again."""
+    merged: dict[str, dict[str, Any]] = {}
+    for number in range(1, rounds + 1):
+        order = measures if number % 2 else list(reversed(measures))
+        for name, measure in order:
+            if "unavailable" in merged.get(name, {}):
+                continue
+            if rounds > 1:
+                say(f"round {number} of {rounds}: {name}")
+            result = measure()
+            if "unavailable" in result:
+                merged[name] = result
+                continue
+            rows = [{**row, "round": number} for row in result["cpu_per_request"]]
+            if name in merged:
+                merged[name]["cpu_per_request"] += rows
+            else:
+                merged[name] = {**result, "cpu_per_request": rows}
+    return [merged[name] for name, _ in measures]
 
 
 def measure_daemon(setup: Any, workload: Workload, policy: str, args: Any) -> dict[str, Any]:
@@ -197,6 +254,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--devices", type=int, default=1)
     p.add_argument("--rates", type=_rates, default=(250.0,), help="offered r/s, comma-separated")
     p.add_argument("--duration", type=float, default=10.0, help="seconds per rate")
+    p.add_argument(
+        "--rounds", type=_rounds, default=1, help="measure each system this many times, alternating"
+    )
     p.add_argument("--systems", default="symphony", help="the daemon's policies ('none': none)")
     p.add_argument("--peers", default="tritonserver,ray,bentoml", help="peers ('none': none)")
     p.add_argument("--out", type=Path, default=DEFAULT_OUT)
@@ -208,6 +268,12 @@ def _rates(text: str) -> tuple[float, ...]:
     if not rates or any(r <= 0 for r in rates):
         raise argparse.ArgumentTypeError(f"rates must be > 0 r/s, got {text!r}")
     return rates
+
+
+def _rounds(text: str) -> int:
+    if not text.strip().isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"rounds must be a whole number ≥ 1, got {text!r}")
+    return int(text)
 
 
 def _names(raw: str) -> list[str]:
@@ -230,13 +296,17 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     setup = SETUPS[args.workload].on_devices(args.devices)
     workload = setup.workload_on_devices(load_workload(setup.workload))
-    results = [measure_daemon(setup, workload, s, args) for s in systems]
-    results += [measure_peer(setup, workload, p, args) for p in peers]
+    measures: list[tuple[str, Measure]] = [
+        (s, functools.partial(measure_daemon, setup, workload, s, args)) for s in systems
+    ]
+    measures += [(p, functools.partial(measure_peer, setup, workload, p, args)) for p in peers]
+    results = measure_rounds(measures, args.rounds)
     doc = {
         "workload": workload.name,
         "devices": setup.devices,
         "rates": list(args.rates),
         "duration_s": args.duration,
+        "rounds": args.rounds,
         "systems": results,
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)

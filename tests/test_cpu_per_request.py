@@ -144,3 +144,88 @@ def test_rates_must_be_positive(capsys):
     with pytest.raises(SystemExit):
         main(["--rates", "0"])
     assert "rates must be > 0" in capsys.readouterr().err
+
+
+def _probe(total_ms: float, main_ms: float, answered: int = 1000) -> dict:
+    """A probe row at 250 r/s: `main_ms` in the main process, the rest in one child."""
+    child_ms = total_ms - main_ms
+    return {
+        "offered_rps": 250.0,
+        "answered": answered,
+        "answered_rps": answered / 4.0,
+        "cpu_ms_per_request": total_ms,
+        "processes_gone": 0,
+        "processes": [
+            {"pid": 1, "name": "d", "role": "main", "cpu_s": main_ms * answered / 1000,
+             "cpu_ms_per_request": main_ms},
+            {"pid": 2, "name": "e", "role": "child", "cpu_s": child_ms * answered / 1000,
+             "cpu_ms_per_request": child_ms},
+        ],
+    }  # fmt: skip
+
+
+def test_rounds_alternate_the_order_and_the_table_gives_each_figures_median(
+    tmp_path, monkeypatch, capsys
+):
+    import bench.cpu_per_request as cpu
+    from bench.compare.peers import PEERS
+
+    calls: list[str] = []
+    daemon_totals = iter([0.9, 1.3, 1.0])  # rounds 1, 2, 3
+    triton_totals = iter([0.6, 0.7, 0.65])
+
+    def fake_daemon(setup, workload, policy, args):
+        calls.append(policy)
+        total = next(daemon_totals)
+        return {"system": policy, "label": "daemon", "cpu_per_request": [_probe(total, 0.7)]}
+
+    def fake_peer(setup, workload, name, args):
+        calls.append(name)
+        total = next(triton_totals)
+        return {"system": name, "label": "Triton", "cpu_per_request": [_probe(total, 0.2)]}
+
+    monkeypatch.setattr(cpu, "measure_daemon", fake_daemon)
+    monkeypatch.setattr(cpu, "measure_peer", fake_peer)
+    monkeypatch.setattr(PEERS["tritonserver"], "check", lambda: None)
+    out = tmp_path / "cpu.json"
+    argv = ["--rounds", "3", "--systems", "symphony", "--peers", "tritonserver", "--out", str(out)]
+    assert cpu.main(argv) == 0
+    # A B, B A, A B: a drift of the machine falls on both alike.
+    assert calls == ["symphony", "tritonserver", "tritonserver", "symphony", "symphony",
+                     "tritonserver"]  # fmt: skip
+    doc = json.loads(out.read_text())
+    assert doc["rounds"] == 3
+    daemon, triton = doc["systems"]
+    assert [r["round"] for r in daemon["cpu_per_request"]] == [1, 2, 3]
+    assert [r["cpu_ms_per_request"] for r in triton["cpu_per_request"]] == [0.6, 0.7, 0.65]
+    for row in daemon["cpu_per_request"]:
+        jsonschema.validate(row, {"$defs": SCHEMA["$defs"], "$ref": "#/$defs/cpu_probe"})
+    text = capsys.readouterr().out
+    # Medians: daemon 1.0 (main 0.7, children 0.3), Triton 0.65 (0.2, 0.45).
+    assert "| daemon | 250 | 250 | 1.000 | 0.700 | 0.300 | 0.900 / 1.300 / 1.000 |" in text
+    assert "| Triton | 250 | 250 | 0.650 | 0.200 | 0.450 | 0.600 / 0.700 / 0.650 |" in text
+
+
+def test_an_unavailable_peer_is_tried_once_however_many_rounds(tmp_path, monkeypatch):
+    import bench.cpu_per_request as cpu
+
+    tried: list[str] = []
+
+    def missing(setup, workload, name, args):
+        tried.append(name)
+        return {"system": name, "unavailable": "not here"}
+
+    monkeypatch.setattr(cpu, "measure_peer", missing)
+    out = tmp_path / "cpu.json"
+    assert cpu.main(["--rounds", "4", "--systems", "none", "--peers", "bentoml",
+                     "--out", str(out)]) == 0  # fmt: skip
+    assert tried == ["bentoml"]
+    (system,) = json.loads(out.read_text())["systems"]
+    assert system == {"system": "bentoml", "unavailable": "not here"}
+
+
+@pytest.mark.parametrize("rounds", ["0", "-1", "1.5", "x"])
+def test_rounds_must_be_a_whole_number_of_at_least_one(rounds, capsys):
+    with pytest.raises(SystemExit):
+        main(["--rounds", rounds])
+    assert "rounds must be a whole number" in capsys.readouterr().err
