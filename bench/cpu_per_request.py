@@ -2,6 +2,7 @@
 
     python -m bench.cpu_per_request [--workload a] [--devices 1] [--rates 250]
                                     [--duration 10] [--rounds 1] [--systems symphony]
+                                    [--layers asgi-floor,api-noop]
                                     [--peers tritonserver,ray,bentoml] [--out FILE]
 
 Every system is started in turn on the same setup as `bench.compare`
@@ -22,6 +23,12 @@ total, and each row of the output carries its `round`. On a shared VM one
 run's figure moves by a quarter from one minute to the next: compare
 medians.
 
+`--layers` adds two reference servers that split the daemon's figure
+(bench/cpu_layers.py): `asgi-floor`, uvicorn with an ASGI app that answers
+a fixed body (what uvicorn alone costs), and `api-noop`, the daemon's HTTP
+API in front of a service that answers at once (what the API layer adds);
+both on the setup's repository, sent the daemon's requests.
+
 A peer runs at the first point of its grid (its settings are in the
 output). A peer that is not installed is reported as such, with the
 install command, and the run goes on with the others. Written to `--out`
@@ -36,8 +43,12 @@ import asyncio
 import dataclasses
 import functools
 import json
+import os
 import statistics
+import subprocess
 import sys
+import tempfile
+import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -45,6 +56,7 @@ from typing import Any
 from app.workloads.spec import Workload, load_workload
 from bench.cli import sanitize
 from bench.loadgen import ModelTarget, prepare_targets, run_load
+from bench.loadgen.targets import build_targets
 from bench.proc_cpu import PROC, Usage, read_tree, usage
 from bench.progress import say
 
@@ -209,6 +221,61 @@ def measure_daemon(setup: Any, workload: Workload, policy: str, args: Any) -> di
     return {"system": policy, "label": f"daemon, policy {policy}", "cpu_per_request": rows}
 
 
+LAYER_LABELS = {
+    "asgi-floor": "uvicorn alone (a fixed answer)",
+    "api-noop": "the daemon's HTTP API, no-op service",
+}
+
+
+def measure_layer(setup: Any, workload: Workload, name: str, args: Any) -> dict[str, Any]:
+    """A reference server of bench/cpu_layers.py under uvicorn, as the daemon runs it."""
+    from bench.cpu_layers import LAYERS, REPOSITORY_ENV
+    from bench.daemon_launcher import REPO_ROOT, free_port, stop_daemon, wait_ready
+
+    say(f"starting {name} (uvicorn)")
+    port = free_port()
+    log_path = Path(tempfile.mkdtemp(prefix="cpu-layer-")) / "uvicorn.log"
+    env = dict(os.environ, **{REPOSITORY_ENV: str(Path(setup.repository).resolve())})
+    uvicorn = [sys.executable, "-m", "uvicorn", *LAYERS[name], "--port", str(port)]
+    options = ["--http", "httptools", "--loop", "uvloop", "--no-access-log", "--log-level"]
+    started = time.monotonic()
+    with log_path.open("wb") as log:
+        process = subprocess.Popen(
+            [*uvicorn, *options, "warning"],
+            cwd=REPO_ROOT,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+    handle = wait_ready(process, f"http://127.0.0.1:{port}", started, 60.0, log_path)
+    try:
+        rows = cpu_probes(
+            handle.url, process.pid, workload, layer_targets(setup, workload), args.rates,
+            args.duration,
+        )  # fmt: skip
+    finally:
+        stop_daemon(handle)
+    return {"system": name, "label": LAYER_LABELS[name], "cpu_per_request": rows}
+
+
+def layer_targets(setup: Any, workload: Workload) -> list[ModelTarget]:
+    """The daemon's requests for `workload`, made from the setup's repository
+    (the floor answers no metadata to make them from)."""
+    from app.repository.loader import load_repository
+
+    configs = load_repository(Path(setup.repository)).models
+    inputs = {
+        name: [
+            {"name": s.name, "datatype": s.datatype, "shape": [-1, *s.item_shape]}
+            for s in configs[name].inputs
+        ]
+        for name in (m.name for m in workload.models)
+        if name in configs
+    }
+    return build_targets(workload, inputs)
+
+
 def measure_peer(setup: Any, workload: Workload, name: str, args: Any) -> dict[str, Any]:
     from bench.compare.measure import Options
     from bench.compare.peers import PEERS, PeerUnavailable
@@ -258,6 +325,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--rounds", type=_rounds, default=1, help="measure each system this many times, alternating"
     )
     p.add_argument("--systems", default="symphony", help="the daemon's policies ('none': none)")
+    p.add_argument(
+        "--layers", default="none", help="reference servers: asgi-floor, api-noop ('none': none)"
+    )
     p.add_argument("--peers", default="tritonserver,ray,bentoml", help="peers ('none': none)")
     p.add_argument("--out", type=Path, default=DEFAULT_OUT)
     return p
@@ -287,10 +357,14 @@ def main(argv: list[str] | None = None) -> int:
     from bench.compare.setups import SETUPS
 
     args = build_parser().parse_args(argv)
-    systems, peers = _names(args.systems), _names(args.peers)
-    unknown = [s for s in systems if s not in DAEMON_POLICIES] + [
-        p for p in peers if p not in PEERS
-    ]
+    from bench.cpu_layers import LAYERS
+
+    systems, layers, peers = _names(args.systems), _names(args.layers), _names(args.peers)
+    unknown = (
+        [s for s in systems if s not in DAEMON_POLICIES]
+        + [name for name in layers if name not in LAYERS]
+        + [p for p in peers if p not in PEERS]
+    )
     if unknown:
         print(f"error: unknown systems {unknown}", file=sys.stderr)
         return 2
@@ -299,6 +373,7 @@ def main(argv: list[str] | None = None) -> int:
     measures: list[tuple[str, Measure]] = [
         (s, functools.partial(measure_daemon, setup, workload, s, args)) for s in systems
     ]
+    measures += [(n, functools.partial(measure_layer, setup, workload, n, args)) for n in layers]
     measures += [(p, functools.partial(measure_peer, setup, workload, p, args)) for p in peers]
     results = measure_rounds(measures, args.rounds)
     doc = {
