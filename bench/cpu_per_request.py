@@ -237,11 +237,11 @@ def measure_layer(setup: Any, workload: Workload, name: str, args: Any) -> dict[
     log_path = Path(tempfile.mkdtemp(prefix="cpu-layer-")) / "uvicorn.log"
     env = dict(os.environ, **{REPOSITORY_ENV: str(Path(setup.repository).resolve())})
     uvicorn = [sys.executable, "-m", "uvicorn", *LAYERS[name], "--port", str(port)]
-    options = ["--http", "httptools", "--loop", "uvloop", "--no-access-log", "--log-level"]
+    options = ["--http", "httptools", "--loop", "uvloop", "--no-access-log", "--log-level=warning"]
     started = time.monotonic()
     with log_path.open("wb") as log:
         process = subprocess.Popen(
-            [*uvicorn, *options, "warning"],
+            [*uvicorn, *options],
             cwd=REPO_ROOT,
             env=env,
             stdin=subprocess.DEVNULL,
@@ -250,10 +250,8 @@ def measure_layer(setup: Any, workload: Workload, name: str, args: Any) -> dict[
         )
     handle = wait_ready(process, f"http://127.0.0.1:{port}", started, 60.0, log_path)
     try:
-        rows = cpu_probes(
-            handle.url, process.pid, workload, layer_targets(setup, workload), args.rates,
-            args.duration,
-        )  # fmt: skip
+        targets = layer_targets(setup, workload)
+        rows = cpu_probes(handle.url, process.pid, workload, targets, args.rates, args.duration)
     finally:
         stop_daemon(handle)
     return {"system": name, "label": LAYER_LABELS[name], "cpu_per_request": rows}
