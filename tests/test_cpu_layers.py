@@ -81,8 +81,11 @@ def test_both_layers_are_served_by_uvicorn_and_measured(tmp_path, capsys) -> Non
     for layer in (floor, api):
         (row,) = layer["cpu_per_request"]
         assert row["answered"] >= 30  # 80 r/s for 0.5 s, every request answered 200
-        assert row["cpu_ms_per_request"] > 0
-        assert [p["role"] for p in row["processes"]] == ["main"]  # uvicorn, no children
+        # uvicorn's own process, no children; a few ms of CPU may read as 0
+        # ticks of /proc (the counting itself: tests/test_cpu_per_request.py)
+        (process,) = row["processes"]
+        assert process["role"] == "main" and process["cpu_s"] >= 0
+        assert row["cpu_ms_per_request"] is not None
     text = capsys.readouterr().out
     assert "| uvicorn alone (a fixed answer) | 80 |" in text
     assert "| the daemon's HTTP API, no-op service | 80 |" in text
