@@ -24,6 +24,7 @@ that the load generator's requests are the daemon's.
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -36,10 +37,20 @@ from app.repository.loader import load_repository
 from app.server.service import InferResult
 
 REPOSITORY_ENV = "CPU_LAYERS_REPOSITORY"
-# --layers name → uvicorn's arguments for it
+
+
+@dataclass(frozen=True)
+class Layer:
+    app: tuple[str, ...]  # uvicorn's arguments naming the app
+    label: str  # its row in bench.cpu_per_request's table
+
+
+# --layers name → the reference server
 LAYERS = {
-    "asgi-floor": ["bench.cpu_layers:asgi_floor"],
-    "api-noop": ["--factory", "bench.cpu_layers:api_noop"],
+    "asgi-floor": Layer(("bench.cpu_layers:asgi_floor",), "uvicorn alone (a fixed answer)"),
+    "api-noop": Layer(
+        ("--factory", "bench.cpu_layers:api_noop"), "the daemon's HTTP API, no-op service"
+    ),
 }
 
 _ANSWER = b'{"outputs":[]}'

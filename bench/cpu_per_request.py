@@ -45,10 +45,7 @@ import functools
 import json
 import os
 import statistics
-import subprocess
 import sys
-import tempfile
-import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -221,40 +218,26 @@ def measure_daemon(setup: Any, workload: Workload, policy: str, args: Any) -> di
     return {"system": policy, "label": f"daemon, policy {policy}", "cpu_per_request": rows}
 
 
-LAYER_LABELS = {
-    "asgi-floor": "uvicorn alone (a fixed answer)",
-    "api-noop": "the daemon's HTTP API, no-op service",
-}
-
-
 def measure_layer(setup: Any, workload: Workload, name: str, args: Any) -> dict[str, Any]:
     """A reference server of bench/cpu_layers.py under uvicorn, as the daemon runs it."""
     from bench.cpu_layers import LAYERS, REPOSITORY_ENV
-    from bench.daemon_launcher import REPO_ROOT, free_port, stop_daemon, wait_ready
+    from bench.daemon_launcher import free_port, start_server, stop_daemon
 
     say(f"starting {name} (uvicorn)")
+    layer = LAYERS[name]
     port = free_port()
-    log_path = Path(tempfile.mkdtemp(prefix="cpu-layer-")) / "uvicorn.log"
     env = dict(os.environ, **{REPOSITORY_ENV: str(Path(setup.repository).resolve())})
-    uvicorn = [sys.executable, "-m", "uvicorn", *LAYERS[name], "--port", str(port)]
-    options = ["--http", "httptools", "--loop", "uvloop", "--no-access-log", "--log-level=warning"]
-    started = time.monotonic()
-    with log_path.open("wb") as log:
-        process = subprocess.Popen(
-            [*uvicorn, *options],
-            cwd=REPO_ROOT,
-            env=env,
-            stdin=subprocess.DEVNULL,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-        )
-    handle = wait_ready(process, f"http://127.0.0.1:{port}", started, 60.0, log_path)
+    argv = [sys.executable, "-m", "uvicorn", *layer.app, "--port", str(port)]
+    argv += ["--http", "httptools", "--loop", "uvloop", "--no-access-log", "--log-level=warning"]
+    handle = start_server(argv, port, env, startup_timeout_s=60.0, log_prefix="cpu-layer-")
     try:
         targets = layer_targets(setup, workload)
-        rows = cpu_probes(handle.url, process.pid, workload, targets, args.rates, args.duration)
+        rows = cpu_probes(
+            handle.url, handle.process.pid, workload, targets, args.rates, args.duration
+        )
     finally:
         stop_daemon(handle)
-    return {"system": name, "label": LAYER_LABELS[name], "cpu_per_request": rows}
+    return {"system": name, "label": layer.label, "cpu_per_request": rows}
 
 
 def layer_targets(setup: Any, workload: Workload) -> list[ModelTarget]:

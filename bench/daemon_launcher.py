@@ -53,7 +53,6 @@ def start_daemon(
     log_level: str = "warning",
 ) -> DaemonHandle:
     """Start the daemon on 127.0.0.1:`port`; return once /v2/health/ready is 200."""
-    log_path = Path(tempfile.mkdtemp(prefix="daemon-")) / "daemon.log"
     # GRPC_PORT and METRICS_PORT 0: daemons started side by side must not
     # all bind the default ports; give one in `extra_env` to serve it.
     env = dict(
@@ -70,28 +69,37 @@ def start_daemon(
     if threads_per_slice is not None:
         env["THREADS_PER_SLICE"] = str(threads_per_slice)
     env.update(extra_env or {})
-    log = log_path.open("wb")
+    argv = [sys.executable, "-m", "app", "serve", "--port", str(port)]
+    argv += ["--repository", str(Path(repository).resolve()), "--log-level", log_level]
+    return start_server(argv, port, env, startup_timeout_s=startup_timeout_s, log_prefix="daemon-")
+
+
+def start_server(
+    argv: list[str],
+    port: int,
+    env: dict[str, str],
+    *,
+    startup_timeout_s: float,
+    log_prefix: str,
+    cwd: Path = REPO_ROOT,
+    preexec_fn: Any = None,
+) -> DaemonHandle:
+    """Run `argv` (a server that will listen on 127.0.0.1:`port`) with `env`
+    as its whole environment, its output to a log file in a new temporary
+    directory named `log_prefix`…; return once /v2/health/ready is 200
+    (`wait_ready`)."""
+    log_path = Path(tempfile.mkdtemp(prefix=log_prefix)) / "server.log"
     started = time.monotonic()
-    process = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "app",
-            "serve",
-            "--port",
-            str(port),
-            "--repository",
-            str(Path(repository).resolve()),
-            "--log-level",
-            log_level,
-        ],
-        cwd=REPO_ROOT,
-        env=env,
-        stdin=subprocess.DEVNULL,
-        stdout=log,
-        stderr=subprocess.STDOUT,
-    )
-    log.close()
+    with log_path.open("wb") as log:
+        process = subprocess.Popen(
+            argv,
+            cwd=cwd,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            preexec_fn=preexec_fn,
+        )
     return wait_ready(process, f"http://127.0.0.1:{port}", started, startup_timeout_s, log_path)
 
 

@@ -243,23 +243,16 @@ def serve(argv: list[str]) -> int:
 
 
 def start(repository: Path, env: dict[str, str], timeout_s: float) -> Any:
-    from bench.daemon_launcher import free_port, wait_ready
+    from bench.daemon_launcher import free_port, start_server
 
     port = free_port()
-    log_path = Path(tempfile.mkdtemp(prefix="gpu-check-daemon-")) / "daemon.log"
     full = dict(os.environ, GRPC_PORT="0", EMULATED_DEVICES="0", **env)
     full["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), full.get("PYTHONPATH")) if p)
     args = ["--port", str(port), "--repository", str(repository), "--log-level", "info"]
-    with log_path.open("wb") as log:
-        process = subprocess.Popen(
-            [sys.executable, "-m", "bench.gpu_check", "serve", *args],
-            cwd=ROOT,
-            env=full,
-            stdin=subprocess.DEVNULL,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-        )
-    return wait_ready(process, f"http://127.0.0.1:{port}", time.monotonic(), timeout_s, log_path)
+    argv = [sys.executable, "-m", "bench.gpu_check", "serve", *args]
+    return start_server(
+        argv, port, full, startup_timeout_s=timeout_s, log_prefix="gpu-check-daemon-", cwd=ROOT
+    )
 
 
 def workload(name: str, slo_ms: float, alpha: float, beta: float, rate: float, probe_s: float):

@@ -17,14 +17,11 @@ from __future__ import annotations
 import os
 import re
 import resource
-import subprocess
 import sys
-import tempfile
-import time
 from collections.abc import Callable
 from pathlib import Path
 
-from bench.daemon_launcher import REPO_ROOT, DaemonHandle, free_port, wait_ready
+from bench.daemon_launcher import DaemonHandle, free_port, start_server
 
 NORMAL_MODEL = "tiny"
 LONG_MODEL = "long"
@@ -78,7 +75,6 @@ def launch(
     or "uvicorn" (plain `uvicorn app.main:app`, the repository in
     MODEL_REPOSITORY)."""
     port = free_port()
-    log_path = Path(tempfile.mkdtemp(prefix="attack-daemon-")) / "daemon.log"
     if command == "uvicorn":
         argv = [sys.executable, "-m", "uvicorn", "app.main:app", "--port", str(port)]
         argv += ["--log-level", "warning"]
@@ -86,18 +82,14 @@ def launch(
     else:
         argv = [sys.executable, "-m", "app", "serve", "--port", str(port)]
         argv += ["--repository", str(repository.resolve()), "--log-level", "warning"]
-    started = time.monotonic()
-    with log_path.open("wb") as log:
-        process = subprocess.Popen(
-            argv,
-            cwd=REPO_ROOT,
-            env=dict(os.environ, **env),
-            stdin=subprocess.DEVNULL,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            preexec_fn=_limit_files(nofile) if nofile is not None else None,
-        )
-    return wait_ready(process, f"http://127.0.0.1:{port}", started, startup_timeout_s, log_path)
+    return start_server(
+        argv,
+        port,
+        dict(os.environ, **env),
+        startup_timeout_s=startup_timeout_s,
+        log_prefix="attack-daemon-",
+        preexec_fn=_limit_files(nofile) if nofile is not None else None,
+    )
 
 
 _RESPAWNED = re.compile(r"executor (\S+) respawned .*? again ([0-9.]+) s after it failed")
